@@ -1,0 +1,303 @@
+"""The one DataModule every drafter variant trains on.
+
+It prepares (through the artifact cache) the target, the target-regenerated train
+and validation sequences and, by default, a cache of the target's features for
+them; it batches sequences with their loss masks and features and draws the
+training anchors of METHOD.md afresh at every optimizer step.
+
+Features cached or online? Every variant and seed of an ablation reads the same
+target features, and on CPU a target forward costs about as much as a drafter's
+training step, so computing them once and reading them back (fp16 memmap) is
+the default; ``features="online"`` recomputes them per batch on the device
+(the right choice for an 8B target, whose features would not fit on disk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from lit_domino import cache
+from lit_domino.data.regenerate import RegenConfig, regenerate
+from lit_domino.target import check_layer_ids, load_target
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
+    """Draw up to ``num_anchors`` distinct anchors per row where ``a`` and ``a+1`` are response tokens.
+
+    Returns ``anchors [b, A]`` (sorted, 0 where unused) and ``anchor_mask [b, A]``.
+    """
+    b, T = loss_mask.shape
+    valid = torch.zeros(b, T, dtype=torch.bool, device=loss_mask.device)
+    valid[:, :-1] = (loss_mask[:, :-1] > 0) & (loss_mask[:, 1:] > 0)
+    scores = torch.rand(b, T, generator=generator).to(loss_mask.device)
+    scores = scores.masked_fill(~valid, -1.0)  # invalid positions lose every draw
+    k = min(num_anchors, T)
+    top = scores.topk(k, dim=1)
+    mask = top.values >= 0
+    anchors = torch.where(mask, top.indices, torch.zeros_like(top.indices))
+    # sort real anchors by position (unused slots last) so blocks read left to right
+    order = torch.argsort(torch.where(mask, anchors, torch.full_like(anchors, T + 1)), dim=1)
+    anchors, mask = anchors.gather(1, order), mask.gather(1, order)
+    if k < num_anchors:  # pad to a fixed count so batch shapes never change
+        pad = num_anchors - k
+        anchors = torch.cat([anchors, anchors.new_zeros(b, pad)], 1)
+        mask = torch.cat([mask, mask.new_zeros(b, pad)], 1)
+    return anchors, mask
+
+
+class RegenSequences(Dataset):
+    """Regenerated sequences (truncated to ``max_length``) with optional cached features."""
+
+    def __init__(self, hf_dataset, max_length: int, features: np.ndarray | None = None, offsets=None):
+        self.ds = hf_dataset.with_format(None)
+        self.input_ids = self.ds["input_ids"]
+        self.loss_mask = self.ds["loss_mask"]
+        self.max_length = max_length
+        self.features, self.offsets = features, offsets
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def __getitem__(self, i):
+        n = min(len(self.input_ids[i]), self.max_length)
+        item = {
+            "input_ids": torch.tensor(self.input_ids[i][:n]),
+            "loss_mask": torch.tensor(self.loss_mask[i][:n]),
+            "index": i,
+        }
+        if self.features is not None:
+            start = int(self.offsets[i])
+            item["features"] = torch.from_numpy(np.asarray(self.features[start : start + n], dtype=np.float32))
+        return item
+
+
+def collate(items: list[dict], pad_id: int) -> dict:
+    """Right-pad a list of sequences into the training batch of docs/ARCHITECTURE.md (no anchors yet)."""
+    T = max(len(it["input_ids"]) for it in items)
+    b = len(items)
+    batch = {
+        "input_ids": torch.full((b, T), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros(b, T, dtype=torch.long),
+        "loss_mask": torch.zeros(b, T, dtype=torch.long),
+        "index": torch.tensor([it["index"] for it in items]),
+    }
+    has_features = "features" in items[0]
+    if has_features:
+        batch["features"] = torch.zeros(b, T, items[0]["features"].shape[-1])
+    for r, it in enumerate(items):
+        n = len(it["input_ids"])
+        batch["input_ids"][r, :n] = it["input_ids"]
+        batch["attention_mask"][r, :n] = 1
+        batch["loss_mask"][r, :n] = it["loss_mask"]
+        if has_features:
+            batch["features"][r, :n] = it["features"]
+    return batch
+
+
+class EpochShuffleSampler(Sampler):
+    """A shuffle seeded by (seed, epoch): the same order after a resume, a new one each epoch."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int):  # Lightning calls this at every epoch start
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 10_007 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+@torch.no_grad()
+def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root: Path | None = None,
+                        key_extra: dict | None = None, batch_tokens: int = 8192):
+    """Compute (or reuse) the fp16 features of every sequence; returns (memmap, offsets)."""
+    key = {"target": target.fingerprint(), "layers": layer_ids, "max_length": max_length, **(key_extra or {})}
+    path = cache.artifact_dir("features", key, root=root)
+    lengths = [min(len(ids), max_length) for ids in ds["input_ids"]]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    F = len(layer_ids) * target.hidden_size
+    if not cache.is_complete(path):
+        path.mkdir(parents=True, exist_ok=True)
+        mm = np.lib.format.open_memmap(path / "features.npy", mode="w+", dtype=np.float16, shape=(int(offsets[-1]), F))
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])  # similar lengths batch together
+        i = 0
+        while i < len(order):
+            width = lengths[order[i]]
+            rows = [order[i]]
+            while i + len(rows) < len(order) and (len(rows) + 1) * lengths[order[i + len(rows)]] <= batch_tokens:
+                rows.append(order[i + len(rows)])
+            width = max(lengths[r] for r in rows)
+            x = torch.full((len(rows), width), 0, dtype=torch.long)
+            attn = torch.zeros_like(x)
+            for j, r in enumerate(rows):
+                x[j, : lengths[r]] = torch.tensor(ds[r]["input_ids"][: lengths[r]])
+                attn[j, : lengths[r]] = 1
+            feats = target.forward_features(x.to(target.device), layer_ids, attn.to(target.device)).float().cpu()
+            for j, r in enumerate(rows):
+                mm[offsets[r] : offsets[r] + lengths[r]] = feats[j, : lengths[r]].numpy().astype(np.float16)
+            i += len(rows)
+        mm.flush()
+        del mm
+        cache.mark_complete(path, key)
+    return np.load(path / "features.npy", mmap_mode="r"), offsets
+
+
+class DrafterDataModule(L.LightningDataModule):
+    """Regenerated sequences + target features + anchors, for every drafter variant.
+
+    Args:
+        target: a model directory, a hub id (``Qwen/Qwen3-8B``) or ``embedded:<preset>``.
+        train_examples: corpus prompts per domain answered by the target for training.
+        val_examples: held-out (eval-split) prompts per domain for validation.
+        max_prompt_tokens: longer prompts are skipped during regeneration.
+        max_new_tokens: the target's answer budget per turn during regeneration.
+        regen_temperature: 0 = greedy regeneration (the papers'); > 0 samples.
+        regen_batch_size: prompts answered together during regeneration.
+        feature_layers: target decoder layers (0-based) whose hidden states drafters read;
+            None = pick by ``feature_rule``.
+        feature_rule: ``dflash`` (with ``num_feature_layers``) or ``eagle3``.
+        num_feature_layers: n of the DFlash rule.
+        features: ``cached`` (computed once, fp16 on disk) or ``online`` (per batch).
+        max_length: sequences are truncated to this many tokens.
+        batch_size: sequences per batch.
+        num_anchors: anchors per sequence (METHOD.md: 256-512 at 8B scale, fewer for short sequences).
+        block_size: drafting block size B (anchors need no room after them: labels past the end are masked).
+        seed: shuffling and anchor draws.
+        num_workers: DataLoader workers (0 is fastest for in-memory data on 2 cores).
+    """
+
+    def __init__(
+        self,
+        target: str = "embedded:default",
+        train_examples: dict[str, int] | None = None,
+        val_examples: dict[str, int] | None = None,
+        max_prompt_tokens: int = 384,
+        max_new_tokens: int = 256,
+        regen_temperature: float = 0.0,
+        regen_batch_size: int = 32,
+        feature_layers: list[int] | None = None,
+        feature_rule: str = "dflash",
+        num_feature_layers: int = 3,
+        features: str = "cached",
+        max_length: int = 512,
+        batch_size: int = 16,
+        num_anchors: int = 16,
+        block_size: int = 16,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        if features not in ("cached", "online"):
+            raise ValueError(f"features must be 'cached' or 'online', got {features!r}")
+        if feature_rule not in ("dflash", "eagle3"):
+            raise ValueError(f"feature_rule must be 'dflash' or 'eagle3', got {feature_rule!r}")
+        if block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (one known token + at least one draft), got {block_size}")
+        if min(batch_size, num_anchors, max_length) < 1:
+            raise ValueError("batch_size, num_anchors and max_length must be >= 1")
+        self.save_hyperparameters()
+        self.target_spec = target
+        self.train_examples = dict(train_examples or {"math": 2000, "code": 1000, "chat": 1000})
+        self.val_examples = dict(val_examples or {"math": 64, "code": 32, "chat": 32})
+        self._feature_layers = feature_layers
+        self.target = None
+        self.train_set = self.val_set = None
+
+    # -- configuration -------------------------------------------------------------
+
+    def regen_config(self, split: str) -> RegenConfig:
+        examples = self.train_examples if split == "train" else self.val_examples
+        h = self.hparams
+        return RegenConfig(
+            domains=tuple(sorted(examples.items())),
+            split=split,
+            max_prompt_tokens=h.max_prompt_tokens,
+            max_new_tokens=h.max_new_tokens,
+            temperature=h.regen_temperature,
+            batch_size=h.regen_batch_size,
+            seed=h.seed if h.regen_temperature > 0 else 0,  # greedy answers do not depend on the seed
+        )
+
+    @property
+    def feature_layers(self) -> list[int]:
+        target = self.load_target()
+        if self._feature_layers is not None:
+            return check_layer_ids(self._feature_layers, target.num_layers)
+        return target.layer_ids(self.hparams.feature_rule, self.hparams.num_feature_layers)
+
+    def load_target(self):
+        if self.target is None:
+            self.target = load_target(self.target_spec)
+        return self.target
+
+    # -- Lightning hooks -------------------------------------------------------------
+
+    def prepare_data(self):
+        self._build("train")
+        self._build("eval")
+
+    def _build(self, split: str):
+        target = self.load_target()
+        ds = regenerate(target, self.regen_config(split))
+        if len(ds) == 0:
+            raise ValueError(f"the regenerated {split} set is empty; raise train_examples/val_examples")
+        feats = offsets = None
+        if self.hparams.features == "cached":
+            feats, offsets = build_feature_cache(
+                target, ds, self.feature_layers, self.hparams.max_length,
+                key_extra={"regen": asdict(self.regen_config(split))},
+            )
+        return RegenSequences(ds, self.hparams.max_length, feats, offsets)
+
+    def setup(self, stage: str | None = None):
+        if self.train_set is None:
+            self.train_set = self._build("train")
+            self.val_set = self._build("eval")
+
+    def _loader(self, ds, sampler=None):
+        pad = self.load_target().tokenizer.pad_token_id if self.load_target().tokenizer is not None else 0
+        return DataLoader(
+            ds,
+            batch_size=self.hparams.batch_size,
+            sampler=sampler,
+            shuffle=False,
+            collate_fn=lambda items: collate(items, pad),
+            num_workers=self.hparams.num_workers,
+        )
+
+    def train_dataloader(self):
+        return self._loader(self.train_set, EpochShuffleSampler(len(self.train_set), self.hparams.seed))
+
+    def val_dataloader(self):
+        return self._loader(self.val_set)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        target = self.load_target()
+        if "features" not in batch:  # online features, on the batch's device
+            batch["features"] = target.forward_features(
+                batch["input_ids"], self.feature_layers, batch["attention_mask"]
+            ).float()
+        training = self.trainer is not None and self.trainer.training
+        step = self.trainer.global_step if training else -1 - int(batch["index"][0])
+        g = torch.Generator().manual_seed(self.hparams.seed * 1_000_003 + step + 1_000_000_007)
+        batch["anchors"], batch["anchor_mask"] = sample_anchors(batch["loss_mask"], self.hparams.num_anchors, g)
+        return batch
+
+    def describe(self) -> dict:
+        """Sizes of the prepared data (for logs and closing notes)."""
+        out = {}
+        for name, ds in (("train", self.train_set), ("val", self.val_set)):
+            if ds is not None:
+                out[f"{name}_sequences"] = len(ds)
+                out[f"{name}_tokens"] = int(sum(min(len(x), self.hparams.max_length) for x in ds.input_ids))
+        return out

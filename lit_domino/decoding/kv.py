@@ -1,0 +1,29 @@
+"""The target's KV cache: the one place that rolls it back after a verification.
+
+transformers 5.x changed ``DynamicCache.crop(n)``: it now takes a *negative count of
+tokens to remove* (``crop(-4)``) and rejects a positive absolute length. A negative
+count also worked in 4.x (it meant "remove abs(n) tokens"), so :func:`crop_cache`
+always passes one and stays correct on both.
+"""
+
+from __future__ import annotations
+
+
+def cache_length(cache) -> int:
+    """Number of positions held by ``cache`` (0 for ``None``)."""
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+def crop_cache(cache, length: int) -> None:
+    """Keep the first ``length`` positions of ``cache`` in place (drop positions ``>= length``).
+
+    Speculative rollback: after verifying ``[anchor, d_1..d_m]`` at positions
+    ``start..start+m`` and accepting ``acc`` drafts, the cache must end at
+    ``start + acc + 1`` (anchor + accepted drafts; the bonus token has no KV yet).
+    """
+    current = cache_length(cache)
+    length = int(length)
+    if not 0 <= length <= current:
+        raise ValueError(f"cannot crop a KV cache of {current} positions to {length}: need 0 <= length <= {current}")
+    if length < current:
+        cache.crop(length - current)  # negative: the number of trailing positions to remove

@@ -1,0 +1,405 @@
+"""What real speculative decoding measures, and :func:`benchmark`, which measures it over prompt sets.
+
+torchmetrics ``Metric``s with sum-reduced count states (they reduce across devices):
+
+* :class:`AcceptanceLength` — ``tau``: tokens committed per round, bonus included (pooled over rounds);
+* :class:`AcceptedPerRound` — accepted drafts per round, bonus excluded;
+* :class:`PositionAcceptance` — ``acc_rate_pos_{k:02d}`` = P(draft position k accepted | positions < k accepted);
+* :class:`TauHistogram` — how many rounds committed τ = 1, 2, ... tokens;
+* :class:`StagesPerVerification` — DLoop drafting stages per target verification.
+
+The papers report ``tau`` as the mean over prompts of each prompt's mean
+(:func:`per_prompt_tau`); the pooled per-round mean is ``tau_per_round``.
+``speedup`` is the AR baseline's mean time-per-output-token divided by ours (each
+a mean over prompts of the per-prompt TPOT, prefill excluded, as in the DFlash
+benchmark), measured in the same process on the same prompts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from torchmetrics import Metric
+
+from lit_domino.decoding.dloop import DLoopConfig, dloop_label
+from lit_domino.decoding.engine import GenerationResult, generate
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _rounds(x) -> torch.Tensor:
+    """accepted_per_round from a GenerationResult, a list or a tensor → long tensor [R]."""
+    if isinstance(x, GenerationResult):
+        x = x.accepted_per_round
+    return torch.as_tensor(list(x) if not isinstance(x, torch.Tensor) else x, dtype=torch.long).reshape(-1)
+
+
+class _RoundMean(Metric):
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+    offset = 0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("rounds", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, accepted_per_round) -> None:
+        acc = _rounds(accepted_per_round).to(self.total.device)
+        self.total += acc.sum() + self.offset * acc.numel()
+        self.rounds += acc.numel()
+
+    def compute(self) -> torch.Tensor:
+        if int(self.rounds) == 0:
+            return torch.tensor(float("nan"))
+        return self.total.double() / self.rounds
+
+
+class AcceptanceLength(_RoundMean):
+    """``tau``: mean tokens committed per verification round, the bonus included (accepted + 1).
+
+    ``update(result | accepted_per_round)``; ``compute()`` pools all rounds (NaN before any).
+    """
+
+    offset = 1
+
+
+class AcceptedPerRound(_RoundMean):
+    """Mean accepted draft tokens per round, bonus excluded (= tau - 1)."""
+
+
+class PositionAcceptance(Metric):
+    """Conditional per-position acceptance P(position k accepted | positions 1..k-1 accepted).
+
+    A round that drafted m tokens and accepted ``acc`` *reached* positions
+    ``1..min(acc + 1, m)`` and accepted ``1..acc``. ``compute()`` returns
+    ``{"acc_rate_pos_01": rate, ...}`` for the positions some round reached.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(self, max_positions: int = 64, **kwargs):
+        super().__init__(**kwargs)
+        self.max_positions = int(max_positions)
+        self.add_state("reached", default=torch.zeros(self.max_positions, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("accepted", default=torch.zeros(self.max_positions, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, accepted_per_round, drafted_per_round=None) -> None:
+        if isinstance(accepted_per_round, GenerationResult):
+            drafted_per_round = accepted_per_round.drafted_per_round
+        acc = _rounds(accepted_per_round)
+        drafted = _rounds(drafted_per_round)
+        if acc.shape != drafted.shape:
+            raise ValueError(f"accepted_per_round ({acc.numel()}) and drafted_per_round ({drafted.numel()}) differ")
+        k = torch.arange(1, self.max_positions + 1)
+        reached = (k[None] <= torch.minimum(acc + 1, drafted)[:, None]).sum(0)
+        accepted = (k[None] <= acc[:, None]).sum(0)
+        self.reached += reached.to(self.reached.device)
+        self.accepted += accepted.to(self.accepted.device)
+
+    def rates(self) -> torch.Tensor:
+        """[max_positions] conditional rates, NaN where a position was never reached."""
+        return torch.where(self.reached > 0, self.accepted.double() / self.reached.clamp(min=1),
+                           torch.tensor(float("nan"), dtype=torch.double))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        rates = self.rates()
+        return {f"acc_rate_pos_{k + 1:02d}": rates[k] for k in range(self.max_positions) if self.reached[k] > 0}
+
+
+class TauHistogram(Metric):
+    """Counts of rounds by tokens committed (τ = accepted + 1); ``compute()`` → long tensor [max_tau + 1]."""
+
+    full_state_update = False
+    is_differentiable = False
+
+    def __init__(self, max_tau: int = 64, **kwargs):
+        super().__init__(**kwargs)
+        self.max_tau = int(max_tau)
+        self.add_state("counts", default=torch.zeros(self.max_tau + 1, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, accepted_per_round) -> None:
+        tau = (_rounds(accepted_per_round) + 1).clamp(max=self.max_tau)
+        self.counts += torch.bincount(tau, minlength=self.max_tau + 1).to(self.counts.device)
+
+    def compute(self) -> torch.Tensor:
+        return self.counts.clone()
+
+
+class StagesPerVerification(_RoundMean):
+    """Mean DLoop drafting stages per target verification (1.0 without DLoop).
+
+    ``update(result | stages_per_round)``.
+    """
+
+    def update(self, stages_per_round) -> None:
+        if isinstance(stages_per_round, GenerationResult):
+            stages_per_round = stages_per_round.stages_per_round
+        super().update(stages_per_round)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _nanmean(values: Iterable[float]) -> float:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def per_prompt_tau(results: Sequence[GenerationResult]) -> float:
+    """The papers' ``tau``: mean over prompts of each prompt's mean τ (prompts without rounds skipped)."""
+    return _nanmean(r.tau for r in results)
+
+
+def mean_tpot_ms(results: Sequence[GenerationResult]) -> float:
+    """Mean over prompts of the per-prompt time per output token (prefill excluded)."""
+    return _nanmean(r.tpot_ms for r in results)
+
+
+def merge_results(results: Sequence[GenerationResult]) -> GenerationResult:
+    """One result for a multi-turn conversation: tokens and rounds concatenated, times summed.
+
+    ``tpot_ms`` is the total decode time over ``len(tokens) - turns`` (each turn's first
+    token comes from its prefill).
+    """
+    if len(results) == 1:
+        return results[0]
+    out = GenerationResult(tokens=[], stop_reason=results[-1].stop_reason)
+    for r in results:
+        out.tokens += r.tokens
+        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round"):
+            getattr(out, name).extend(getattr(r, name))
+        for name in ("draft_time_s", "verify_time_s", "other_time_s", "decode_time_s", "prefill_time_s",
+                     "num_target_forwards"):
+            setattr(out, name, getattr(out, name) + getattr(r, name))
+    out.finish()
+    n = len(out.tokens) - len(results)
+    out.tpot_ms = 1e3 * out.decode_time_s / n if n > 0 else float("nan")
+    return out
+
+
+def summarize(
+    results: Sequence[GenerationResult],
+    baseline: Sequence[GenerationResult] | None = None,
+    hf_baseline: Sequence[GenerationResult] | None = None,
+    max_positions: int = 64,
+) -> dict:
+    """Metrics of one method over a prompt set (JSON-ready floats).
+
+    ``baseline``: our AR results on the same prompts (→ ``speedup``); ``hf_baseline``:
+    Hugging Face ``generate`` results (→ ``speedup_vs_hf_generate``).
+    """
+    tau, acc, pos, hist, stages = (AcceptanceLength(), AcceptedPerRound(), PositionAcceptance(max_positions),
+                                   TauHistogram(max_positions + 1), StagesPerVerification())
+    for r in results:
+        if r.rounds:
+            tau.update(r), acc.update(r), pos.update(r), hist.update(r), stages.update(r)
+    rounds = sum(r.rounds for r in results)
+    tpot = mean_tpot_ms(results)
+    nan = float("nan")
+    row = {
+        "num_prompts": len(results),
+        "tau": per_prompt_tau(results),
+        "tau_per_round": float(tau.compute()) if rounds else nan,
+        "accepted_per_round": float(acc.compute()) if rounds else nan,
+        "stages_per_round": float(stages.compute()) if rounds else nan,
+        "tpot_ms": tpot,
+        "rounds": rounds,
+        "tokens": sum(len(r.tokens) for r in results),
+        "draft_ms_per_round": 1e3 * sum(r.draft_time_s for r in results) / rounds if rounds else float("nan"),
+        "verify_ms_per_round": 1e3 * sum(r.verify_time_s for r in results) / rounds if rounds else float("nan"),
+        "other_ms_per_round": 1e3 * sum(r.other_time_s for r in results) / rounds if rounds else float("nan"),
+        "prefill_ms": 1e3 * _nanmean(r.prefill_time_s for r in results),
+    }
+    if baseline is not None:
+        row["speedup"] = mean_tpot_ms(baseline) / tpot if tpot > 0 else float("nan")
+        row["match_baseline"] = _nanmean(float(a.tokens == b.tokens) for a, b in zip(results, baseline))
+    if hf_baseline is not None:
+        row["speedup_vs_hf_generate"] = mean_tpot_ms(hf_baseline) / tpot if tpot > 0 else float("nan")
+    if rounds:
+        row.update({k: float(v) for k, v in pos.compute().items()})
+    counts = hist.compute().tolist() if rounds else []
+    while counts and counts[-1] == 0:
+        counts.pop()
+    row["tau_histogram"] = counts  # index = tau
+    return row
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+def _prompt_ids(item) -> list[int] | None:
+    if isinstance(item, torch.Tensor):
+        return item.reshape(-1).tolist()
+    if isinstance(item, (list, tuple)) and all(isinstance(t, int) for t in item):
+        return list(item)
+    return None
+
+
+def run_prompt(target, decode: Callable, item, *, max_new_tokens: int, budget: int = 0) -> GenerationResult:
+    """Decode one prompt: token ids, or an object with ``.turns`` (user messages answered in order).
+
+    Multi-turn prompts are rendered with the target's chat template; each answer (decoded
+    text) joins the conversation before the next turn. A turn's ``max_new_tokens`` is cut
+    to fit ``target.max_positions`` (minus the draft ``budget``); turns that no longer fit
+    are skipped.
+    """
+    ids = _prompt_ids(item)
+    limit = int(getattr(target.model.config, "max_position_embeddings", 10**9))
+    if ids is not None:
+        return decode(torch.tensor([ids]), max(1, min(max_new_tokens, limit - len(ids) - budget)))
+    turns = getattr(item, "turns", None)
+    if not turns:
+        raise ValueError(f"a benchmark prompt must be token ids or have .turns, got {type(item).__name__}")
+    if target.tokenizer is None:
+        raise ValueError("multi-turn/text prompts need a target with a tokenizer")
+    messages, results = [], []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        ids = target.chat_ids(messages)
+        n = min(max_new_tokens, limit - len(ids) - budget)
+        if n < 1:
+            break
+        res = decode(torch.tensor([ids]), n)
+        results.append(res)
+        messages.append({"role": "assistant",
+                         "content": target.tokenizer.decode(res.tokens, skip_special_tokens=True)})
+    if not results:
+        raise ValueError(f"prompt {getattr(item, 'uid', '?')!r} does not fit in max_positions {limit}")
+    return merge_results(results)
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def benchmark(
+    target,
+    drafters: dict[str, object],
+    prompts: dict[str, Sequence],
+    *,
+    max_new_tokens: int = 256,
+    temperatures: Sequence[float] = (0.0,),
+    dloops: Sequence[DLoopConfig | None] = (None,),
+    block_size: int | None = None,
+    peers: Sequence[str] = (),
+    assistant_model=None,
+    prompt_lookup_num_tokens: int = 10,
+    hf_baseline: bool = True,
+    seed: int = 0,
+    warmup: bool = True,
+    progress: bool = True,
+) -> list[dict]:
+    """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
+
+    ``prompts``: benchmark name → prompts (token-id lists/tensors, or objects with
+    ``.turns``). ``peers``: any of ``"prompt_lookup"``, ``"assisted"`` (needs
+    ``assistant_model``, a small Hugging Face LM). Returns one row per
+    (benchmark, temperature, method) with :func:`summarize`'s metrics plus
+    ``benchmark``, ``method``, ``kind`` (``ar``/``hf``/``drafter``), ``drafter``,
+    ``temperature``, ``dloop``, ``block_size``. The AR baseline (``speedup`` 1) and
+    ``hf_generate`` rows come first. Everything runs in this process, one method after
+    another on each prompt in turn (interleaved, so drifting background load hits every
+    method alike), after one untimed warm-up decode per method.
+    """
+    from lit_domino.decoding import hf_peers
+
+    unknown = set(peers) - {"prompt_lookup", "assisted"}
+    if unknown:
+        raise ValueError(f"unknown peers {sorted(unknown)}; choose from prompt_lookup, assisted")
+    if "assisted" in peers and assistant_model is None:
+        raise ValueError("the 'assisted' peer needs assistant_model (a small Hugging Face causal LM)")
+    if not prompts or any(len(v) == 0 for v in prompts.values()):
+        raise ValueError("benchmark needs at least one non-empty prompt set")
+    budget = 0
+    for name, d in drafters.items():
+        if d is None:
+            raise ValueError(f"drafter {name!r} is None (the AR baseline always runs; do not pass it)")
+        bs = block_size or int(d.config.block_size)
+        budget = max(budget, max((dl.max_stages if dl else 1) for dl in dloops) * (bs - 1))
+
+    def ours(drafter, temperature, dloop, i):
+        return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
+                                       block_size=block_size if drafter is not None else None,
+                                       dloop=dloop if drafter is not None else None, seed=seed + i)
+
+    def peer(fn, temperature, i, **kw):
+        return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)
+
+    methods: list[tuple[str, str, object, float, DLoopConfig | None, Callable]] = []
+    for temperature in temperatures:
+        methods.append(("ar", "ar", None, temperature, None, lambda i, t=temperature: ours(None, t, None, i)))
+        if hf_baseline:
+            methods.append(("hf_generate", "hf", None, temperature, None,
+                            lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
+        for name, drafter in drafters.items():
+            for dloop in dloops:
+                label = name if dloop is None else f"{name}+dloop({dloop_label(dloop)})"
+                methods.append((label, "drafter", name, temperature, dloop,
+                                lambda i, d=drafter, t=temperature, dl=dloop: ours(d, t, dl, i)))
+        if "prompt_lookup" in peers:
+            methods.append(("hf_prompt_lookup", "hf", None, temperature, None,
+                            lambda i, t=temperature: peer(hf_peers.hf_prompt_lookup, t, i,
+                                                          prompt_lookup_num_tokens=prompt_lookup_num_tokens)))
+        if "assisted" in peers:
+            methods.append(("hf_assisted", "hf", None, temperature, None,
+                            lambda i, t=temperature: peer(lambda tg, ids, **kw: hf_peers.hf_assisted(
+                                tg, assistant_model, ids, **kw), t, i)))
+
+    rows = []
+    bar = _progress(len(methods) * sum(len(v) for v in prompts.values()), progress, "benchmark")
+    for bench, items in prompts.items():
+        if warmup:  # untimed: lazy initialisation, allocator growth
+            for *_, make in methods:
+                run_prompt(target, make(0), items[0], max_new_tokens=min(8, max_new_tokens), budget=budget)
+        outputs: list[list[GenerationResult]] = [[] for _ in methods]
+        for i, item in enumerate(items):  # methods interleaved per prompt: background load hits all alike
+            for (label, _, _, temperature, _, make), out in zip(methods, outputs):
+                out.append(run_prompt(target, make(i), item, max_new_tokens=max_new_tokens, budget=budget))
+                if bar is not None:
+                    bar.set_postfix_str(f"{bench} {label} T={temperature:g}")
+                    bar.update(1)
+        runs = [(*m[:5], out) for m, out in zip(methods, outputs)]
+        base = {t: res for label, _, _, t, _, res in runs if label == "ar"}
+        hf = {t: res for label, _, _, t, _, res in runs if label == "hf_generate"}
+        for label, kind, dname, temperature, dloop, results in runs:
+            row = summarize(results, base.get(temperature), hf.get(temperature))
+            if temperature > 0:  # sampled outputs differ from the baseline's by design
+                row["match_baseline"] = float("nan")
+            bs = (block_size or int(drafters[dname].config.block_size)) if kind == "drafter" else None
+            row = {"benchmark": bench, "method": label, "kind": kind, "drafter": dname,
+                   "temperature": float(temperature), "dloop": dloop_label(dloop), "block_size": bs, **row}
+            if kind == "hf":  # generate() reports no rounds
+                row.update(tau=float("nan"), tau_per_round=float("nan"), accepted_per_round=float("nan"),
+                           stages_per_round=float("nan"))
+            rows.append(row)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table of benchmark rows (floats to 3 significant decimals, NaN as '–')."""
+    columns = list(columns or ["benchmark", "method", "temperature", "tau", "accepted_per_round", "speedup",
+                               "speedup_vs_hf_generate", "tpot_ms", "match_baseline"])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "–" if math.isnan(v) else f"{v:.3f}"
+        return "–" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""Training objectives: position weights, λ schedules, block losses.
+
+Conventions (``docs/ARCHITECTURE.md``): a block has ``B`` positions; position 0
+holds the known token (never a label), position ``k ≥ 1`` predicts the token at
+its own absolute position. Labels are ``-100`` where there is nothing to learn.
+
+* Position weights *(public code)*: ``w_0 = 0``, ``w_k = exp(-(k-1)/γ)`` for
+  ``k = 1..B-1``; γ = 7 for B = 16 and γ = 4 for B = 8 (:func:`default_gamma`).
+* Block cross-entropy: the weighted sum of per-token CE over valid labels,
+  divided by the weight sum of those same valid labels (so masked positions
+  neither count nor dilute the loss).
+* Domino's base-anchored curriculum *(paper)*:
+  ``loss = λ_t·CE(L_base) + (1 − λ_t)·CE(L_final)``, λ_t from a
+  :class:`LambdaSchedule` counted in optimizer steps.
+* EAGLE-3 training-time test *(public code)*: ``Σ_s 0.8^s · L_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+"""Label value that marks 'no label here' (the block's position 0, pads, prompt tokens)."""
+
+LambdaKind = Literal["linear", "cosine", "step", "constant", "none"]
+
+# --------------------------------------------------------------------------- position weights
+
+
+def check_block_size(block_size: int) -> int:
+    """A block must draft at least one token: ``B ≥ 2``."""
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 2:
+        raise ValueError(
+            f"block_size must be an integer >= 2 (position 0 is the known token, positions 1..B-1 are drafted), "
+            f"got {block_size!r}"
+        )
+    return block_size
+
+
+def default_gamma(block_size: int) -> float:
+    """The decay γ of the position weights for a block size.
+
+    The papers give two points, γ = 7 for B = 16 and γ = 4 for B = 8; other block
+    sizes use the straight line through them, ``γ = 1 + 3·B/8`` (B = 4 → 2.5,
+    B = 32 → 13, B = 2 → 1.75), always positive.
+    """
+    check_block_size(block_size)
+    return 1.0 + 3.0 * block_size / 8.0
+
+
+def position_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """``[B]`` float32 weights: ``w_0 = 0``, ``w_k = exp(-(k-1)/γ)`` for ``k = 1..B-1``.
+
+    ``gamma=None`` uses :func:`default_gamma`. ``γ ≤ 0`` raises ``ValueError``.
+    """
+    check_block_size(block_size)
+    if gamma is None:
+        gamma = default_gamma(block_size)
+    gamma = float(gamma)
+    if not math.isfinite(gamma) or gamma <= 0:
+        raise ValueError(f"gamma (the decay of the position weights exp(-(k-1)/gamma)) must be > 0, got {gamma}")
+    k = torch.arange(block_size, dtype=torch.float32)
+    w = torch.exp(-(k - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+# --------------------------------------------------------------------------- block losses
+
+
+def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy (float32), 0 where ``labels == -100``; shape of ``labels``."""
+    flat = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return flat.view(labels.shape)
+
+
+def weighted_block_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Position-weighted block cross-entropy.
+
+    Args:
+        logits: ``[..., B, V]`` (typically ``[b, A, B, V]``).
+        labels: ``[..., B]``, ``-100`` where not a label.
+        weights: ``[B]`` position weights (:func:`position_weights`).
+
+    Returns:
+        ``Σ w_k·CE / Σ w_k`` over the valid labels (a scalar); 0 (still attached to
+        the graph) when there is no valid label.
+    """
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree")
+    if weights.shape != labels.shape[-1:]:
+        raise ValueError(f"weights {tuple(weights.shape)} do not match the block size {labels.shape[-1]}")
+    ce = token_ce(logits, labels)
+    valid = labels != IGNORE_INDEX
+    w = weights.to(device=ce.device, dtype=ce.dtype).expand_as(ce) * valid
+    denom = w.sum()
+    if denom <= 0:
+        return ce.sum() * 0.0
+    return (ce * w).sum() / denom
+
+
+# --------------------------------------------------------------------------- λ schedules
+
+
+@dataclass(frozen=True)
+class LambdaSchedule:
+    """The weight λ_t of the base-logit loss in Domino's curriculum, per optimizer step.
+
+    ``value(t, total)`` for optimizer step ``t`` of ``total`` (``T``), with the
+    horizon ``H = T·ratio``:
+
+    * ``linear``: ``max(0, λ0·(1 − t/H))`` — the paper's 1 → 0 for λ0 = 1, ratio = 1
+      (the public code's general form).
+    * ``cosine``: ``λ0·½(1 + cos(π·t/H))`` for ``t < H``, then 0.
+    * ``step``: ``λ0·0.5^⌊t/(H·step_every)⌋`` for ``t < H``, then 0 — λ0 halves
+      every ``step_every`` of the horizon (default a quarter: λ0, λ0/2, λ0/4, λ0/8, 0).
+    * ``constant``: ``λ0`` throughout.
+    * ``none``: 0 throughout (no base term: loss = CE of the final logits).
+
+    Args:
+        kind: one of the above.
+        start: λ0, in [0, 1] (the two CE terms are a convex combination).
+        ratio: horizon as a fraction of training, > 0 (ratio > 1 never reaches 0).
+        step_every: for ``step`` only, the fraction of the horizon between halvings, in (0, 1].
+    """
+
+    kind: LambdaKind = "linear"
+    start: float = 1.0
+    ratio: float = 1.0
+    step_every: float = 0.25
+
+    def __post_init__(self):
+        kinds = ("linear", "cosine", "step", "constant", "none")
+        if self.kind not in kinds:
+            raise ValueError(f"unknown λ schedule kind {self.kind!r}; choose one of {kinds}")
+        if not 0.0 <= float(self.start) <= 1.0:
+            raise ValueError(f"λ schedule start must be in [0, 1], got {self.start}")
+        if not float(self.ratio) > 0:
+            raise ValueError(f"λ schedule ratio must be > 0, got {self.ratio}")
+        if not 0.0 < float(self.step_every) <= 1.0:
+            raise ValueError(f"λ schedule step_every must be in (0, 1], got {self.step_every}")
+
+    def value(self, step: int, total_steps: int) -> float:
+        """λ at optimizer step ``step`` (0-based) of ``total_steps``."""
+        if self.kind == "none":
+            return 0.0
+        if self.kind == "constant":
+            return float(self.start)
+        if total_steps is None or not math.isfinite(total_steps) or total_steps <= 0:
+            raise ValueError(f"λ schedule {self.kind!r} needs a positive finite number of steps, got {total_steps}")
+        t = max(0, int(step))
+        horizon = float(total_steps) * float(self.ratio)
+        frac = t / horizon
+        if self.kind == "linear":
+            return max(0.0, float(self.start) * (1.0 - frac))
+        if frac >= 1.0:
+            return 0.0
+        if self.kind == "cosine":
+            return float(self.start) * 0.5 * (1.0 + math.cos(math.pi * frac))
+        # step
+        return float(self.start) * 0.5 ** math.floor(frac / float(self.step_every))
+
+    __call__ = value
+
+
+def curriculum_loss(
+    base_logits: torch.Tensor,
+    final_logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Domino's loss ``λ·CE(L_base) + (1−λ)·CE(L_final)``, both position-weighted.
+
+    Returns ``(loss, loss_base, loss_final)``. With ``λ = 0`` the base term is
+    computed for logging only (no gradient); with ``λ = 1`` the final term likewise.
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"λ must be in [0, 1], got {lam}")
+    if lam == 0.0:
+        with torch.no_grad():
+            loss_base = weighted_block_ce(base_logits, labels, weights)
+        loss_final = weighted_block_ce(final_logits, labels, weights)
+        return loss_final, loss_base, loss_final
+    if lam == 1.0:
+        loss_base = weighted_block_ce(base_logits, labels, weights)
+        with torch.no_grad():
+            loss_final = weighted_block_ce(final_logits, labels, weights)
+        return loss_base, loss_base, loss_final
+    loss_base = weighted_block_ce(base_logits, labels, weights)
+    loss_final = weighted_block_ce(final_logits, labels, weights)
+    return lam * loss_base + (1.0 - lam) * loss_final, loss_base, loss_final
+
+
+def ttt_loss(
+    step_logits: Sequence[torch.Tensor],
+    step_labels: Sequence[torch.Tensor],
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """EAGLE-3 training-time test loss ``Σ_s decay^s · L_s`` (s = 0..S-1).
+
+    Each ``L_s`` is the mean token CE of step ``s`` over its valid labels.
+    Returns ``(loss, [L_0, ..., L_{S-1}])``.
+    """
+    if len(step_logits) != len(step_labels) or not step_logits:
+        raise ValueError("ttt_loss needs one label tensor per step and at least one step")
+    losses = []
+    for logits, labels in zip(step_logits, step_labels):
+        ce = token_ce(logits, labels)
+        n = (labels != IGNORE_INDEX).sum()
+        losses.append(ce.sum() / n.clamp_min(1))
+    total = sum(decay**s * l for s, l in enumerate(losses))
+    return total, losses
+
+
+def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Next-token CE of a causal LM on the tokens with ``loss_mask = 1`` (logits at p predict x_{p+1})."""
+    labels = input_ids[:, 1:].masked_fill(loss_mask[:, 1:] == 0, IGNORE_INDEX)
+    ce = token_ce(logits[:, :-1], labels)
+    n = (labels != IGNORE_INDEX).sum()
+    return ce.sum() / n.clamp_min(1)

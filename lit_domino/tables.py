@@ -1,0 +1,155 @@
+"""The papers' tables, rebuilt from measured results: main comparison and Domino ablations.
+
+Input is a list of result records, one per (variant, seed, domain):
+``{"variant", "seed", "domain", "tau", "speedup", ...}``. Seeds are aggregated to
+mean ± spread (sample standard deviation; 0 with one seed). A difference between
+two variants smaller than their combined spread is reported as "within spread",
+never as a win. Every table is written as Markdown (for people) and JSON (for code).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+PUBLISHED = {
+    # METHOD.md, Qwen3-8B, greedy, Transformers backend (speedup over AR); τ on GSM8K.
+    "main": {
+        "eagle3": "2.26x",
+        "backbone": "4.66x (GSM8K τ 6.59)",
+        "domino": "5.49x (GSM8K τ 10.03)",
+        "small_lm": "n/a",
+    },
+    "ablations": {
+        "head": "3.31x with head vs 2.84x without",
+        "causal_inputs": "τ 3.80 (TTT) vs 3.96 (TF)",
+        "curriculum": "τ 3.96 without vs 4.19 with",
+    },
+}
+"""Published figures printed beside ours so readers compare shapes (who wins, by what ratio)."""
+
+MAIN_ROWS = ("eagle3", "small_lm", "backbone", "domino")
+LABELS = {
+    "eagle3": "EAGLE-3-style (AR chain)",
+    "small_lm": "small draft LM",
+    "backbone": "backbone-only (DFlash)",
+    "domino": "Domino (TF + curriculum)",
+    "domino_ttt": "Domino, training-time test",
+    "domino_nocurriculum": "Domino, no curriculum",
+}
+
+
+def mean_spread(values: list[float]) -> tuple[float, float]:
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def aggregate(records: list[dict], metric: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """(variant, domain) → (mean, spread) of ``metric`` over seeds; domain "avg" = mean over domains."""
+    per = defaultdict(lambda: defaultdict(list))  # variant → seed → values over domains
+    cells = defaultdict(list)
+    for r in records:
+        if metric in r and r[metric] is not None:
+            cells[(r["variant"], r["domain"])].append(r[metric])
+            per[r["variant"]][r["seed"]].append(r[metric])
+    out = {key: mean_spread(vals) for key, vals in cells.items()}
+    for variant, seeds in per.items():  # average over domains per seed, then over seeds
+        out[(variant, "avg")] = mean_spread([statistics.fmean(v) for v in seeds.values()])
+    return out
+
+
+def fmt(cell: tuple[float, float] | None, digits: int = 2, suffix: str = "") -> str:
+    if cell is None or math.isnan(cell[0]):
+        return "–"
+    mean, spread = cell
+    return f"{mean:.{digits}f}{suffix} ± {spread:.{digits}f}" if spread > 0 else f"{mean:.{digits}f}{suffix}"
+
+
+def compare(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """Verdict for b vs a: a difference within the combined spread is not a win."""
+    if a is None or b is None or math.isnan(a[0]) or math.isnan(b[0]):
+        return "–"
+    diff, spread = b[0] - a[0], math.hypot(a[1], b[1])
+    if abs(diff) <= spread:
+        return f"within spread (Δ {diff:+.2f}, spread {spread:.2f})"
+    return f"{'better' if diff > 0 else 'worse'} (Δ {diff:+.2f}, ratio {b[0] / a[0]:.2f})" if a[0] else f"Δ {diff:+.2f}"
+
+
+def main_table(records: list[dict], domains: list[str]) -> dict:
+    """Main comparison: τ and speedup per domain and on average, one row per drafter."""
+    tau, speed = aggregate(records, "tau"), aggregate(records, "speedup")
+    cols = list(domains) + ["avg"]
+    rows = []
+    for v in MAIN_ROWS:
+        if not any(k[0] == v for k in tau):
+            continue
+        row = {"variant": v, "label": LABELS.get(v, v), "published": PUBLISHED["main"].get(v, "")}
+        for d in cols:
+            row[f"{d}/tau"] = tau.get((v, d))
+            row[f"{d}/speedup"] = speed.get((v, d))
+        rows.append(row)
+    header = ["drafter"] + [f"{d} τ" for d in cols] + [f"{d} speedup" for d in cols] + ["published (Qwen3-8B)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["label"]] + [fmt(row[f"{d}/tau"]) for d in cols]
+        cells += [fmt(row[f"{d}/speedup"], suffix="x") for d in cols] + [row["published"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return {"name": "main", "columns": cols, "rows": rows, "markdown": "\n".join(lines)}
+
+
+def ablation_table(records: list[dict]) -> dict:
+    """Domino ablations (averages over domains): head, causal inputs, curriculum."""
+    tau, speed = aggregate(records, "tau"), aggregate(records, "speedup")
+    base_tau = aggregate(records, "backbone_tau")  # the backbone's own τ inside a Domino drafter
+    studies = [
+        ("head", "speedup", "backbone", "domino", speed, "without head → with head"),
+        ("causal_inputs", "tau", "domino_ttt", "domino", tau, "training-time test → teacher forcing"),
+        ("curriculum", "tau", "domino_nocurriculum", "domino", tau, "no curriculum → base-anchored curriculum"),
+    ]
+    rows = []
+    for name, metric, a, b, table, label in studies:
+        ca, cb = table.get((a, "avg")), table.get((b, "avg"))
+        if ca is None and cb is None:
+            continue
+        row = {"study": name, "label": label, "metric": metric, "from": a, "to": b,
+               "from_value": ca, "to_value": cb, "verdict": compare(ca, cb),
+               "published": PUBLISHED["ablations"][name]}
+        if name == "curriculum":
+            row["backbone_tau_from"] = base_tau.get((a, "avg"))
+            row["backbone_tau_to"] = base_tau.get((b, "avg"))
+        rows.append(row)
+    header = ["ablation", "metric", "from", "to", "verdict", "backbone τ inside Domino (from → to)", "published"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        suffix = "x" if r["metric"] == "speedup" else ""
+        inner = (f"{fmt(r.get('backbone_tau_from'))} → {fmt(r.get('backbone_tau_to'))}"
+                 if r["study"] == "curriculum" else "")
+        lines.append("| " + " | ".join([r["label"], r["metric"], fmt(r["from_value"], suffix=suffix),
+                                         fmt(r["to_value"], suffix=suffix), r["verdict"], inner,
+                                         r["published"]]) + " |")
+    return {"name": "ablations", "rows": rows, "markdown": "\n".join(lines)}
+
+
+def _jsonable(obj):
+    if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(x, float) for x in obj):
+        return {"mean": obj[0], "spread": obj[1]}
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def write_table(table: dict, directory: Path, stem: str) -> tuple[Path, Path]:
+    """``<stem>.md`` and ``<stem>.json`` in ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    md, js = directory / f"{stem}.md", directory / f"{stem}.json"
+    md.write_text(table["markdown"] + "\n")
+    js.write_text(json.dumps(_jsonable({k: v for k, v in table.items() if k != "markdown"}), indent=2))
+    return md, js

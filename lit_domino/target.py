@@ -1,0 +1,267 @@
+"""The target model: loading any Hugging Face causal LM, its MASK token, and its features.
+
+The target is the large model whose output speculative decoding must not change.
+Drafters read its hidden states ("features"): ``hidden_states[j + 1]`` is the output
+of decoder layer ``j`` (``hidden_states[0]`` is the embedding output).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MASK_TOKEN = "<|MASK|>"
+"""The MASK token added when a tokenizer has none (DFlash drafts block positions from it)."""
+
+CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
+"""Qwen3 chat templates are applied with thinking off, as in the papers' evaluation."""
+
+
+class TargetError(ValueError):
+    """A target that cannot be used: missing, corrupt, or without a usable MASK row."""
+
+
+# --------------------------------------------------------------------------- layer rules
+
+
+def dflash_layer_ids(num_layers: int, n: int) -> list[int]:
+    """DFlash/Domino feature layers: ``[L//2]`` for n = 1, else ``round(1 + i*(L-4)/(n-1))``.
+
+    Qwen3-8B (36 layers, n = 5) → ``[1, 9, 17, 25, 33]``. Targets with fewer than
+    4 layers are clamped into range so the rule stays usable on tiny models.
+    """
+    if num_layers < 1 or n < 1:
+        raise ValueError(f"need num_layers >= 1 and n >= 1, got num_layers={num_layers}, n={n}")
+    if n == 1:
+        return [num_layers // 2]
+    ids = [int(round(1 + i * (num_layers - 4) / (n - 1))) for i in range(n)]
+    return [min(max(j, 0), num_layers - 1) for j in ids]
+
+
+def eagle3_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3 feature layers ``[1, L//2 - 1, L - 4]`` (low, middle, high), clamped into range."""
+    if num_layers < 1:
+        raise ValueError(f"need num_layers >= 1, got {num_layers}")
+    ids = [1, num_layers // 2 - 1, num_layers - 4]
+    return [min(max(j, 0), num_layers - 1) for j in ids]
+
+
+def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
+    """Validate decoder-layer ids (0-based) against the target's depth."""
+    layer_ids = [int(j) for j in layer_ids]
+    if not layer_ids:
+        raise ValueError("feature_layers is empty: name at least one target decoder layer (0-based)")
+    bad = [j for j in layer_ids if not 0 <= j < num_layers]
+    if bad:
+        raise ValueError(
+            f"feature layer ids {bad} are out of range for a target with {num_layers} decoder layers "
+            f"(valid: 0..{num_layers - 1}); use dflash_layer_ids/eagle3_layer_ids to pick them"
+        )
+    return layer_ids
+
+
+def select_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate ``hidden_states[j + 1]`` for ``j`` in ``layer_ids`` → ``[b, t, n*d]``."""
+    return torch.cat([hidden_states[j + 1] for j in layer_ids], dim=-1)
+
+
+# --------------------------------------------------------------------------- the Target
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A short hash of a tokenizer's vocabulary (ids and strings), to match drafters to targets."""
+    if tokenizer is None:
+        return "none"
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Target:
+    """A frozen target LM with what drafters need from it.
+
+    ``model`` is any Hugging Face causal LM in eval mode with gradients off;
+    ``tokenizer`` may be None for unit tests on random models.
+    """
+
+    model: nn.Module
+    tokenizer: object | None
+    mask_token_id: int
+    name: str = "target"
+    chat_template_kwargs: dict = field(default_factory=lambda: dict(CHAT_TEMPLATE_KWARGS))
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.weight.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.config.max_position_embeddings
+
+    @property
+    def embed(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Token ids that end generation (the generation config's, else the tokenizer's)."""
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return []
+        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+    @functools.cached_property
+    def _tokenizer_hash(self) -> str:
+        return tokenizer_hash(self.tokenizer)
+
+    def fingerprint(self) -> dict:
+        """What a drafter must match to be used with this target."""
+        return {
+            "hidden_size": int(self.hidden_size),
+            "vocab_size": int(self.vocab_size),
+            "num_layers": int(self.num_layers),
+            "tokenizer_hash": self._tokenizer_hash,
+            "mask_token_id": int(self.mask_token_id),
+        }
+
+    def features(self, hidden_states, layer_ids: list[int]) -> torch.Tensor:
+        """Raw (unfused) features ``[b, t, n*d]`` of the given decoder layers."""
+        return select_features(hidden_states, check_layer_ids(layer_ids, self.num_layers))
+
+    def layer_ids(self, rule: str, n: int | None = None) -> list[int]:
+        """Feature layers by rule: ``"dflash"`` (needs n) or ``"eagle3"``."""
+        if rule == "dflash":
+            return dflash_layer_ids(self.num_layers, n or 1)
+        if rule == "eagle3":
+            return eagle3_layer_ids(self.num_layers)
+        raise ValueError(f"unknown feature-layer rule {rule!r}; choose 'dflash' or 'eagle3'")
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template (thinking off)."""
+        if self.tokenizer is None:
+            raise TargetError("this target has no tokenizer; pass token ids instead of chat messages")
+        out = self.tokenizer.apply_chat_template(
+            list(messages),
+            tokenize=True,
+            add_generation_prompt=add_generation_prompt,
+            **self.chat_template_kwargs,
+        )
+        ids = out["input_ids"] if not isinstance(out, list) else out
+        return [int(i) for i in ids]
+
+    @torch.no_grad()
+    def forward_features(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask=None) -> torch.Tensor:
+        """Run the target on full sequences and return their raw features ``[b, t, n*d]``."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        return self.features(out.hidden_states, layer_ids)
+
+
+def resolve_mask_token(tokenizer, embedding_rows: int) -> int:
+    """The MASK id: the tokenizer's own mask token, else ``<|MASK|>`` (added if missing).
+
+    The id must have a row in the target's embedding table; the target is never
+    resized (a new LM-head row could change the target's own output).
+    """
+    if tokenizer.mask_token is not None:
+        mask_id = tokenizer.mask_token_id
+    else:
+        if MASK_TOKEN not in tokenizer.get_vocab():
+            tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+        else:
+            tokenizer.mask_token = MASK_TOKEN
+        mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask_id is None or not 0 <= mask_id < embedding_rows:
+        raise TargetError(
+            f"MASK token id {mask_id} has no row in the target's embedding table ({embedding_rows} rows). "
+            "Drafters need a MASK embedding; use a target whose embedding is padded beyond the tokenizer "
+            "(Qwen3's is) or a tokenizer that already defines a mask token inside the vocabulary."
+        )
+    return int(mask_id)
+
+
+def _is_local(path_or_id: str) -> bool:
+    p = Path(path_or_id).expanduser()
+    return p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") > 1
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path_or_id: str, dtype: torch.dtype, device: str) -> Target:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if _is_local(path_or_id):
+        path = Path(path_or_id).expanduser()
+        if not path.is_dir():
+            raise TargetError(f"target directory {path} does not exist; build the embedded default with "
+                              "`python experiments/ablation.py --preset smoke` or pass a hub id like Qwen/Qwen3-8B")
+        if not (path / "config.json").is_file():
+            raise TargetError(f"{path} is not a model directory (no config.json); expected a save_pretrained output")
+        source = str(path)
+    else:
+        source = path_or_id
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as err:
+        where = "directory" if _is_local(path_or_id) else "hub id (is the hub reachable?)"
+        raise TargetError(
+            f"could not load target {path_or_id!r} as a {where}: {err}. Offline, use the embedded default "
+            "target (lit_domino.tiny_target.build_tiny_target)."
+        ) from err
+    except Exception as err:  # corrupt weights, wrong format, ...
+        raise TargetError(f"target {path_or_id!r} is corrupt or unreadable: {type(err).__name__}: {err}") from err
+    model.to(device).eval().requires_grad_(False)
+    mask_id = resolve_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
+    return Target(model=model, tokenizer=tokenizer, mask_token_id=mask_id, name=path_or_id)
+
+
+EMBEDDED_PREFIX = "embedded:"
+"""Target specs ``embedded:<preset>`` name the tiny targets of :mod:`lit_domino.tiny_target`."""
+
+
+def load_target(path_or_hub_id: str | Path, dtype: torch.dtype | str = torch.float32, device: str = "cpu") -> Target:
+    """Load a causal LM + tokenizer from a local directory, a hub id or ``embedded:<preset>``.
+
+    The model is frozen and in eval mode.
+    Memoised per process: the DataModule and the LightningModule share one copy.
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    spec = str(path_or_hub_id)
+    if spec.startswith(EMBEDDED_PREFIX):  # "embedded:default": build or reuse the tiny target
+        from lit_domino.tiny_target import build_tiny_target
+
+        spec = str(build_tiny_target(spec[len(EMBEDDED_PREFIX) :]))
+    return _load_cached(spec, dtype, str(device))

@@ -1,0 +1,364 @@
+"""The embedded default target: a tiny Qwen3 trained from scratch on the embedded corpora.
+
+Without a GPU or a model hub the suite still needs a real target: a model that
+has learnt its data, so that drafters learn something and acceptance means
+something. This module builds one, end to end and offline:
+
+1. a byte-level BPE tokenizer on the embedded corpora (cached by its config),
+2. a ``Qwen3ForCausalLM`` with a tiny config, trained by a LightningModule on
+   the chat-rendered corpora packed into fixed windows,
+3. an evaluation (held-out perplexity per domain, greedy math exact match),
+4. ``save_pretrained`` into the artifact cache under a hash of its config.
+
+``load_target("embedded:default")`` calls :func:`build_tiny_target` and reuses the
+cached model when present; an interrupted build resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from lit_domino import cache
+
+
+@dataclass(frozen=True)
+class TinyTargetConfig:
+    """Everything that determines the embedded target (its hash keys the cache)."""
+
+    name: str = "default"
+    """Human-readable tag in the cache directory name."""
+    vocab_size: int = 4096
+    """BPE vocabulary; 4096 keeps the LM head cheap on CPU while words stay whole."""
+    hidden_size: int = 192
+    """Model width d (drafters share it)."""
+    num_layers: int = 8
+    """Depth: 8 gives distinct DFlash ([1, 3, 5]) and EAGLE-3 ([1, 3, 4]) feature layers, and a
+    target step costs several draft steps, as it does at 8B scale."""
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    """Grouped-query attention as in Qwen3 (2 query heads per KV head)."""
+    head_dim: int = 48
+    intermediate_size: int = 576
+    """SwiGLU width, 3 x hidden."""
+    max_positions: int = 1024
+    """Context length: prompt + response of every embedded example fits."""
+    rope_theta: float = 10000.0
+    examples_per_domain: tuple[tuple[str, int | None], ...] = (("math", 20000), ("code", None), ("chat", None))
+    """Training examples per corpus domain (None = all of the train split)."""
+    corpus_seed: int = 0
+    seq_len: int = 256
+    """Training window length (documents packed back to back)."""
+    batch_size: int = 16
+    max_steps: int = 600
+    """Optimizer steps: ~2.5M tokens, ~15 minutes on 2 CPU cores in fp32."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate; tiny models tolerate (and need) a high one."""
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.1
+    seed: int = 0
+    eval_examples: int = 100
+    """Held-out examples per domain for perplexity and math accuracy."""
+
+    def __post_init__(self):
+        if min(self.hidden_size, self.num_layers, self.head_dim, self.max_steps, self.seq_len) <= 0:
+            raise ValueError(f"sizes must be positive: {self}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    def tokenizer_config(self) -> dict:
+        return {"vocab_size": self.vocab_size, "examples": self.examples_per_domain, "seed": self.corpus_seed}
+
+
+TARGET_PRESETS: dict[str, TinyTargetConfig] = {
+    # CI-sized: trains in about a minute; competent enough to give drafters structure.
+    "smoke": TinyTargetConfig(
+        name="smoke",
+        vocab_size=2048,
+        hidden_size=96,
+        num_layers=6,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=48,
+        intermediate_size=288,
+        max_positions=1024,
+        examples_per_domain=(("math", 3000), ("code", 1500), ("chat", 1500)),
+        seq_len=192,
+        batch_size=16,
+        max_steps=150,
+        eval_examples=30,
+    ),
+    "default": TinyTargetConfig(),
+}
+
+
+def preset_config(name: str) -> TinyTargetConfig:
+    if name not in TARGET_PRESETS:
+        raise ValueError(f"unknown embedded target preset {name!r}; choose one of {sorted(TARGET_PRESETS)}")
+    return TARGET_PRESETS[name]
+
+
+# --------------------------------------------------------------------------- corpora → text
+
+
+def corpus_examples(cfg: TinyTargetConfig, split: str = "train", n_override: int | None = None):
+    from lit_domino.data.corpora import build_corpus
+
+    out = []
+    for domain, n in cfg.examples_per_domain:
+        out.extend(build_corpus(domain, split, n if n_override is None else n_override, seed=cfg.corpus_seed))
+    return out
+
+
+def render(example) -> str:
+    """A corpus example as chat-template text (what the target is trained on)."""
+    from lit_domino.tokenizer import CHAT_TEMPLATE  # noqa: F401  (the template below must match it)
+
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in example.messages)
+
+
+def build_tokenizer(cfg: TinyTargetConfig, root: Path | None = None):
+    """Train (or reuse from the cache) the embedded BPE tokenizer."""
+    from transformers import AutoTokenizer
+
+    from lit_domino.tokenizer import train_tokenizer
+
+    path = cache.artifact_dir("tokenizer", cfg.tokenizer_config(), name=f"bpe{cfg.vocab_size}", root=root)
+    if cache.is_complete(path):
+        return AutoTokenizer.from_pretrained(path)
+    texts = [render(e) for e in corpus_examples(cfg)]
+    tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
+    tok.save_pretrained(path)
+    cache.mark_complete(path, cfg.tokenizer_config())
+    return AutoTokenizer.from_pretrained(path)
+
+
+def pack_windows(token_lists: list[list[int]], seq_len: int, separator: int) -> torch.Tensor:
+    """Concatenate documents (each preceded by ``separator``) and cut ``[n, seq_len + 1]`` windows."""
+    stream = []
+    for ids in token_lists:
+        stream.append(separator)
+        stream.extend(ids)
+    n = (len(stream) - 1) // seq_len
+    if n == 0:
+        raise ValueError(f"corpus too small: {len(stream)} tokens for windows of {seq_len}")
+    flat = torch.tensor(stream[: n * seq_len + 1], dtype=torch.long)
+    # windows overlap by one token so each has its own next-token label for the last position
+    return torch.stack([flat[i * seq_len : (i + 1) * seq_len + 1] for i in range(n)])
+
+
+# --------------------------------------------------------------------------- model + training
+
+
+def qwen3_config(cfg: TinyTargetConfig, tokenizer):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_positions,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=True,  # as Qwen3's small models: the LM head is the embedding table
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _lm_module(cfg: TinyTargetConfig, model):
+    import lightning as L
+
+    class TinyTargetLM(L.LightningModule):
+        """Next-token training of the tiny target on packed windows (all tokens are labels)."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, _):
+            x = batch[0]
+            logits = self.model(input_ids=x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+            self.log("train/loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+            warm = max(1, int(cfg.warmup_ratio * cfg.max_steps))
+
+            def factor(step):  # linear warmup, cosine decay to 10 %
+                if step < warm:
+                    return (step + 1) / warm
+                t = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
+                return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+            return [opt], [{"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, factor), "interval": "step"}]
+
+    return TinyTargetLM()
+
+
+def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool = True):
+    """Train the tiny Qwen3 on the packed corpora; resumes from ``workdir/ckpt/last.ckpt``."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, TensorDataset
+    from transformers import Qwen3ForCausalLM
+
+    L.seed_everything(cfg.seed, verbose=False)
+    docs = [tokenizer(render(e), add_special_tokens=False)["input_ids"] for e in corpus_examples(cfg)]
+    windows = pack_windows(docs, cfg.seq_len, tokenizer.bos_token_id)
+    model = Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
+    module = _lm_module(cfg, model)
+    loader = DataLoader(
+        TensorDataset(windows),
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    ckpt_dir = workdir / "ckpt"
+    trainer = L.Trainer(
+        max_steps=cfg.max_steps,
+        accelerator="cpu",
+        precision="32-true",  # bf16 is ~25x slower on CPUs without AMX
+        logger=False,
+        gradient_clip_val=1.0,
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=100, save_top_k=0)],
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    last = ckpt_dir / "last.ckpt"
+    t0 = time.time()
+    trainer.fit(module, loader, ckpt_path=str(last) if last.exists() else None)
+    stats = {
+        "train_seconds": round(time.time() - t0, 1),
+        "train_tokens": cfg.max_steps * cfg.batch_size * cfg.seq_len,
+        "corpus_tokens": int(sum(len(d) + 1 for d in docs)),
+        "final_train_loss": float(trainer.callback_metrics.get("train/loss", float("nan"))),
+    }
+    return model.eval().requires_grad_(False), stats
+
+
+# --------------------------------------------------------------------------- evaluation
+
+_ANSWER = re.compile(r"####\s*(-?[\d,\.]+)")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final ``#### N`` answer of a GSM8K-style solution (commas removed)."""
+    m = _ANSWER.search(text)
+    return m.group(1).replace(",", "").rstrip(".") if m else None
+
+
+@torch.no_grad()
+def response_perplexity(model, tokenizer, examples, batch_size: int = 16) -> float:
+    """exp(mean NLL) over assistant tokens of ``examples`` (teacher-forced)."""
+    from lit_domino.data.regenerate import encode_conversation
+
+    nll, count = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        encs = [encode_conversation(tokenizer, e.messages) for e in examples[i : i + batch_size]]
+        T = max(len(ids) for ids, _ in encs)
+        x = torch.full((len(encs), T), tokenizer.pad_token_id)
+        m = torch.zeros(len(encs), T)
+        for r, (ids, mask) in enumerate(encs):
+            x[r, : len(ids)] = torch.tensor(ids)
+            m[r, : len(ids)] = torch.tensor(mask, dtype=torch.float)
+        logits = model(input_ids=x, attention_mask=(x != tokenizer.pad_token_id).long()).logits[:, :-1]
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        nll += float((ce * m[:, 1:]).sum())
+        count += int(m[:, 1:].sum())
+    return math.exp(nll / max(count, 1))
+
+
+@torch.no_grad()
+def math_accuracy(model, tokenizer, examples, max_new_tokens: int = 192, batch_size: int = 25) -> float:
+    """Greedy exact-match accuracy of the final ``#### N`` answer on held-out math problems."""
+    correct = 0
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        prompts = [
+            tokenizer.apply_chat_template([e.messages[0]], tokenize=False, add_generation_prompt=True) for e in chunk
+        ]
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        correct += sum(extract_answer(t) == e.answer for t, e in zip(texts, chunk))
+    return correct / max(len(examples), 1)
+
+
+def evaluate(cfg: TinyTargetConfig, model, tokenizer) -> dict:
+    """Held-out perplexity per domain (response tokens) and math exact-match accuracy."""
+    from lit_domino.data.corpora import build_corpus
+
+    report = {}
+    for domain, _ in cfg.examples_per_domain:
+        held_out = build_corpus(domain, "eval", cfg.eval_examples, seed=cfg.corpus_seed)
+        report[f"ppl_{domain}"] = round(response_perplexity(model, tokenizer, held_out), 3)
+    report["math_accuracy"] = math_accuracy(model, tokenizer, build_corpus("math", "eval", cfg.eval_examples))
+    return report
+
+
+# --------------------------------------------------------------------------- the cached build
+
+
+def target_dir(cfg: TinyTargetConfig, root: Path | None = None) -> Path:
+    return cache.artifact_dir("target", cfg, name=cfg.name, root=root)
+
+
+def build_tiny_target(cfg: TinyTargetConfig | str = "default", root: Path | None = None, progress: bool = True) -> Path:
+    """Build (or reuse) the embedded target; returns its ``save_pretrained`` directory."""
+    if isinstance(cfg, str):
+        cfg = preset_config(cfg)
+    path = target_dir(cfg, root)
+    if cache.is_complete(path):
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    tokenizer = build_tokenizer(cfg, root)
+    model, stats = train_model(cfg, tokenizer, path, progress=progress)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    report = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **stats,
+        **evaluate(cfg, model, tokenizer),
+        "build_seconds": round(time.time() - t0, 1),
+    }
+    (path / "report.json").write_text(json.dumps(report, indent=2))
+    cache.mark_complete(path, asdict(cfg))
+    shutil.rmtree(path / "ckpt", ignore_errors=True)  # resume state, useless once finished
+    return path
+
+
+def target_report(cfg: TinyTargetConfig | str = "default", root: Path | None = None) -> dict:
+    """The build report (parameters, training time, perplexities, math accuracy) of a built target."""
+    cfg = preset_config(cfg) if isinstance(cfg, str) else cfg
+    return json.loads((target_dir(cfg, root) / "report.json").read_text())
+
+
+def with_overrides(cfg: TinyTargetConfig, **overrides) -> TinyTargetConfig:
+    return replace(cfg, **overrides)
+
+

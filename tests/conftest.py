@@ -1,0 +1,68 @@
+"""Shared fixtures: an isolated artifact cache, offline hubs, and tiny models built once per session."""
+
+from __future__ import annotations
+
+import os
+
+# Tests never touch the network or the user's ./artifacts and mlflow.db.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """One artifact cache + MLflow store for the whole test session, outside the project."""
+    root = tmp_path_factory.mktemp("artifacts")
+    old = {k: os.environ.get(k) for k in ("LIT_DOMINO_CACHE", "MLFLOW_TRACKING_URI")}
+    os.environ["LIT_DOMINO_CACHE"] = str(root)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    yield root
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def corpus_tokenizer():
+    """A small BPE tokenizer trained on a sample of every embedded corpus (vocab 512)."""
+    from lit_domino.data.corpora import build_corpus
+    from lit_domino.tiny_target import render
+    from lit_domino.tokenizer import train_tokenizer
+
+    texts = [render(e) for d in ("math", "code", "chat") for e in build_corpus(d, "train", 150)]
+    return train_tokenizer(texts, vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, corpus_tokenizer):
+    """A random 4-layer Qwen3 with the corpus tokenizer, saved as a model directory."""
+    from lit_domino.testing import random_target
+
+    target = random_target(vocab_size=len(corpus_tokenizer), hidden_size=32, num_layers=4, num_heads=2,
+                           num_kv_heads=1, intermediate_size=64, tokenizer=corpus_tokenizer, seed=0)
+    cfg = target.model.config
+    cfg.eos_token_id, cfg.pad_token_id = corpus_tokenizer.eos_token_id, corpus_tokenizer.pad_token_id
+    target.model.generation_config.eos_token_id = corpus_tokenizer.eos_token_id
+    target.model.generation_config.pad_token_id = corpus_tokenizer.pad_token_id
+    path = tmp_path_factory.mktemp("target")
+    target.model.save_pretrained(path)
+    corpus_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_target_dir):
+    from lit_domino.target import load_target
+
+    return load_target(tiny_target_dir)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

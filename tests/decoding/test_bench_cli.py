@@ -1,0 +1,61 @@
+"""experiments/bench.py end to end on tiny models: Markdown + JSON in results/, an MLflow run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def bench_module():
+    spec = importlib.util.spec_from_file_location("bench_cli", ROOT / "experiments" / "bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    bench = bench_module()
+    out = tmp_path / "results"
+    rows = bench.main(["--target", str(tiny_target_dir), "--drafters", "bb=random:backbone,slm=random:small_lm",
+                       "--benchmarks", "embedded-math:2,embedded-chat:1", "--temperatures", "0",
+                       "--dloop", "off,-0.5:2", "--block-size", "4", "--max-new-tokens", "8",
+                       "--peers", "prompt_lookup,assisted", "--assistant", "slm", "--out", str(out),
+                       "--no-progress", "--experiment", "bench-test"])
+    md = list(out.glob("bench-*.md"))
+    js = list(out.glob("bench-*.json"))
+    assert len(md) == 1 and len(js) == 1
+    text = md[0].read_text()
+    assert "speedup_vs_hf_generate" in text and "bb+dloop(-0.5:2)" in text
+    data = json.loads(js[0].read_text())
+    assert {r["benchmark"] for r in data["rows"]} == {"embedded-math:2", "embedded-chat:1"}
+    assert all(r["match_baseline"] == 1.0 for r in rows)  # lossless at T = 0, peers included
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("bench-test")
+    run = client.search_runs([exp.experiment_id])[0]
+    assert run.info.status == "FINISHED"
+    assert any(k.endswith("/speedup") for k in run.data.metrics)
+
+
+def test_bench_cli_errors():
+    bench = bench_module()
+    with pytest.raises(SystemExit, match="name=path"):
+        bench.load_drafters("oops", None, "cpu")
+    with pytest.raises(ValueError, match="never positive"):
+        bench.main(["--target", "random", "--dloop", "0.5:2", "--benchmarks", "random:1", "--no-mlflow"])

@@ -1,0 +1,123 @@
+"""Hugging Face peers and the benchmark() library function (speedup rows, multi-turn prompts)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_domino.decoding import DLoopConfig, benchmark, generate
+from lit_domino.decoding.hf_peers import hf_assisted, hf_generate, hf_prompt_lookup
+from lit_domino.decoding.metrics import markdown_table, run_prompt
+from lit_domino.models import DrafterConfig, build_drafter
+from lit_domino.testing import random_target
+
+VOCAB = 128
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target():
+    t = random_target(vocab_size=VOCAB, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                      intermediate_size=64, max_positions=256, seed=0)
+    t.model.generation_config.eos_token_id = None
+    return t
+
+
+@pytest.fixture(scope="module")
+def small_lm(target):
+    torch.manual_seed(0)
+    return build_drafter(DrafterConfig.from_target(target, "small_lm", num_layers=1, block_size=4), target)
+
+
+PROMPTS = [[5, 9, 17, 33, 5, 9], [40, 41, 42, 40, 41], [7, 7, 8, 100]]
+
+
+def test_hf_peers_match_our_greedy_and_time_the_decode_phase(target, small_lm):
+    for p in PROMPTS:
+        ids = torch.tensor([p])
+        ours = generate(target, None, ids, max_new_tokens=12)
+        for res in (hf_generate(target, ids, max_new_tokens=12),
+                    hf_prompt_lookup(target, ids, max_new_tokens=12, prompt_lookup_num_tokens=3),
+                    hf_assisted(target, small_lm.lm, ids, max_new_tokens=12)):
+            assert res.tokens == ours.tokens
+            assert res.prefill_time_s > 0 and res.decode_time_s >= 0 and math.isnan(res.tau)
+    batch = hf_generate(target, torch.tensor([PROMPTS[1][:4], PROMPTS[2]]), max_new_tokens=5)
+    assert isinstance(batch, list) and len(batch) == 2
+
+
+def test_hf_generate_stops_at_eos_like_we_do():
+    t = random_target(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                      intermediate_size=64, seed=2)
+    ids = torch.tensor([PROMPTS[0]])
+    t.model.generation_config.eos_token_id = None
+    free = generate(t, None, ids, max_new_tokens=10).tokens
+    t.model.generation_config.eos_token_id = free[3]
+    cut = free.index(free[3]) + 1
+    ours = generate(t, None, ids, max_new_tokens=10).tokens
+    assert ours == free[:cut] == hf_generate(t, ids, max_new_tokens=10).tokens
+
+
+def test_benchmark_rows(target, small_lm):
+    torch.manual_seed(0)
+    backbone = build_drafter(DrafterConfig.from_target(target, "backbone", num_layers=1, block_size=4), target)
+    rows = benchmark(target, {"backbone": backbone, "small": small_lm}, {"toy": PROMPTS},
+                     max_new_tokens=10, temperatures=(0.0, 1.0), dloops=(None, DLoopConfig(-0.5, 2)),
+                     peers=("prompt_lookup", "assisted"), assistant_model=small_lm.lm, progress=False)
+    methods = [(r["method"], r["temperature"]) for r in rows]
+    assert methods[:2] == [("ar", 0.0), ("hf_generate", 0.0)]
+    assert ("backbone+dloop(-0.5:2)", 1.0) in methods and ("hf_assisted", 0.0) in methods
+    assert len(rows) == 2 * (2 + 2 * 2 + 2)
+    for r in rows:
+        assert r["speedup"] > 0 and r["speedup_vs_hf_generate"] > 0 and r["tpot_ms"] > 0
+        assert r["num_prompts"] == 3 and r["benchmark"] == "toy"
+        if r["temperature"] == 0:
+            assert r["match_baseline"] == 1.0  # lossless, and HF peers agree
+        if r["kind"] == "drafter":
+            assert r["tau"] >= 1 and "acc_rate_pos_01" in r and sum(r["tau_histogram"]) == r["rounds"]
+    ar = rows[0]
+    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
+    table = markdown_table(rows)
+    assert table.count("\n") == len(rows) + 1 and "speedup_vs_hf_generate" in table
+    with pytest.raises(ValueError, match="unknown peers"):
+        benchmark(target, {}, {"toy": PROMPTS}, peers=("medusa",))
+    with pytest.raises(ValueError, match="assistant_model"):
+        benchmark(target, {}, {"toy": PROMPTS}, peers=("assisted",))
+
+
+def test_multi_turn_prompts_answer_each_turn_in_order(tiny_target):
+    from lit_domino.data.benchmarks import BenchmarkPrompt
+
+    gen_cfg = tiny_target.model.generation_config
+    old_eos, gen_cfg.eos_token_id = gen_cfg.eos_token_id, None  # the fixture is shared: restored below
+    try:
+        _check_multi_turn(tiny_target, BenchmarkPrompt)
+    finally:
+        gen_cfg.eos_token_id = old_eos
+
+
+def _check_multi_turn(tiny_target, BenchmarkPrompt):
+    torch.manual_seed(0)
+    drafter = build_drafter(DrafterConfig.from_target(tiny_target, "backbone", num_layers=1, block_size=4),
+                            tiny_target)
+    item = BenchmarkPrompt("toy", "chat", ("What is 2+2?", "And 3+3?"), "u1")
+    seen = []
+
+    def decode(ids, n):
+        seen.append(ids[0].tolist())
+        return generate(tiny_target, drafter, ids, max_new_tokens=n)
+
+    res = run_prompt(tiny_target, decode, item, max_new_tokens=6)
+    assert len(seen) == 2 and seen[1][: len(seen[0])] == seen[0]  # turn 2 extends the conversation
+    assert len(res.tokens) == 12 and res.rounds >= 2
+    base = run_prompt(tiny_target, lambda ids, n: generate(tiny_target, None, ids, max_new_tokens=n), item,
+                      max_new_tokens=6)
+    assert base.tokens == res.tokens

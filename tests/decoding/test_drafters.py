@@ -1,0 +1,198 @@
+"""Lossless decoding with the real drafters (random init) of every kind, through their real sessions."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.models import KINDS, DrafterConfig, build_drafter
+from lit_domino.testing import random_target
+
+VOCAB = 128
+SMALL = dict(num_layers=1, rank=16, gru_hidden=32)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_target(lively: bool, seed: int = 0):
+    """``lively``: larger layer weights so greedy continuations vary (default init repeats the last token)."""
+    target = random_target(vocab_size=VOCAB, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                           intermediate_size=64, max_positions=256, seed=seed)
+    if lively:
+        gen = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for p in target.model.model.layers.parameters():
+                if p.dim() == 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {"lively": make_target(True), "plain": make_target(False)}
+
+
+def drafter_of(target, kind, block_size=8, seed=0):
+    torch.manual_seed(seed)
+    overrides = dict(SMALL)
+    if kind == "small_lm":
+        overrides.pop("rank"), overrides.pop("gru_hidden")
+    return build_drafter(DrafterConfig.from_target(target, kind, block_size=block_size, **overrides), target)
+
+
+def greedy(target, prompt, n):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                    pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class OracleMix:
+    """Wraps a real drafter: its sessions' drafts are replaced by the target's greedy tokens with
+    probability 0.6 (never a stage's last token, which anchors the next DLoop stage), so real
+    sessions see accepted drafts, partial acceptances and rejections."""
+
+    def __init__(self, drafter, reference: list[int], seed=0):
+        self.inner, self.reference = drafter, reference
+        self.config = drafter.config
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def bind_target(self, target):
+        return self.inner.bind_target(target)
+
+    def new_session(self):
+        inner, ref, rng = self.inner.new_session(), self.reference, self.rng
+        state = SimpleNamespace(pos=0)
+
+        class Session:
+            def extend(self, tokens, features):
+                inner.extend(tokens, features)
+                state.pos = inner.length
+
+            def crop(self, length):
+                inner.crop(length)
+                state.pos = length
+
+            def draft(self, anchor, num_tokens, temperature, generator):
+                out = inner.draft(anchor, num_tokens, temperature, generator)
+                toks = out.tokens.clone()
+                for k in range(num_tokens - 1):
+                    if torch.rand((), generator=rng) < 0.6 and state.pos + 1 + k < len(ref):
+                        toks[k] = ref[state.pos + 1 + k]
+                state.pos += num_tokens
+                return SimpleNamespace(tokens=toks, logprobs=out.logprobs, probs=out.probs)
+
+        return Session()
+
+
+def prompts(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB - 1, (int(torch.randint(3, 9, (), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_real_drafter_is_lossless_greedy(targets, kind):
+    n = 20
+    ps = prompts(20, seed=KINDS.index(kind))
+    accepted = []
+    for which, target in targets.items():
+        drafter = drafter_of(target, kind, block_size=16)
+        for i, p in enumerate(ps[:6] if which == "plain" else ps):
+            expected = greedy(target, p, n)
+            block_size = (2, 4, 8, 16)[i % 4]
+            dloop = DLoopConfig(threshold=-4.0 if i % 3 else float("-inf"), max_stages=3) if i % 2 else None
+            res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop)
+            assert res.tokens == expected, (kind, which, i, block_size, dloop)
+            accepted += res.accepted_per_round
+            # with forced acceptances through the real session
+            ref = p + greedy(target, p, n + 3 * 15 + 1)
+            mixed = OracleMix(drafter, ref, seed=i)
+            res = generate(target, mixed, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop)
+            assert res.tokens == expected, ("oracle-mix", kind, which, i, block_size, dloop)
+            accepted += res.accepted_per_round
+    assert 0 in accepted and max(accepted) >= 3
+
+
+@pytest.mark.parametrize("kind", ["backbone", "domino", "eagle3", "small_lm"])
+def test_real_drafter_sampling_runs_and_is_reproducible(targets, kind):
+    target = targets["lively"]
+    drafter = drafter_of(target, kind, block_size=4)
+    p = torch.tensor([prompts(1, seed=99)[0]])
+    a = generate(target, drafter, p, max_new_tokens=12, temperature=0.8, seed=5, dloop=DLoopConfig(-6.0, 2))
+    b = generate(target, drafter, p, max_new_tokens=12, temperature=0.8, seed=5, dloop=DLoopConfig(-6.0, 2))
+    assert a.tokens == b.tokens and len(a.tokens) == 12
+
+
+def test_mismatched_real_drafter_is_rejected(targets):
+    drafter = drafter_of(targets["lively"], "backbone")
+    other = random_target(vocab_size=VOCAB + 8, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                          intermediate_size=64)
+    with pytest.raises(ValueError, match="does not match"):
+        generate(other, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=4)
+
+
+def test_real_domino_sampling_is_distributed_as_the_target():
+    """T > 0 with a real session's q (Domino: sequential picks inside the block): chi-square on (x1, x2)."""
+    V = 8
+    target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32, max_positions=64, seed=3)
+    with torch.no_grad():
+        target.model.model.norm.weight.mul_(6.0)  # a non-uniform target distribution
+    target.model.generation_config.eos_token_id = None
+    torch.manual_seed(0)
+    cfg = DrafterConfig.from_target(target, "domino", block_size=3, num_layers=1, rank=8, gru_hidden=8)
+    drafter = build_drafter(cfg, target)
+    with torch.no_grad():  # a confident, wrong-ish draft: q far from p, so rejections matter
+        drafter.head.up.weight.mul_(50.0)
+    prompt = [3, 5, 2, 6]
+
+    def p(seq):
+        with torch.no_grad():
+            return torch.softmax(target.model(input_ids=torch.tensor([seq])).logits[0, -1].double(), -1)
+
+    exact = torch.zeros(V, V, dtype=torch.double)
+    p0 = p(prompt)
+    for x0 in range(V):
+        p1 = p(prompt + [x0])
+        for x1 in range(V):
+            exact[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
+    n, counts, accepted = 2000, torch.zeros(V, V, dtype=torch.double), set()
+    for seed in range(n):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=1.0, seed=seed)
+        counts[res.tokens[1], res.tokens[2]] += 1
+        accepted.update(res.accepted_per_round)
+    assert {0, 1} <= accepted
+    expected = exact * n
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum().view(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = len(obs) - 1
+    try:
+        from scipy.stats import chi2
+
+        critical = float(chi2.isf(1e-3, dof))
+    except ImportError:  # Wilson-Hilferty approximation, z_{0.999} = 3.0902
+        critical = dof * (1 - 2 / (9 * dof) + 3.0902 * (2 / (9 * dof)) ** 0.5) ** 3
+    assert stat < critical, stat
+
+
+def test_drafter_position_limit_is_checked_before_decoding(targets):
+    target = targets["lively"]
+    cfg = DrafterConfig.from_target(target, "backbone", block_size=4, max_position_embeddings=32, **SMALL)
+    drafter = build_drafter(cfg, target)
+    with pytest.raises(ValueError, match="drafter's max_positions 32"):
+        generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=30)
+    assert len(generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=26).tokens) == 26

@@ -1,0 +1,331 @@
+"""The speculative decoding engine against stub drafters: exact tau, losslessness, EOS, bad inputs, DLoop."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.testing import random_target
+
+VOCAB = 256
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls on 2 shared cores: one intra-op thread is ~5x faster than two (no spin-waiting)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def lively_target(seed: int = 0, max_positions: int = 512):
+    """A tiny random target whose greedy continuations vary (default init just repeats the last token)."""
+    target = random_target(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                           intermediate_size=64, max_positions=max_positions, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in target.model.model.layers.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    target.model.generation_config.eos_token_id = None  # tests that need EOS set it explicitly
+    return target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return lively_target()
+
+
+def greedy_reference(target, prompt: list[int], n: int) -> list[int]:
+    """Target greedy continuation (KV-cached, no EOS stop): the oracle drafts look it up."""
+    with torch.no_grad():
+        out = target.model(input_ids=torch.tensor([prompt]), use_cache=True)
+        cache, toks = out.cache, [int(out.logits[0, -1].argmax())]
+        for _ in range(n - 1):
+            out = target.model(input_ids=torch.tensor([[toks[-1]]]), cache=cache, use_cache=True)
+            toks.append(int(out.logits[0, -1].argmax()))
+    return toks
+
+
+def hf_greedy(target, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+# --------------------------------------------------------------------------- stub drafters
+
+
+class StubSession:
+    """A DraftSession that proposes from a policy and checks the engine's bookkeeping.
+
+    ``extend`` asserts that tokens arrive at consecutive positions with one feature row
+    each; with ``check_features`` it also compares them to the target's true features.
+    """
+
+    def __init__(self, drafter):
+        self.d = drafter
+        self.committed: list[int] = []
+        self.pending: list[int] = []  # [anchor, drafts of every stage so far] (speculative)
+        self.feats: list[torch.Tensor] = []
+        self.rng = torch.Generator().manual_seed(drafter.seed)
+
+    def extend(self, tokens, features):
+        tokens = [int(t) for t in torch.as_tensor(tokens).reshape(-1)]
+        assert not self.pending, "extend before crop: speculative stages were not dropped"
+        n_feat = len(self.d.config.feature_layers) * self.d.hidden
+        assert features is not None and tuple(features.shape) == (len(tokens), n_feat)
+        self.committed += tokens
+        self.feats.append(features)
+        if self.d.check_features:
+            full = torch.cat(self.feats)
+            ref = self.d.target.forward_features(torch.tensor([self.committed]), self.d.config.feature_layers)[0]
+            torch.testing.assert_close(full, ref, atol=1e-4, rtol=1e-4)
+
+    def crop(self, length):
+        assert length == len(self.committed), "crop(start) must drop exactly the speculative positions"
+        self.committed = self.committed[:length]
+        self.pending = []
+
+    def draft(self, anchor, num_tokens, temperature, generator):
+        anchor = int(torch.as_tensor(anchor).reshape(-1)[-1])
+        if self.pending:
+            assert anchor == self.pending[-1], "a later stage must be anchored at the last draft token"
+        else:
+            self.pending = [anchor]
+        ctx = self.committed + self.pending
+        toks, conf = self.d.propose(ctx, num_tokens, self.rng)
+        self.pending += toks
+        return SimpleNamespace(tokens=torch.tensor(toks), logprobs=torch.tensor(conf), probs=None)
+
+
+class StubDrafter:
+    """Policies: ``oracle`` (target greedy), ``never`` (always wrong), ``noisy`` (right with prob 0.7),
+    ``random`` (uniform tokens). Log-probs are 0 (confident) or log 0.3 at random, so DLoop both
+    continues and stops."""
+
+    def __init__(self, target, policy, block_size=16, seed=0, check_features=False, references=None):
+        self.target, self.policy, self.seed, self.check_features = target, policy, seed, check_features
+        self.hidden = target.hidden_size
+        self.config = SimpleNamespace(block_size=block_size, feature_layers=[0, 1])
+        self.fingerprint = target.fingerprint()
+        self.references = references or {}  # prompt tuple -> long greedy continuation
+
+    def bind_target(self, target):
+        if target.fingerprint() != self.fingerprint:
+            raise ValueError("drafter was built for another target (fingerprint mismatch)")
+
+    def new_session(self):
+        return StubSession(self)
+
+    def _greedy(self, ctx, k):
+        for prompt, ref in self.references.items():
+            full = list(prompt) + ref
+            if len(ctx) + k <= len(full) and full[: len(ctx)] == ctx:
+                return full[len(ctx): len(ctx) + k]
+        return greedy_reference(self.target, ctx, k)
+
+    def propose(self, ctx, k, rng):
+        if self.policy == "random":
+            toks = torch.randint(0, VOCAB, (k,), generator=rng).tolist()
+        else:
+            toks = self._greedy(ctx, k)
+            if self.policy == "never":
+                toks = [(t + 1) % VOCAB for t in toks]
+            elif self.policy == "noisy":
+                keep = torch.rand(k, generator=rng) < 0.7
+                rand = torch.randint(0, VOCAB, (k,), generator=rng)
+                toks = [t if c else int(r) for t, c, r in zip(toks, keep.tolist(), rand)]
+        conf = [0.0 if self.policy == "oracle" else (0.0 if torch.rand((), generator=rng) < 0.5 else math.log(0.3))
+                for _ in range(k)]
+        return toks, conf
+
+
+def prompts(n, length=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB - 1, (int(torch.randint(4, length + 1, (), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16])
+def test_oracle_drafter_gives_tau_equal_block_size(target, block_size):
+    prompt = prompts(1, seed=3)[0]
+    rounds = 3
+    n = 1 + rounds * block_size  # x_0 comes from the prefill, then `rounds` full rounds
+    ref = {tuple(prompt): greedy_reference(target, prompt, n + block_size)}
+    res = generate(target, StubDrafter(target, "oracle", block_size, references=ref), torch.tensor([prompt]),
+                   max_new_tokens=n)
+    assert res.tokens == hf_greedy(target, prompt, n)
+    assert res.rounds == rounds and res.tau == block_size
+    assert res.accepted_per_round == [block_size - 1] * rounds
+    assert res.num_target_forwards == rounds + 1
+
+
+@pytest.mark.parametrize("block_size", [2, 8])
+def test_never_matching_drafter_gives_tau_one(target, block_size):
+    prompt = prompts(1, seed=4)[0]
+    res = generate(target, StubDrafter(target, "never", block_size), torch.tensor([prompt]), max_new_tokens=12)
+    assert res.tokens == hf_greedy(target, prompt, 12)
+    assert res.tau == 1.0 and res.rounds == 11 and set(res.accepted_per_round) == {0}
+
+
+def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
+    """>= 20 prompts x block sizes 2/4/8/16 x DLoop off/on x accept/reject-mixing drafters."""
+    ps = prompts(20, seed=5)
+    n = 24
+    refs = {tuple(p): greedy_reference(target, p, n + 3 * 15 + 1) for p in ps}
+    expected = {tuple(p): refs[tuple(p)][:n] for p in ps}
+    for p in ps[:3]:  # the cached reference itself equals Hugging Face greedy
+        assert expected[tuple(p)] == hf_greedy(target, p, n)
+    seen_accepts = set()
+    for i, p in enumerate(ps):
+        for block_size in (2, 4, 8, 16):
+            for dloop in (None, DLoopConfig(threshold=-0.5, max_stages=3)):
+                policy = ("noisy", "random", "oracle", "never")[i % 4] if block_size != 8 else "noisy"
+                drafter = StubDrafter(target, policy, block_size, seed=i, references=refs)
+                res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, dloop=dloop)
+                assert res.tokens == expected[tuple(p)], (i, block_size, dloop, policy)
+                seen_accepts.update(res.accepted_per_round)
+                assert len(res.tokens) == n
+                if dloop is None:
+                    assert set(res.stages_per_round) == {1}
+    assert 0 in seen_accepts and max(seen_accepts) > 15  # rejections and multi-stage acceptances both ran
+
+
+def test_features_and_positions_reach_the_session_exactly(target):
+    prompt = prompts(1, seed=6)[0]
+    drafter = StubDrafter(target, "noisy", 4, check_features=True)
+    res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=20, dloop=DLoopConfig(-1.0, 2))
+    assert res.tokens == hf_greedy(target, prompt, 20)
+    assert max(res.stages_per_round) == 2
+
+
+def test_batch_rows_decode_independently(target):
+    ps = prompts(3, seed=7, length=6)
+    ps = [p[:4] for p in ps]
+    drafter = StubDrafter(target, "noisy", 4)
+    out = generate(target, drafter, torch.tensor(ps), max_new_tokens=10)
+    assert isinstance(out, list) and len(out) == 3
+    for p, r in zip(ps, out):
+        assert r.tokens == hf_greedy(target, p, 10)
+    base = generate(target, None, torch.tensor(ps), max_new_tokens=10)
+    assert [r.tokens for r in base] == [r.tokens for r in out]
+
+
+def test_autoregressive_baseline_equals_hf_generate(target):
+    for p in prompts(4, seed=8):
+        res = generate(target, None, torch.tensor([p]), max_new_tokens=15)
+        assert res.tokens == hf_greedy(target, p, 15)
+        assert res.tau == 1.0 and res.rounds == 14 and res.num_target_forwards == 15
+        assert res.tpot_ms > 0 and res.prefill_time_s > 0
+
+
+def test_eos_stops_and_nothing_after_it_is_emitted():
+    target = lively_target()
+    prompt = prompts(1, seed=9)[0]
+    ref = greedy_reference(target, prompt, 30)
+    eos = ref[6]
+    cut = ref.index(eos)  # the first occurrence
+    target.model.generation_config.eos_token_id = eos
+    assert target.eos_token_ids == [eos]
+    for policy, bs in (("oracle", 8), ("noisy", 4), ("never", 2)):
+        drafter = StubDrafter(target, policy, bs, references={tuple(prompt): ref})
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30)
+        assert res.tokens == ref[: cut + 1] and res.stop_reason == "eos"
+    base = generate(target, None, torch.tensor([prompt]), max_new_tokens=30)
+    assert base.tokens == ref[: cut + 1] == hf_greedy(target, prompt, 30)
+    # EOS as the very first token: no round runs.
+    target.model.generation_config.eos_token_id = ref[0]
+    res = generate(target, StubDrafter(target, "oracle", 4), torch.tensor([prompt]), max_new_tokens=30)
+    assert res.tokens == [ref[0]] and res.rounds == 0 and math.isnan(res.tau)
+
+
+def test_max_new_tokens_is_exact_and_one_token_needs_no_round(target):
+    prompt = prompts(1, seed=10)[0]
+    ref = {tuple(prompt): greedy_reference(target, prompt, 60)}
+    for n in (1, 2, 5, 13):
+        res = generate(target, StubDrafter(target, "oracle", 8, references=ref), torch.tensor([prompt]),
+                       max_new_tokens=n)
+        assert res.tokens == ref[tuple(prompt)][:n]
+        assert res.rounds == (0 if n == 1 else math.ceil((n - 1) / 8))
+
+
+def test_dloop_with_one_stage_equals_plain_speculative_round_for_round(target):
+    for i, p in enumerate(prompts(4, seed=11)):
+        a = generate(target, StubDrafter(target, "noisy", 4, seed=i), torch.tensor([p]), max_new_tokens=20)
+        b = generate(target, StubDrafter(target, "noisy", 4, seed=i), torch.tensor([p]), max_new_tokens=20,
+                     dloop=DLoopConfig(threshold=-0.1, max_stages=1))
+        assert a.tokens == b.tokens
+        assert a.accepted_per_round == b.accepted_per_round and a.drafted_per_round == b.drafted_per_round
+        assert b.stages_per_round == [1] * b.rounds
+
+
+def test_dloop_gates_on_confidence(target):
+    p = prompts(1, seed=12)[0]
+    ref = {tuple(p): greedy_reference(target, p, 80)}
+    # oracle log-probs are 0 >= g: always the full N stages, all accepted -> tau = N*(B-1)+1
+    res = generate(target, StubDrafter(target, "oracle", 4, references=ref), torch.tensor([p]), max_new_tokens=31,
+                   dloop=DLoopConfig(threshold=-0.5, max_stages=3))
+    assert res.stages_per_round == [3] * 3 and res.tau == 10
+    # never confident enough: one stage per round
+    res = generate(target, StubDrafter(target, "never", 4), torch.tensor([p]), max_new_tokens=10,
+                   dloop=DLoopConfig(threshold=0.0, max_stages=3))
+    assert set(res.stages_per_round) <= {1, 2, 3}
+    res = generate(target, StubDrafter(target, "random", 4), torch.tensor([p]), max_new_tokens=10,
+                   dloop=DLoopConfig(threshold=float("-inf"), max_stages=2))
+    assert res.stages_per_round == [2] * res.rounds
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def test_bad_inputs_fail_before_decoding(target):
+    p = torch.tensor([prompts(1, seed=13)[0]])
+    d = StubDrafter(target, "oracle", 8)
+    calls = []
+    d.new_session = lambda: calls.append(1)  # any decoding would call it
+    cases = [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=-3), "max_new_tokens"),
+        (dict(max_new_tokens=5, temperature=-0.1), "temperature"),
+        (dict(max_new_tokens=5, block_size=1), "block_size"),
+        (dict(max_new_tokens=5, block_size=9), "block_size"),
+        (dict(max_new_tokens=500), "max_positions"),
+        (dict(max_new_tokens=5, dloop="-0.5:3"), "DLoopConfig"),
+    ]
+    for kwargs, word in cases:
+        with pytest.raises(ValueError, match=word):
+            generate(target, d, p, **kwargs)
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(target, d, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=5)
+    with pytest.raises(ValueError, match="vocabulary"):
+        generate(target, d, torch.tensor([[VOCAB + 5]]), max_new_tokens=5)
+    other = random_target(vocab_size=VOCAB, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+                          intermediate_size=64)
+    with pytest.raises(ValueError, match="fingerprint"):
+        generate(other, d, p, max_new_tokens=5)
+    # the draft budget (stages x (B-1)) counts against max_positions too
+    n = 512 - p.shape[1] - 7
+    with pytest.raises(ValueError, match="draft budget 21"):
+        generate(target, d, p, max_new_tokens=n, dloop=DLoopConfig(-0.5, 3))
+    assert not calls
+
+
+def test_drafter_training_flag_is_restored(target):
+    class ModuleDrafter(torch.nn.Module, StubDrafter):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            StubDrafter.__init__(self, target, "noisy", 4)
+
+    d = ModuleDrafter().train()
+    generate(target, d, torch.tensor([prompts(1)[0]]), max_new_tokens=6)
+    assert d.training and not target.model.training

@@ -1,0 +1,200 @@
+"""Verification rules, and T > 0 decoding: speculative sampling draws from the target's distribution."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.sampling import pick, residual, verify_greedy, verify_sampling
+from lit_domino.testing import random_target
+
+V = 8  # tiny vocabulary: the joint of two tokens has 64 cells
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls on 2 shared cores: one intra-op thread is ~5x faster than two (no spin-waiting)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_verify_greedy_counts_the_matching_prefix_and_takes_the_bonus():
+    logits = torch.full((5, 10), -1.0)
+    for k, t in enumerate([3, 4, 5, 6, 7]):
+        logits[k, t] = 1.0  # target picks 3 4 5 6 | 7
+    assert verify_greedy(torch.tensor([3, 4, 5, 6]), logits) == (4, 7)
+    assert verify_greedy(torch.tensor([3, 4, 9, 6]), logits) == (2, 5)
+    assert verify_greedy(torch.tensor([0, 4, 5, 6]), logits) == (0, 3)
+
+
+def test_residual_distribution():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.5, 0.3])
+    torch.testing.assert_close(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(residual(p, p), p)  # no mass left: fall back to p
+
+
+def test_verify_sampling_single_position_matches_p():
+    """One draft position, exact: P(commit = j) = q(j) min(1, p/q) + P(reject) r(j) = p(j)."""
+    g = torch.Generator().manual_seed(0)
+    p_logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    q = torch.tensor([[0.1, 0.6, 0.2, 0.1]])
+    n, counts = 4000, torch.zeros(4)
+    drafts = torch.multinomial(q[0], n, replacement=True, generator=g)
+    for d in drafts:
+        acc, bonus = verify_sampling(d.view(1), q, p_logits, 1.0, g)
+        counts[d if acc == 1 else bonus] += 1
+    p = torch.softmax(p_logits[0], -1)
+    assert chi_square(counts, p * n) < chi2_critical(3)
+
+
+def test_pick_greedy_and_sampled():
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    assert pick(logits, 0.0).tolist() == [1]
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([pick(logits, 1.0, g) for _ in range(3000)]).flatten()
+    counts = torch.bincount(draws, minlength=3).float()
+    assert chi_square(counts, torch.softmax(logits[0], -1) * 3000) < chi2_critical(2)
+
+
+# --------------------------------------------------------------------------- chi-square helpers
+
+
+def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's statistic; cells with expected < min_expected are pooled into one cell."""
+    observed, expected = observed.double().flatten(), expected.double().flatten()
+    small = expected < min_expected
+    obs = torch.cat([observed[~small], observed[small].sum().view(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+
+
+def chi2_critical(dof: int, alpha: float = 1e-3) -> float:
+    """Critical value of chi-square(dof) at level alpha (scipy if installed, else Wilson-Hilferty)."""
+    try:
+        from scipy.stats import chi2
+
+        return float(chi2.isf(alpha, dof))
+    except ImportError:
+        z = {1e-3: 3.0902, 1e-2: 2.3263}[alpha]
+        return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def dof_after_pooling(expected: torch.Tensor, min_expected: float = 5.0) -> int:
+    small = expected.flatten() < min_expected
+    return int((~small).sum()) + (1 if small.any() else 0) - 1
+
+
+# --------------------------------------------------------------------------- a tiny target and a q != p drafter
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32, max_positions=64, seed=3)
+    with torch.no_grad():
+        target.model.model.norm.weight.mul_(6.0)  # sharpen p (random init gives near-uniform logits)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
+class QSession:
+    """Drafts from a fixed, position-dependent q_k (independent of p), returning q as ``probs``."""
+
+    def __init__(self, drafter):
+        self.d, self.n = drafter, 0
+
+    def extend(self, tokens, features):
+        pass
+
+    def crop(self, length):
+        self.n = 0
+
+    def draft(self, anchor, num_tokens, temperature, generator):
+        q = self.d.q[self.n: self.n + num_tokens]
+        self.n += num_tokens
+        toks = torch.multinomial(q, 1, generator=generator).view(-1)
+        return SimpleNamespace(tokens=toks, probs=q, logprobs=q.gather(1, toks.view(-1, 1)).log().view(-1))
+
+
+class QDrafter:
+    def __init__(self, target, block_size):
+        self.config = SimpleNamespace(block_size=block_size, feature_layers=[])
+        g = torch.Generator().manual_seed(7)
+        self.q = torch.softmax(torch.randn(8, V, generator=g) * 1.5, -1)
+
+    def bind_target(self, target):
+        pass
+
+    def new_session(self):
+        return QSession(self)
+
+
+def exact_joint(target, prompt, temperature):
+    """P(x_1, x_2) of target sampling, x_0 marginalised: sum_x0 p(x0) p(x1|x0) p(x2|x0,x1)."""
+    def p(seq):
+        with torch.no_grad():
+            logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]
+        return torch.softmax(logits.double() / temperature, -1)
+
+    joint = torch.zeros(V, V, dtype=torch.double)
+    p0 = p(prompt)
+    for x0 in range(V):
+        p1 = p(prompt + [x0])
+        for x1 in range(V):
+            joint[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
+    return joint
+
+
+def q_joint(drafter):
+    """What always accepting the drafts would give for (x_1, x_2) (for the power check)."""
+    return drafter.q[0].double()[:, None] * drafter.q[1].double()[None, :]
+
+
+@pytest.mark.parametrize("block_size,dloop,temperature", [
+    (3, None, 1.0),                                       # one stage of 2 drafts (x1, x2 drafted)
+    (2, None, 1.0),                                       # one draft + the bonus (x2 is the bonus)
+    (2, DLoopConfig(threshold=float("-inf"), max_stages=2), 0.7),  # two 1-token stages, one verification
+    (None, None, 1.0),                                    # plain AR sampling (the baseline)
+])
+def test_sampling_is_distributed_as_the_target(tiny, block_size, dloop, temperature):
+    prompt = [3, 5, 2, 6]
+    exact = exact_joint(tiny, prompt, temperature)
+    assert exact.max() > 0.05 and exact.max() < 0.9  # non-trivial target distribution
+    drafter = QDrafter(tiny, block_size) if block_size else None
+    n = 2000
+    counts = torch.zeros(V, V)
+    accepted = []
+    for seed in range(n):
+        res = generate(tiny, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=temperature,
+                       block_size=block_size, dloop=dloop, seed=seed)
+        counts[res.tokens[1], res.tokens[2]] += 1
+        accepted += res.accepted_per_round[:1]
+    expected = exact * n
+    stat = chi_square(counts, expected)
+    assert stat < chi2_critical(dof_after_pooling(expected)), stat
+    if drafter is not None:
+        assert {0, 1} <= set(accepted)  # rejections, partial and full acceptances all happened
+        wrong = q_joint(drafter) * n  # power: the draft's own distribution is clearly rejected
+        assert chi_square(counts, wrong) > 5 * chi2_critical(dof_after_pooling(wrong))
+
+
+def test_same_seed_same_sample(tiny):
+    drafter = QDrafter(tiny, 3)
+    a = generate(tiny, drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=8, temperature=1.0, seed=11)
+    b = generate(tiny, drafter, torch.tensor([[1, 2, 3]]), max_new_tokens=8, temperature=1.0, seed=11)
+    assert a.tokens == b.tokens
+
+
+def test_pairs_cover_many_cells(tiny):
+    """Guard for the chi-square test: the tiny target's (x1, x2) distribution is spread over cells."""
+    exact = exact_joint(tiny, [3, 5, 2, 6], 1.0)
+    assert sum(1 for i, j in itertools.product(range(V), range(V)) if exact[i, j] * 2000 >= 5) >= 8

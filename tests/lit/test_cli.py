@@ -1,0 +1,132 @@
+"""experiments/train.py: every YAML parses, the paper preset builds, a CLI fit logs, exports and resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "experiments" / "configs"
+VARIANT_FILES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+PRESETS = [None, "smoke", "default", "paper"]
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("lit_domino_train_cli", ROOT / "experiments" / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _train_module()
+
+
+def _args(variant: str, preset: str | None, target_dir, tmp_path, *extra, tracking=False) -> list[str]:
+    args = ["--config", str(CONFIGS / variant)]
+    if preset:
+        args += ["--config", str(CONFIGS / "presets" / f"{preset}.yaml")]
+    return args + ["--data.target", str(target_dir), "--trainer.accelerator", "cpu",
+                   "--trainer.default_root_dir", str(tmp_path), "--tracking.enabled", str(tracking).lower(), *extra]
+
+
+def test_all_six_variant_configs_exist():
+    assert set(VARIANT_FILES) == {f"{v}.yaml" for v in
+                                  ("backbone", "domino", "domino_ttt", "domino_nocurriculum", "eagle3", "small_lm")}
+    assert {p.stem for p in (CONFIGS / "presets").glob("*.yaml")} == {"smoke", "default", "paper"}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("variant", VARIANT_FILES)
+def test_every_config_parses(train, tiny_target_dir, tmp_path, variant, preset):
+    cli = train.main(_args(variant, preset, tiny_target_dir, tmp_path), run=False)
+    model, data = cli.model, cli.datamodule
+    assert model.hparams.target == str(tiny_target_dir) == data.hparams.target  # linked
+    assert model.hparams.block_size == data.hparams.block_size
+    assert data.hparams.seed == 0
+    if "domino" in variant:
+        kind = "none" if "nocurriculum" in variant else "linear"
+        assert model.curriculum.kind == kind
+        assert model.hparams.causal_inputs == ("training_time_test" if "ttt" in variant else "teacher_forced")
+    if variant == "eagle3.yaml":
+        assert data.hparams.feature_rule == "eagle3"
+    cb = cli.trainer.checkpoint_callback
+    assert cb.save_last and Path(cb.dirpath) == tmp_path / "checkpoints"
+
+
+@pytest.mark.parametrize("variant", VARIANT_FILES)
+def test_paper_preset_builds_with_a_tiny_stand_in(train, tiny_target_dir, tmp_path, variant):
+    cli = train.main(_args(variant, "paper", tiny_target_dir, tmp_path), run=False)
+    model, data = cli.model, cli.datamodule
+    assert data.hparams.num_anchors == 512 and data.hparams.features == "online"
+    assert cli.trainer.max_epochs == 6 and cli.trainer.precision == "bf16-mixed"
+    assert cli.trainer.gradient_clip_val == 1.0
+    assert model.hparams.lr == 6e-4 and model.hparams.gamma == 7.0
+    drafter = model.build_drafter(data.feature_layers)
+    cfg = drafter.config
+    assert cfg.block_size == 16 and cfg.rank == 256 and cfg.gru_hidden == 1024
+    if variant != "eagle3.yaml":
+        assert cfg.num_layers == 5
+    assert model.target is data.load_target()  # one memoised target
+    assert model.position_weights[1] == 1.0 and torch.isclose(model.position_weights[8], torch.tensor(1 / torch.e))
+
+
+def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.models.io import load_drafter
+    from lit_domino.tracking import default_tracking_uri
+
+    uri = default_tracking_uri()  # $MLFLOW_TRACKING_URI: the tests' session store (conftest)
+    assert uri.startswith("sqlite:///") and str(ROOT) not in uri
+    common = ["--data.train_examples", "{math: 6, code: 2}", "--data.val_examples", "{math: 2}",
+              "--data.max_new_tokens", "12", "--data.batch_size", "4", "--data.num_anchors", "3",
+              "--data.feature_layers", "[1, 3]", "--trainer.log_every_n_steps", "1",
+              "--trainer.enable_progress_bar", "false", "--tracking.experiment", "cli-test"]
+    args = _args("domino.yaml", "smoke", tiny_target_dir, tmp_path / "run", *common, tracking=True)
+    cli = train.main(["fit", *args, "--trainer.max_epochs", "1"])
+    run_id = cli.trainer.logger.run_id
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["variant"] == "domino" and run.data.tags["preset"] == "smoke"
+    assert run.data.tags["seed"] == "0" and run.data.tags["mlflow.runName"] == "domino-smoke-s0"
+    assert run.data.params["model.rank"] == "32" and run.data.params["data.block_size"] == "8"
+    assert "config.yaml" in {a.path for a in client.list_artifacts(run_id)}
+    assert "train/loss_final" in run.data.metrics and "val/tau_sim" in run.data.metrics
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    drafter = load_drafter(tmp_path / "run" / "drafter", target=cli.model.target)
+    for k, v in cli.model.drafter.state_dict().items():
+        assert torch.equal(v, drafter.state_dict()[k])
+    # load_from_checkpoint rebuilds the module without Lightning's trainer (target from the recorded spec)
+    from lit_domino.lit import load_module
+
+    restored = load_module(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert type(restored).__name__ == "DominoModule" and restored.hparams.feature_layers == [1, 3]
+    for k, v in cli.model.drafter.state_dict().items():
+        assert torch.equal(v, restored.drafter.state_dict()[k])
+    # resume with more epochs: same MLflow run, continues at the saved step
+    steps = cli.trainer.global_step
+    cli2 = train.main(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    assert cli2.trainer.logger.run_id == run_id
+    assert cli2.trainer.global_step == 2 * steps
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_cli_crash_before_training_is_recorded_failed(train, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.target import TargetError
+    from lit_domino.tracking import default_tracking_uri
+
+    args = _args("backbone.yaml", "smoke", tmp_path / "no-such-target", tmp_path / "run", "--tracking.experiment",
+                 "cli-crash", "--tracking.run_name", "crash", tracking=True)
+    with pytest.raises(TargetError, match="does not exist"):
+        train.main(["fit", *args])
+    client = MlflowClient(default_tracking_uri())
+    runs = client.search_runs([client.get_experiment_by_name("cli-crash").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"] and runs[0].data.tags["variant"] == "backbone"

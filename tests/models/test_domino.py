@@ -1,0 +1,149 @@
+"""DominoDrafter: zero-init equivalence, causality of teacher forcing, training == session."""
+
+import pytest
+import torch
+
+from lit_domino.models import DominoDrafter, DrafterConfig, build_drafter
+from lit_domino.models.domino import DominoHead
+from lit_domino.testing import random_target
+
+B = 6
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_target(vocab_size=256, hidden_size=64, num_layers=2, seed=0)
+
+
+def _drafter(target, zero_up=False, seed=1):
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(target, "domino", block_size=B, rank=16, gru_hidden=32)
+    d = build_drafter(cfg, target).eval()
+    if not zero_up:
+        torch.nn.init.normal_(d.head.up.weight, std=0.5)  # a visible correction
+    return d
+
+
+def _batch(T=24, b=1, seed=0, width=64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 250, (b, T), generator=g), torch.randn(b, T, width, generator=g)
+
+
+def test_fresh_domino_equals_backbone_only(target):
+    dom = _drafter(target, zero_up=True)
+    assert (dom.head.up.weight == 0).all()
+    backbone = build_drafter(DrafterConfig.from_dict({**dom.config.to_dict(), "kind": "backbone"}), target)
+    backbone.load_state_dict({k: v for k, v in dom.state_dict().items() if not k.startswith("head.")})
+    ids, feats = _batch()
+    anchors, am = torch.tensor([[3, 11]]), torch.ones(1, 2, dtype=torch.bool)
+    with torch.no_grad():
+        out = dom.forward_train(ids, feats, anchors, am)
+        ref = backbone.forward_train(ids, feats, anchors, am)
+        tt = dom.forward_train(ids, feats, anchors, am, causal_inputs="training_time_test")
+    assert torch.equal(out.final_logits, out.logits) and torch.equal(out.logits, ref.logits)
+    assert torch.equal(tt.final_logits, ref.logits)
+    s, r = dom.new_session(), backbone.new_session()
+    for sess in (s, r):
+        sess.extend(ids[0, :11], feats[0, :11])
+    assert torch.equal(s.draft(ids[0, 11], B - 1).logits, r.draft(ids[0, 11], B - 1).logits)
+
+
+def test_teacher_forcing_is_causal(target):
+    dom = _drafter(target)
+    ids, feats = _batch()
+    a = 8
+    anchors, am = torch.tensor([[a]]), torch.ones(1, 1, dtype=torch.bool)
+
+    def delta(i):
+        with torch.no_grad():
+            out = dom.forward_train(i, feats, anchors, am)
+        return (out.final_logits - out.logits)[0, 0]  # [B, V]
+
+    ref = delta(ids)
+    assert (ref[0] == 0).all() and ref[1:].abs().max() > 1e-3
+    for i in range(1, B):
+        changed = ids.clone()
+        changed[0, a + i:] = (changed[0, a + i:] + 17) % 250  # tokens at block positions >= i
+        d = delta(changed)
+        torch.testing.assert_close(d[: i + 1], ref[: i + 1], atol=0, rtol=0)  # ΔL_i uses S_{i-1}: x_a..x_{a+i-1}
+        if i + 1 < B:
+            assert (d[i + 1:] - ref[i + 1:]).abs().max() > 1e-5
+
+
+def test_session_equals_teacher_forced_training(target):
+    dom = _drafter(target)
+    ids, feats = _batch(T=30)
+    a = 13
+    s = dom.new_session()
+    s.extend(ids[0, :a], feats[0, :a])
+    d = s.draft(ids[0, a], B - 1)
+    forced = ids.clone()
+    forced[0, a + 1: a + B] = d.tokens  # teacher forcing with the session's own inputs
+    with torch.no_grad():
+        out = dom.forward_train(forced, feats, torch.tensor([[a]]), torch.ones(1, 1, dtype=torch.bool))
+        tt = dom.forward_train(ids, feats, torch.tensor([[a]]), torch.ones(1, 1, dtype=torch.bool),
+                               causal_inputs="training_time_test")
+    torch.testing.assert_close(d.logits, out.final_logits[0, 0, 1:], atol=1e-5, rtol=1e-5)
+    # at T = 0 the session picks argmax of the final logits: exactly training-time test's inputs
+    torch.testing.assert_close(d.logits, tt.final_logits[0, 0, 1:], atol=1e-5, rtol=1e-5)
+    assert d.tokens.tolist() == d.logits.argmax(-1).tolist()
+    # the correction changes the picks' logits relative to the backbone
+    assert (out.final_logits - out.logits).abs().max() > 1e-3
+
+
+def test_session_sampling_uses_corrected_distribution(target):
+    dom = _drafter(target)
+    ids, feats = _batch(T=24)
+    s = dom.new_session()
+    s.extend(ids[0, :15], feats[0, :15])
+    d = s.draft(ids[0, 15], B - 1, temperature=1.3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(d.probs, torch.softmax(d.logits / 1.3, -1))
+    torch.testing.assert_close(d.logprobs.exp(), d.probs.gather(-1, d.tokens[:, None])[:, 0])
+    forced = ids.clone()
+    forced[0, 16: 15 + B] = d.tokens
+    with torch.no_grad():
+        out = dom.forward_train(forced, feats, torch.tensor([[15]]), torch.ones(1, 1, dtype=torch.bool))
+    torch.testing.assert_close(d.logits, out.final_logits[0, 0, 1:], atol=1e-5, rtol=1e-5)
+
+
+def test_dloop_stage_two_for_domino(target):
+    dom = _drafter(target)
+    ids, feats = _batch(T=14)
+
+    def run(perturb):
+        s = dom.new_session()
+        s.extend(ids[0, :9], feats[0, :9])
+        d1 = s.draft(ids[0, 9], B - 1)
+        s.stages[-1].hidden[perturb] += perturb_scale
+        return d1, s.draft(d1.tokens[-1], B - 1)
+
+    perturb_scale = 0.0
+    d1, d2 = run(1)
+    perturb_scale = 1.0
+    p1, p2 = run(1)
+    torch.testing.assert_close(p1.logits, d1.logits, atol=0, rtol=0)
+    assert (p2.logits - d2.logits).abs().max() > 1e-4
+
+
+def test_gru_cell_matches_nn_gru():
+    torch.manual_seed(0)
+    head = DominoHead(16, 24, 8, 50)
+    x, h = torch.randn(3, 16), torch.randn(3, 24)
+    with torch.no_grad():
+        ref = head.gru(x[:, None], h[None])[0][:, 0]
+        torch.testing.assert_close(head.cell(x, h), ref, atol=1e-6, rtol=1e-6)
+
+
+def test_training_gradients_and_variants(target):
+    dom = _drafter(target).train()
+    ids, feats = _batch(T=16)
+    for mode in ("teacher_forced", "training_time_test"):
+        dom.zero_grad()
+        out = dom.forward_train(ids, feats, torch.tensor([[2, 7]]), torch.ones(1, 2, dtype=torch.bool),
+                                torch.ones_like(ids), causal_inputs=mode)
+        out.final_logits.logsumexp(-1).mean().backward()
+        assert dom.head.gru.weight_hh_l0.grad is not None and dom.head.down.weight.grad.abs().sum() > 0
+        assert dom.fc.weight.grad is not None
+    with pytest.raises(ValueError, match="causal_inputs"):
+        dom.forward_train(ids, feats, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), causal_inputs="x")
+    assert isinstance(dom, DominoDrafter)

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from lit_domino.target import (
+    TargetError,
+    check_layer_ids,
+    dflash_layer_ids,
+    eagle3_layer_ids,
+    load_target,
+    resolve_mask_token,
+)
+
+
+def test_layer_rules_match_published_values():
+    assert dflash_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B, METHOD.md
+    assert dflash_layer_ids(36, 1) == [18]
+    assert eagle3_layer_ids(36) == [1, 17, 32]
+    assert dflash_layer_ids(8, 3) == [1, 3, 5]
+    assert eagle3_layer_ids(8) == [1, 3, 4]
+
+
+def test_layer_ids_out_of_range_error():
+    with pytest.raises(ValueError, match="out of range"):
+        check_layer_ids([1, 8], 8)
+    with pytest.raises(ValueError, match="empty"):
+        check_layer_ids([], 8)
+
+
+def test_features_are_the_named_hidden_states(tiny_target):
+    x = torch.randint(5, tiny_target.vocab_size, (2, 9))
+    feats = tiny_target.forward_features(x, [0, 2])
+    out = tiny_target.model(x, output_hidden_states=True)
+    assert feats.shape == (2, 9, 2 * tiny_target.hidden_size)
+    d = tiny_target.hidden_size
+    assert torch.equal(feats[..., :d], out.hidden_states[1])  # output of decoder layer 0
+    assert torch.equal(feats[..., d:], out.hidden_states[3])  # output of decoder layer 2
+    with pytest.raises(ValueError, match="out of range"):
+        tiny_target.forward_features(x, [4])
+
+
+def test_save_load_equality(tiny_target, tmp_path):
+    tiny_target.model.save_pretrained(tmp_path)
+    tiny_target.tokenizer.save_pretrained(tmp_path)
+    again = load_target(tmp_path)
+    x = torch.randint(5, tiny_target.vocab_size, (1, 12))
+    assert torch.equal(again.model(x).logits, tiny_target.model(x).logits)
+    assert again.fingerprint() == tiny_target.fingerprint()
+    assert not any(p.requires_grad for p in again.model.parameters())
+
+
+def test_chat_ids_use_the_template(tiny_target):
+    ids = tiny_target.chat_ids([{"role": "user", "content": "hello"}])
+    assert tiny_target.tokenizer.decode(ids) == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_missing_target_directory(tmp_path):
+    with pytest.raises(TargetError, match="does not exist"):
+        load_target(tmp_path / "nope")
+
+
+def test_not_a_model_directory(tmp_path):
+    with pytest.raises(TargetError, match="no config.json"):
+        load_target(tmp_path)
+
+
+def test_corrupt_target_directory(tiny_target, tmp_path):
+    tiny_target.model.save_pretrained(tmp_path)
+    tiny_target.tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors at all")
+    with pytest.raises(TargetError, match="corrupt|unreadable|could not load"):
+        load_target(tmp_path)
+
+
+def test_offline_hub_id_names_the_embedded_default():
+    with pytest.raises(TargetError, match="embedded default"):
+        load_target("Qwen/Qwen3-8B-definitely-not-cached")
+
+
+def test_mask_without_embedding_row_errors(corpus_tokenizer):
+    with pytest.raises(TargetError, match="no row"):
+        resolve_mask_token(corpus_tokenizer, embedding_rows=corpus_tokenizer.mask_token_id)
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    )
+
+
+def test_mask_added_when_missing_and_row_exists():
+    tok = _word_tokenizer()
+    mask_id = resolve_mask_token(tok, embedding_rows=8)  # padded embedding, like Qwen3's
+    assert mask_id == 3 and tok.convert_ids_to_tokens(mask_id) == "<|MASK|>"
+
+
+def test_mask_added_beyond_embedding_errors():
+    with pytest.raises(TargetError, match="no row"):
+        resolve_mask_token(_word_tokenizer(), embedding_rows=3)
