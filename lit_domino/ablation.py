@@ -1,0 +1,238 @@
+"""The ablation study: train every variant, decode for real, rebuild the papers' tables.
+
+Stages (each visible as it runs, each cached):
+
+1. the target (``load_target``: the embedded tiny Qwen3 is built once and cached);
+2. every variant x seed trained through the one DataModule (``experiment.train_variant``:
+   a finished drafter with the same config is reused, a killed one resumes);
+3. real speculative decoding of every drafter on every benchmark, all methods
+   interleaved per prompt in one process against our AR baseline and HF ``generate``
+   (plus HF prompt-lookup and HF assisted generation with the small draft LM); the
+   measured rows are cached under a key of all drafters + the evaluation settings, so
+   a rerun with nothing changed reprints the tables and anything changed re-measures
+   every method together (ratios always come from one run);
+4. the main table and the Domino ablations (Markdown + JSON in ``results/``) and
+   MLflow: each variant's training run gets its decoding metrics and plots, and a
+   ``tables`` run holds the tables.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import yaml
+
+from lit_domino import cache
+from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, train_variant
+from lit_domino.tables import main_table, ablation_table, write_table
+from lit_domino.tracking import ensure_experiment, default_tracking_uri, project_root
+
+STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
+
+
+def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] | None = None) -> dict:
+    """Variants, seeds and evaluation settings of the ablation under ``preset``."""
+    study = yaml.safe_load(STUDY_FILE.read_text())
+    if preset not in study["presets"]:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)}")
+    plan = dict(study["presets"][preset])
+    known = study["variants"]["main"] + study["variants"]["ablations"]
+    if variants:
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise ValueError(f"unknown variants {unknown}; choose from {known}")
+    plan["variants"] = list(variants or known)
+    plan["seeds"] = [int(s) for s in (seeds if seeds else plan["seeds"])]
+    return plan
+
+
+def _log(msg: str, t0: float) -> None:
+    print(f"[ablation {time.time() - t0:6.0f}s] {msg}", flush=True)
+
+
+def _eta(done: int, total: int, elapsed: float) -> str:
+    if not done:
+        return "ETA: measuring"
+    return f"ETA {elapsed / done * (total - done) / 60:.1f} min for the remaining {total - done}"
+
+
+def load_prompts(plan: dict) -> dict:
+    from lit_domino.data.benchmarks import load_benchmark
+
+    return {name: load_benchmark(name, n) for name, n in plan["prompts"].items()}
+
+
+def backbone_view(drafter):
+    """The backbone inside a Domino drafter, decoded alone (head correction zeroed): did it collapse?"""
+    inner = copy.deepcopy(drafter)
+    inner.head.reset_up()
+    return inner
+
+
+def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[dict]:
+    """Decode every drafter (and the peers) on every benchmark in this process → benchmark rows."""
+    from lit_domino.decoding.metrics import benchmark
+    from lit_domino.models.io import load_drafter
+
+    drafters, assistant = {}, None
+    for t in trained:
+        d = load_drafter(t.drafter_dir, target=target)
+        drafters[f"{t.variant}/s{t.seed}"] = d
+        if t.variant.startswith("domino"):
+            drafters[f"{t.variant}/s{t.seed}/backbone"] = backbone_view(d)
+        if t.variant == "small_lm" and assistant is None:
+            assistant = d.lm
+    peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]
+    return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
+                     temperatures=plan.get("temperatures", [0.0]), peers=peers, assistant_model=assistant,
+                     progress=progress)
+
+
+def records_from_rows(rows: list[dict]) -> list[dict]:
+    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``."""
+    inner_tau = {}
+    for r in rows:
+        if r["kind"] == "drafter" and r["drafter"].endswith("/backbone"):
+            inner_tau[(r["drafter"].rsplit("/", 1)[0], r["benchmark"], r["temperature"])] = r["tau"]
+    records = []
+    for r in rows:
+        if r["kind"] == "drafter" and r["drafter"].endswith("/backbone"):
+            continue
+        if r["kind"] == "drafter":
+            variant, seed = r["drafter"].rsplit("/s", 1)
+        elif r["method"] == "ar":
+            continue
+        else:
+            variant, seed = r["method"], "0"
+        rec = {"variant": variant, "seed": int(seed), "domain": r["benchmark"], **r}
+        rec["backbone_tau"] = inner_tau.get((r["drafter"], r["benchmark"], r["temperature"]))
+        records.append(rec)
+    return records
+
+
+def peer_table(records: list[dict], domains: list[str]) -> str:
+    """Markdown: our drafters' speedups beside the two HF peers, per domain."""
+    from lit_domino.tables import aggregate, fmt
+
+    speed = aggregate(records, "speedup")
+    names = sorted({r["variant"] for r in records})
+    lines = ["| method | " + " | ".join(domains + ["avg"]) + " |", "|---|" + "---|" * (len(domains) + 1)]
+    for v in names:
+        lines.append(f"| {v} | " + " | ".join(fmt(speed.get((v, d)), suffix="x") for d in domains + ["avg"]) + " |")
+    return "\n".join(lines)
+
+
+def log_to_mlflow(preset: str, trained: list, records: list[dict], tables: dict, out_dir: Path) -> None:
+    """Decoding metrics + plots into each variant's training run; a ``tables`` run with the tables."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
+
+    uri = default_tracking_uri()
+    client = MlflowClient(uri)
+    for t in trained:
+        if not t.run_id:
+            continue
+        mine = [r for r in records if r["variant"] == t.variant and r["seed"] == t.seed and r["temperature"] == 0]
+        if not mine:
+            continue
+        per_domain = {r["domain"]: r for r in mine}
+        metrics = {}
+        for d, r in per_domain.items():
+            for key in ("tau", "speedup", "speedup_vs_hf_generate", "tpot_ms", "accepted_per_round",
+                        "backbone_tau"):
+                if r.get(key) is not None and math.isfinite(r[key]):
+                    metrics[f"{d}/{key}"] = r[key]
+            metrics.update({f"{d}/{k}": v for k, v in r.items() if k.startswith("acc_rate_pos_")})
+        for key in ("tau", "speedup", "speedup_vs_hf_generate", "tpot_ms", "accepted_per_round"):
+            vals = [r[key] for r in mine if r.get(key) is not None and math.isfinite(r[key])]
+            if vals:
+                metrics[key] = sum(vals) / len(vals)
+        for k in {k for r in mine for k in r if k.startswith("acc_rate_pos_")}:
+            vals = [r[k] for r in mine if k in r and math.isfinite(r[k])]
+            if vals:
+                metrics[k] = sum(vals) / len(vals)
+        for key, value in metrics.items():
+            client.log_metric(t.run_id, key, float(value))
+        client.set_tag(t.run_id, "table", "main" if t.variant in ("eagle3", "small_lm", "backbone", "domino")
+                       else "ablations")
+        for name, fig in (("acceptance_per_position.png", plot_position_acceptance(per_domain, t.variant)),
+                          ("tau_histogram.png", plot_tau_histogram(per_domain, t.variant))):
+            path = out_dir / "plots" / f"{t.variant}-s{t.seed}-{name}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=100)
+            client.log_artifact(t.run_id, str(path), "plots")
+    exp = ensure_experiment(f"ablation-{preset}", uri)
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(experiment_id=exp, run_name=f"tables-{preset}", tags={"table": "summary",
+                                                                                  "preset": preset}):
+        for path in sorted(out_dir.glob("*.md")) + sorted(out_dir.glob("*.json")):
+            mlflow.log_artifact(str(path), "tables")
+
+
+def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
+                 out_dir: Path | None = None, progress: bool = True) -> dict:
+    """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``."""
+    from lit_domino.target import load_target
+
+    t0 = time.time()
+    plan = study_plan(preset, variants, seeds)
+    out_dir = Path(out_dir or project_root() / "results" / f"ablation-{preset}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    configs = [load_config(v, preset, s) for v in plan["variants"] for s in plan["seeds"]]
+
+    _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']})", t0)
+    _log(f"stage 1/4 target {configs[0]['data']['target']}", t0)
+    target = load_target(configs[0]["data"]["target"])
+
+    trained, t_train = [], time.time()
+    for i, cfg in enumerate(configs):
+        name = f"{cfg['tracking']['variant']} seed {cfg['seed_everything']}"
+        cached = cache.is_complete(drafter_artifact(cfg))
+        _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{' (cached)' if cached else ''}; "
+             f"{_eta(i, len(configs), time.time() - t_train)}", t0)
+        trained.append(train_variant(cfg, experiment=f"ablation-{preset}", progress=progress))
+
+    eval_key = {"drafters": [str(t.drafter_dir) for t in trained], "plan": plan, "target": target.fingerprint()}
+    eval_dir = cache.artifact_dir("evals", eval_key, name=f"ablation-{preset}")
+    if cache.is_complete(eval_dir):
+        _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
+        rows = json.loads((eval_dir / "rows.json").read_text())
+    else:
+        _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers)", t0)
+        rows = evaluate(target, trained, plan, progress=progress)
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        (eval_dir / "rows.json").write_text(json.dumps(rows, indent=1))
+        cache.mark_complete(eval_dir, eval_key)
+
+    _log("stage 4/4 tables", t0)
+    records = records_from_rows(rows)
+    domains = list(plan["prompts"])
+    drafter_records = [r for r in records if r["kind"] == "drafter"]
+    tables = {"main": main_table(drafter_records, domains), "ablations": ablation_table(drafter_records)}
+    for name, table in tables.items():
+        write_table(table, out_dir, name)
+    peers = peer_table(records, domains)
+    (out_dir / "peers.md").write_text(peers + "\n")
+    (out_dir / "rows.json").write_text(json.dumps(rows, indent=1))
+    train_reports = [t.report for t in trained]
+    (out_dir / "training.json").write_text(json.dumps(train_reports, indent=1))
+    seconds = time.time() - t0
+    summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    log_to_mlflow(preset, trained, records, tables, out_dir)
+
+    print(f"\n## Main table ({preset}; speedup = our AR baseline time per token / speculative, prefill excluded)\n")
+    print(tables["main"]["markdown"])
+    print(f"\n## Domino ablations ({preset})\n")
+    print(tables["ablations"]["markdown"])
+    print(f"\n## Speedup beside the Hugging Face peers ({preset})\n")
+    print(peers)
+    print(f"\nwritten to {out_dir}; MLflow experiment ablation-{preset} at {default_tracking_uri()}")
+    _log(f"done in {seconds / 60:.1f} min", t0)
+    return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
