@@ -7,34 +7,15 @@
 
 Everything is cached under ./artifacts ($LIT_DOMINO_CACHE): a rerun reuses what did not
 change. Tables go to results/ablation-<preset>/, runs to MLflow (sqlite:///mlflow.db).
+The study itself (variants, seeds, evaluation prompts) is experiments/configs/studies/ablation.yaml.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")
-    parser.add_argument("--variants", default=None, help="comma-separated subset (default: all of the study)")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
-    parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
-    args = parser.parse_args(argv)
-
-    from lit_domino.ablation import run_ablation
-
-    run_ablation(
-        args.preset,
-        variants=args.variants.split(",") if args.variants else None,
-        seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
-        out_dir=args.out,
-        progress=not args.no_progress,
-    )
-
+from lit_domino.ablation import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

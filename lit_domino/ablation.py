@@ -236,3 +236,24 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     print(f"\nwritten to {out_dir}; MLflow experiment ablation-{preset} at {default_tracking_uri()}")
     _log(f"done in {seconds / 60:.1f} min", t0)
     return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
+
+
+def main(argv=None) -> dict:
+    """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="ablation", description="Train every drafter variant, decode for real, "
+                                     "print the papers' tables (cached under ./artifacts, runs in MLflow).")
+    parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")
+    parser.add_argument("--variants", default=None, help="comma-separated subset (default: all of the study)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
+    parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
+    args = parser.parse_args(argv)
+    return run_ablation(
+        args.preset,
+        variants=args.variants.split(",") if args.variants else None,
+        seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
+        out_dir=args.out,
+        progress=not args.no_progress,
+    )

@@ -93,6 +93,18 @@ class DominoDrafter(ParallelDrafter):
         if causal_inputs not in CAUSAL_INPUTS:
             raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         out = super().forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask)
+        out.final_logits = self.head_logits(out, causal_inputs)
+        return out
+
+    def head_logits(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> torch.Tensor:
+        """Final logits ``[b, A, B, V]`` = ``out.logits + ΔL`` of a backbone block output (ΔL = 0 at k = 0).
+
+        The GRU starts fresh at each block's anchor ``out.block_tokens[..., 0]`` (as a session's
+        stage does); ``causal_inputs`` as in :meth:`forward_train`. Also used by DLoop's
+        loop-aware training (``lit_domino.models.loop``) for the blocks of later stages.
+        """
+        if causal_inputs not in CAUSAL_INPUTS:
+            raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         b, A, B, d = out.hidden.shape
         H = out.hidden[:, :, 1:].reshape(b * A, B - 1, d)  # [b*A, B-1, d] H_1 .. H_{B-1}
         if causal_inputs == "teacher_forced":
@@ -113,8 +125,7 @@ class DominoDrafter(ParallelDrafter):
             delta = torch.stack(deltas, dim=1)  # [b*A, B-1, V]
         delta = delta.view(b, A, B - 1, -1).to(out.logits.dtype)
         zero = torch.zeros_like(out.logits[:, :, :1])  # [b, A, 1, V]
-        out.final_logits = out.logits + torch.cat([zero, delta], dim=2)  # [b, A, B, V]
-        return out
+        return out.logits + torch.cat([zero, delta], dim=2)  # [b, A, B, V]
 
     def new_session(self):
         from lit_domino.models.sessions import DominoSession

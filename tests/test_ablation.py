@@ -1,0 +1,66 @@
+"""The ablation study: plan validation, and the smoke preset end to end (tables, MLflow, cache reuse)."""
+
+import math
+
+import pytest
+
+from lit_domino.ablation import run_ablation, study_plan
+from lit_domino.experiment import available_variants, load_config
+
+
+def test_plan_and_config_errors():
+    with pytest.raises(ValueError, match="unknown preset"):
+        study_plan("huge")
+    with pytest.raises(ValueError, match="unknown variants"):
+        study_plan("smoke", variants=["domino", "medusa"])
+    with pytest.raises(ValueError, match="unknown variant"):
+        load_config("medusa", "smoke")
+    with pytest.raises(ValueError, match="unknown preset"):
+        load_config("domino", "huge")
+
+
+def test_every_study_variant_has_a_config():
+    plan = study_plan("default")
+    assert set(plan["variants"]) <= set(available_variants())
+    assert len(plan["seeds"]) >= 2  # the default preset reports mean ± spread over seeds
+
+
+def test_overrides_and_links():
+    cfg = load_config("domino", "smoke", seed=3, overrides={"model.rank": 7, "data.block_size": 4})
+    init = cfg["model"]["init_args"]
+    assert init["rank"] == 7 and init["block_size"] == 4 and init["target"] == cfg["data"]["target"]
+    assert cfg["data"]["seed"] == cfg["seed_everything"] == 3
+
+
+@pytest.mark.slow
+def test_smoke_ablation_end_to_end(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.tracking import default_tracking_uri
+
+    out = run_ablation("smoke", out_dir=tmp_path / "results", progress=False)
+    main = out["tables"]["main"]
+    assert [r["variant"] for r in main["rows"]] == ["eagle3", "small_lm", "backbone", "domino"]
+    for row in main["rows"]:
+        for col in main["columns"]:
+            for metric in ("tau", "speedup"):
+                mean, _ = row[f"{col}/{metric}"]
+                assert math.isfinite(mean) and mean > 0, (row["variant"], col, metric)
+            assert row[f"{col}/tau"][0] >= 1.0
+    studies = [r["study"] for r in out["tables"]["ablations"]["rows"]]
+    assert studies == ["head", "causal_inputs", "curriculum"]
+    for name in ("main.md", "main.json", "ablations.md", "ablations.json", "peers.md"):
+        assert (tmp_path / "results" / name).is_file()
+    # every decoded method reproduced the target's greedy output
+    assert all(r["match_baseline"] == 1.0 for r in out["rows"] if r["kind"] == "drafter")
+    client = MlflowClient(default_tracking_uri())
+    exp = client.get_experiment_by_name("ablation-smoke")
+    runs = client.search_runs([exp.experiment_id])
+    variants = {r.data.tags.get("variant") for r in runs if r.info.status == "FINISHED"}
+    assert {"eagle3", "small_lm", "backbone", "domino", "domino_ttt", "domino_nocurriculum"} <= variants
+    domino = next(r for r in runs if r.data.tags.get("variant") == "domino")
+    assert "tau" in domino.data.metrics and "speedup" in domino.data.metrics
+    # a rerun reuses every trained drafter and the measured rows
+    again = run_ablation("smoke", out_dir=tmp_path / "again", progress=False)
+    assert all(t.from_cache for t in again["trained"])
+    assert again["rows"] == out["rows"]

@@ -1,0 +1,127 @@
+"""The DLoop study's plan, configs and tables (no training: the end-to-end run is experiments/dloop.py --preset smoke)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lit_domino import dloop_study as ds
+from lit_domino.decoding.dloop import DLoopConfig
+
+
+def test_plan_defaults_and_overrides():
+    plan = ds.study_plan("smoke")
+    assert plan["drafters"] == ["backbone", "domino", "eagle3"]
+    assert plan["thresholds"] == [-0.25, -0.5, -0.75, -1.0, -2.0] and plan["stages"] == [1, 2, 3, 4]
+    plan = ds.study_plan("smoke", drafters=["domino"], thresholds=ds.parse_list("-0.5,-1"),
+                         stages=ds.parse_list("1,3", int), table_dloop={"threshold": -1, "max_stages": 2})
+    settings = ds.dloop_settings(plan)
+    assert settings[0] is None  # N = 1 is DLoop off: decoded once, not once per threshold
+    assert settings[1:] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(thresholds=[-0.5, 0.25]), "positive"),
+    (dict(thresholds=[float("nan")]), "threshold"),
+    (dict(stages=[0, 2]), "N must be integers >= 1"),
+    (dict(stages=[]), "at least one"),
+    (dict(drafters=["small_lm"]), "unknown drafters"),
+    (dict(table_dloop={"threshold": -0.5, "max_stages": 1}), "max_stages >= 2"),
+    (dict(table_dloop={"threshold": 0.5, "max_stages": 3}), "positive"),
+])
+def test_bad_grids_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ds.study_plan("smoke", **kwargs)
+    with pytest.raises(ValueError, match="unknown preset"):
+        ds.study_plan("huge")
+    with pytest.raises(ValueError, match="comma-separated"):
+        ds.parse_list("1,x", int)
+
+
+def test_cli_refuses_bad_input_before_training(capsys):
+    import experiments.dloop as cli
+
+    for argv, match in ((["--thresholds", "-0.5,0.5"], "positive"), (["--stages", "0"], ">= 1"),
+                        (["--table-dloop", "x"], "THRESHOLD:STAGES")):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert match in capsys.readouterr().err
+
+
+def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
+    from lit_domino.experiment import drafter_artifact
+
+    plan = ds.study_plan("smoke")
+    base = ds.base_config("domino", plan)
+    a = ds.loop_config(base, tmp_path / "base-a", plan, detach=True)
+    init = a["model"]["init_args"]
+    assert a["model"]["class_path"] == ds.LOOP_CLASS
+    assert init["init_from"] == str(tmp_path / "base-a") and init["detach_stage_context"] is True
+    assert init["max_stages"] == 3 and init["curriculum"] == {"kind": "none"}
+    assert init["target"] == base["data"]["target"] and init["block_size"] == base["data"]["block_size"]
+    assert a["data"] == base["data"] and a["trainer"]["max_epochs"] == 1
+    b = ds.loop_config(base, tmp_path / "base-a", plan, detach=False)
+    c = ds.loop_config(base, tmp_path / "base-b", plan, detach=True)
+    ctl = ds.loop_config(base, tmp_path / "base-a", plan, detach=True, max_stages=1)
+    assert ctl["model"]["init_args"]["max_stages"] == 1 and ctl["tracking"]["variant"] == "domino_loop_n1"
+    paths = {drafter_artifact(x) for x in (a, b, c, ctl)}
+    assert len(paths) == 4 and drafter_artifact(a) == drafter_artifact(ds.loop_config(base, tmp_path / "base-a",
+                                                                                     plan, detach=True))
+    eagle = ds.base_config("eagle3", plan)
+    assert eagle["data"]["block_size"] == eagle["model"]["init_args"]["block_size"] == 4  # 3 chain steps per stage
+    # the fine-tune module accepts exactly these arguments
+    import inspect
+
+    from lit_domino.lit.base import DrafterModule
+    from lit_domino.lit.loop import LoopModule
+
+    known = set(inspect.signature(LoopModule.__init__).parameters) | set(
+        inspect.signature(DrafterModule.__init__).parameters)
+    assert set(init) <= known, set(init) - known
+
+
+def fake_rows(plan, names):
+    """Benchmark-shaped rows: τ grows with the gate's depth and with loop-aware training."""
+    rows = []
+    for kind in plan["drafters"]:
+        for variant, name in names[kind].items():
+            boost = 0.3 if variant != "plain" else 0.0
+            for dl in ds.dloop_settings(plan):
+                label = "off" if dl is None else dl.label()
+                extra = 0.0 if dl is None else 0.2 * (dl.max_stages - 1)
+                for d in plan["prompts"]:
+                    tau = 2.0 + boost + extra
+                    rows.append({"benchmark": d, "method": f"{name}+{label}", "kind": "drafter", "drafter": name,
+                                 "temperature": 0.0, "dloop": label, "tau": tau, "speedup": tau / 2.0,
+                                 "rounds": 10, "tokens": 10 * tau + 3, "num_prompts": 3, "match_baseline": 1.0,
+                                 "stages_per_round": 1.0 if dl is None else 1.5})
+    rows.append({"benchmark": "embedded-math", "method": "ar", "kind": "ar", "drafter": None, "temperature": 0.0,
+                 "dloop": "off", "tau": 1.0, "speedup": 1.0})
+    return rows
+
+
+def test_tables_have_the_papers_shape():
+    plan = ds.study_plan("smoke", thresholds=[-0.5, -1.0], stages=[1, 2, 3])
+    names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop grad": f"{k}/loop-grad",
+                 "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    rows = fake_rows(plan, names)
+    table = ds.dloop_table(rows, names, plan)
+    assert [(r["drafter"], r["setting"]) for r in table["rows"][:4]] == [("backbone", s) for s in ds.SETTINGS]
+    by = {(r["drafter"], r["setting"]): r for r in table["rows"]}
+    assert by[("domino", "plain")]["avg/tau"] == 2.0
+    assert by[("domino", "loop only")]["avg/tau"] == pytest.approx(2.4)  # gate -0.5:3
+    assert by[("domino", "loop-aware training only")]["avg/tau"] == pytest.approx(2.3)
+    assert by[("domino", "both")]["avg/tau"] == pytest.approx(2.7)
+    assert by[("domino", "both")]["delta_speedup_pct"] == pytest.approx(35.0)
+    assert "| eagle3 | both |" in table["markdown"] and "embedded-code τ" in table["markdown"]
+    grid = ds.grid_table(rows, names, plan)
+    # 3 drafters x 2 trainings x (off + 2 thresholds x 2 depths) x 3 domains
+    assert len(grid["records"]) == 3 * 2 * 5 * 3
+    rec = next(r for r in grid["records"] if r["threshold"] == -1.0 and r["max_stages"] == 3)
+    assert rec["fwd_per_token"] == pytest.approx(10 / (10 * rec["tau"]))  # rounds / tokens after the first
+    reports = {"domino/loop-detach": {"val/loss_stage1": 1.0, "val/loss_stage3": 2.0}}
+    det = ds.detach_table(rows, names, reports, plan)
+    assert any("domino" in v for v in det["verdicts"])
+    assert ds.fwd_per_token({"kind": "ar"}) == 1.0 and math.isnan(ds.fwd_per_token({"kind": "drafter", "tokens": 0,
+                                                                                     "rounds": 0}))
