@@ -92,9 +92,12 @@ def load_config(variant: str, preset: str = "default", seed: int = 0, overrides:
 
 def training_key(cfg: dict) -> dict:
     """What determines a trained drafter (its cache key): seed, model, data and the optimisation length."""
+    from lit_domino.target import target_identity
+
     trainer = cfg.get("trainer", {})
     keep = ("max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val")
     return {
+        "target": target_identity(cfg["data"]["target"]),
         "seed": cfg.get("seed_everything"),
         "model": cfg.get("model"),
         "data": cfg.get("data"),

@@ -251,6 +251,17 @@ EMBEDDED_PREFIX = "embedded:"
 """Target specs ``embedded:<preset>`` name the tiny targets of :mod:`lit_domino.tiny_target`."""
 
 
+def target_identity(spec: str | Path) -> str:
+    """What names a target's weights, for cache keys: the embedded target's cache directory
+    (it encodes the hash of its recipe), a local directory's absolute path, or the hub id."""
+    spec = str(spec)
+    if spec.startswith(EMBEDDED_PREFIX):
+        from lit_domino.tiny_target import preset_config, target_dir
+
+        return EMBEDDED_PREFIX + target_dir(preset_config(spec[len(EMBEDDED_PREFIX) :])).name
+    return str(Path(spec).expanduser().resolve()) if _is_local(spec) else spec
+
+
 def load_target(path_or_hub_id: str | Path, dtype: torch.dtype | str = torch.float32, device: str = "cpu") -> Target:
     """Load a causal LM + tokenizer from a local directory, a hub id or ``embedded:<preset>``.
 

@@ -121,7 +121,7 @@ class EpochShuffleSampler(Sampler):
 def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root: Path | None = None,
                         key_extra: dict | None = None, batch_tokens: int = 8192):
     """Compute (or reuse) the fp16 features of every sequence; returns (memmap, offsets)."""
-    key = {"target": target.fingerprint(), "layers": layer_ids, "max_length": max_length, **(key_extra or {})}
+    key = {"target": target.fingerprint(), "target_name": target.name, "layers": layer_ids, "max_length": max_length, **(key_extra or {})}
     path = cache.artifact_dir("features", key, root=root)
     lengths = [min(len(ids), max_length) for ids in ds["input_ids"]]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
