@@ -192,14 +192,15 @@ def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     records, lines = [], []
-    header = ["drafter", "training", "g", "N"] + [f"{d} τ / fwd·tok⁻¹ / speedup" for d in domains] + ["avg speedup"]
+    header = ["drafter", "training", "g", "N"] + [f"{d} τ / fwd·tok⁻¹ / speedup" for d in domains] + ["avg speedup",
+                                                                                         "avg stages/verif."]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind in plan["drafters"]:
         for training, name in (("plain", names[kind]["plain"]), ("loop-aware", names[kind]["loop"])):
             for n in plan["stages"]:
                 for g in (plan["thresholds"] if n > 1 else [None]):
                     label = "off" if n == 1 else dloop_label(DLoopConfig(g, n))
-                    cells, speeds = [], []
+                    cells, speeds, loops = [], [], []
                     for d in domains:
                         r = idx.get((name, label, d))
                         if r is None:
@@ -211,9 +212,10 @@ def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
                                "match_baseline": r.get("match_baseline")}
                         records.append(rec)
                         speeds.append(rec["speedup"])
+                        loops.append(rec["stages_per_round"])
                         cells.append(f"{_f(rec['tau'])} / {_f(rec['fwd_per_token'])} / {_f(rec['speedup'], suffix='x')}")
                     lines.append("| " + " | ".join([kind, training, "–" if g is None else f"{g:g}", str(n)] + cells
-                                                    + [_f(_mean(speeds), suffix="x")]) + " |")
+                                                    + [_f(_mean(speeds), suffix="x"), _f(_mean(loops))]) + " |")
     return {"name": "grid", "records": records, "markdown": "\n".join(lines)}
 
 
@@ -349,6 +351,8 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
     """Decode on the eval prompts: the plain and primary loop-trained drafters over the whole grid (one
     interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
     table's gate (a second benchmark with its own AR baseline)."""
+    import torch
+
     from lit_domino.data.benchmarks import load_benchmark
     from lit_domino.decoding.dloop import DLoopConfig
     from lit_domino.decoding.metrics import benchmark
@@ -357,13 +361,19 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
     prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
     grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop")]
     extra_names = [n for n in trained if n not in grid_names]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(plan.get("threads") or threads))  # 1: tiny models, and far less timing jitter
     rows = []
-    for group, dloops in ((grid_names, dloop_settings(plan)), (extra_names, [None, DLoopConfig(**plan["table_dloop"])])):
-        if not group:
-            continue
-        drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
-        rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
-                          hf_baseline=False, progress=progress, seed=int(plan["seed"]))
+    try:
+        for group, dloops in ((grid_names, dloop_settings(plan)),
+                              (extra_names, [None, DLoopConfig(**plan["table_dloop"])])):
+            if not group:
+                continue
+            drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
+            rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
+                              hf_baseline=False, progress=progress, seed=int(plan["seed"]))
+    finally:
+        torch.set_num_threads(threads)
     return rows
 
 
@@ -414,7 +424,8 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     target = load_target(target_spec)
     names, trained, reports = train_all(plan, t0, progress)
 
-    eval_plan = {k: plan[k] for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "seed")}
+    eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "seed",
+                                          "threads")}
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
                 "target": target.fingerprint()}
     eval_dir = cache.artifact_dir("evals", eval_key, name=f"dloop-{preset}")

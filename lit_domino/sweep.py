@@ -52,6 +52,8 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from lit_domino.paths import project_root
+
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("tau", "speedup")
@@ -62,15 +64,6 @@ SETTINGS_ATTR = "lit_domino:settings"
 RUN_ATTR = "lit_domino:mlflow_run_id"
 EXPERIMENT_ATTR = "lit_domino:mlflow_experiment"
 LAMBDA_KINDS = ("linear", "cosine", "step", "constant", "none")
-
-
-def project_root() -> Path:
-    """The repository root (nearest ancestor of this package holding ``pyproject.toml``, else the cwd)."""
-    here = Path(__file__).resolve().parent
-    for parent in [here, *here.parents]:
-        if (parent / "pyproject.toml").is_file():
-            return parent
-    return Path.cwd().resolve()
 
 
 DEFAULT_SPACE_FILE = project_root() / "sweeps" / "space.yaml"

@@ -24,9 +24,12 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from lightning.pytorch.callbacks import Callback
+
+from lit_domino.paths import project_root  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +59,6 @@ class TrackingConfig:
     preset: Optional[str] = None
     table: Optional[str] = None
     tracking_uri: Optional[str] = None
-
-
-def project_root() -> Path:
-    """The repository root: the nearest ancestor of this package holding ``pyproject.toml`` (else the cwd)."""
-    here = Path(__file__).resolve().parent
-    for parent in [here, *here.parents]:
-        if (parent / "pyproject.toml").is_file():
-            return parent
-    return Path.cwd().resolve()
 
 
 def default_tracking_uri() -> str:
