@@ -67,7 +67,8 @@ class LoopModule(DrafterModule):
         min_stages: the smallest depth drawn (clipped to N). Default 2: ``L_stage1`` is in every
             step's loss already, so S = 1 would only re-weight it.
         detach_stage_context: stop gradients through the substituted hidden states (the stage
-            context) or let stage S's loss train the earlier stages that produced them.
+            context) or let stage S's loss train the earlier stages that produced them. Default True:
+            on the smoke study detaching gave equal or higher τ for every drafter (results/dloop/detach-*).
         seed: seeds the per-step depth draws (with the global step).
         causal_inputs: Domino only, the GRU inputs in training (``teacher_forced`` | ``training_time_test``).
         curriculum: Domino only, λ of ``λ·CE(base) + (1-λ)·CE(final)`` per stage. Default ``none`` (λ = 0).
@@ -87,7 +88,7 @@ class LoopModule(DrafterModule):
         init_from: Any = None,
         max_stages: int = 3,
         min_stages: int = 2,
-        detach_stage_context: bool = False,
+        detach_stage_context: bool = True,
         seed: int = 0,
         causal_inputs: Literal["teacher_forced", "training_time_test"] = "teacher_forced",
         curriculum: LambdaSchedule = LambdaSchedule("none"),
