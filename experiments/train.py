@@ -111,6 +111,7 @@ class DrafterCLI(LightningCLI):
         parser.link_arguments("data.target", "model.init_args.target")
         parser.link_arguments("data.block_size", "model.init_args.block_size")
         parser.link_arguments("data.feature_layers", "model.init_args.feature_layers")
+        parser.link_arguments("data.target_dtype", "model.init_args.target_dtype")
         parser.link_arguments("seed_everything", "data.seed", compute_fn=_as_seed)
 
     # ------------------------------------------------------------------ derived defaults

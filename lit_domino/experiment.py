@@ -27,7 +27,7 @@ from lit_domino.tracking import MarkFailedOnError, log_config, make_mlflow_logge
 
 CONFIG_DIR = project_root() / "experiments" / "configs"
 PRESETS = ("smoke", "default", "paper")
-_LINKED = ("target", "block_size", "feature_layers")
+_LINKED = ("target", "block_size", "feature_layers", "target_dtype")
 """Model keys that always follow the data section (as the CLI links them)."""
 
 

@@ -270,6 +270,8 @@ def load_target(path_or_hub_id: str | Path, dtype: torch.dtype | str = torch.flo
     """
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
+    if device == "auto":  # the GPU when there is one
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = str(path_or_hub_id)
     if spec.startswith(EMBEDDED_PREFIX):  # "embedded:default": build or reuse the tiny target
         from lit_domino.tiny_target import build_tiny_target

@@ -243,10 +243,8 @@ class DrafterDataModule(L.LightningDataModule):
 
     def load_target(self):
         if self.target is None:
-            device = self.hparams.target_device
-            if device == "auto":
-                device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.target = load_target(self.target_spec, dtype=self.hparams.target_dtype, device=device)
+            self.target = load_target(self.target_spec, dtype=self.hparams.target_dtype,
+                                      device=self.hparams.target_device)
         return self.target
 
     # -- Lightning hooks -------------------------------------------------------------

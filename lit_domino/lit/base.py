@@ -56,13 +56,14 @@ class StepOutput:
     labels: torch.Tensor | None = None
 
 
-def resolve_target(spec):
-    """A :class:`~lit_domino.target.Target` object as is, else ``load_target(spec)`` (memoised)."""
+def resolve_target(spec, dtype: str = "float32"):
+    """A :class:`~lit_domino.target.Target` object as is, else ``load_target(spec, dtype)`` (memoised,
+    on the GPU when there is one: the same copy the DataModule gets)."""
     from lit_domino.target import Target, load_target
 
     if isinstance(spec, Target):
         return spec
-    return load_target(spec)
+    return load_target(spec, dtype=dtype, device="auto")
 
 
 def make_drafter(config) -> nn.Module:
@@ -105,6 +106,7 @@ class DrafterModule(L.LightningModule):
         feature_layers: target decoder layers the drafter reads; None = the
             DataModule's (or, without one, the variant's default rule).
         drafter_options: extra ``DrafterConfig`` fields (e.g. ``{"num_heads": 4}``).
+        target_dtype: the frozen target's dtype (linked from ``data.target_dtype``).
     """
 
     variant: str = "drafter"
@@ -126,6 +128,7 @@ class DrafterModule(L.LightningModule):
         min_lr_ratio: float = 0.0,
         feature_layers: list[int] | None = None,
         drafter_options: dict[str, Any] | None = None,
+        target_dtype: str = "float32",
     ):
         super().__init__()
         check_block_size(block_size)
@@ -192,7 +195,13 @@ class DrafterModule(L.LightningModule):
     def target(self):
         """The frozen target (not a submodule)."""
         if self._target is None:
-            self._target = self._target_obj if self._target_obj is not None else resolve_target(self.hparams.target)
+            dm = self._datamodule()
+            if self._target_obj is not None:
+                self._target = self._target_obj
+            elif dm is not None and callable(getattr(dm, "load_target", None)):
+                self._target = dm.load_target()  # the DataModule's copy (its dtype and device)
+            else:
+                self._target = resolve_target(self.hparams.target, self.hparams.target_dtype)
         return self._target
 
     def _datamodule(self):
