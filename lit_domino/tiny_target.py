@@ -120,9 +120,10 @@ def corpus_examples(cfg: TinyTargetConfig, split: str = "train", n_override: int
 
 
 def render(example) -> str:
-    """A corpus example as chat-template text (what the target is trained on)."""
-    from lit_domino.tokenizer import CHAT_TEMPLATE  # noqa: F401  (the template below must match it)
+    """A corpus example as chat-template text (what the target is trained on).
 
+    Written out rather than rendered with the tokenizer, which does not exist yet when
+    the tokenizer itself is trained; ``tests/test_tokenizer.py`` checks both agree."""
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in example.messages)
 
 

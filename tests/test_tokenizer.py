@@ -31,3 +31,11 @@ def test_save_load_round_trip(corpus_tokenizer, tmp_path):
     assert again(text)["input_ids"] == corpus_tokenizer(text)["input_ids"]
     assert again.mask_token_id == corpus_tokenizer.mask_token_id
     assert again.chat_template == corpus_tokenizer.chat_template
+
+
+def test_render_matches_the_chat_template(corpus_tokenizer):
+    from lit_domino.data.corpora import build_corpus
+    from lit_domino.tiny_target import render
+
+    for ex in build_corpus("chat", "train", 5):
+        assert render(ex) == corpus_tokenizer.apply_chat_template(list(ex.messages), tokenize=False)
