@@ -87,9 +87,16 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
         if t.variant == "small_lm" and assistant is None:
             assistant = d.lm
     peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]
-    return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
-                     temperatures=plan.get("temperatures", [0.0]), peers=peers, assistant_model=assistant,
-                     progress=progress)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(plan.get("threads", threads)))
+    try:
+        return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
+                         temperatures=plan.get("temperatures", [0.0]), peers=peers, assistant_model=assistant,
+                         progress=progress)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def records_from_rows(rows: list[dict]) -> list[dict]:
