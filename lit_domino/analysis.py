@@ -27,6 +27,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from lit_domino.paths import project_root
 from lit_domino.tables import LABELS, MAIN_ROWS, ablation_table, main_table
 
 TAG_COLUMNS = ("variant", "preset", "seed", "table", "sweep")
@@ -36,17 +37,9 @@ _POS = re.compile(r"^acc_rate_pos_(\d+)$")
 _NON_DOMAINS = {"train", "val", "sweep", "importance", "optuna"}
 
 
-def _project_root() -> Path:
-    here = Path(__file__).resolve().parent
-    for parent in [here, *here.parents]:
-        if (parent / "pyproject.toml").is_file():
-            return parent
-    return Path.cwd().resolve()
-
-
 def tracking_uri(uri: str | None = None) -> str:
     """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project>/mlflow.db``."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_project_root() / 'mlflow.db'}"
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
 
 def _store_missing(uri: str) -> bool:
@@ -500,8 +493,8 @@ def execute_notebook(path: str | Path | None = None, out: str | Path | None = No
     import nbformat
     from nbclient import NotebookClient
 
-    path = Path(path or _project_root() / "notebooks" / "analysis.ipynb")
-    out = Path(out or _project_root() / "results" / "analysis.ipynb")
+    path = Path(path or project_root() / "notebooks" / "analysis.ipynb")
+    out = Path(out or project_root() / "results" / "analysis.ipynb")
     nb = nbformat.read(path, as_version=4)
     old = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = tracking_uri(uri)  # the kernel inherits the environment

@@ -17,12 +17,7 @@ VOCAB = 96
 PROMPTS = {"math": [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]], "code": [[20, 21, 22], [30, 31]]}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 
 class TinyModule(L.LightningModule):

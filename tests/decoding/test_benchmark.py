@@ -16,12 +16,7 @@ from lit_domino.testing import random_target
 VOCAB = 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,7 @@ VOCAB = 128
 SMALL = dict(num_layers=1, rank=16, gru_hidden=32)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 
 def make_target(lively: bool, seed: int = 0):

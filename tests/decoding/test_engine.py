@@ -14,13 +14,7 @@ from lit_domino.testing import random_target
 VOCAB = 256
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls on 2 shared cores: one intra-op thread is ~5x faster than two (no spin-waiting)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 
 def lively_target(seed: int = 0, max_positions: int = 512):

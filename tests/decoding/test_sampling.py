@@ -16,13 +16,7 @@ from lit_domino.testing import random_target
 V = 8  # tiny vocabulary: the joint of two tokens has 64 cells
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls on 2 shared cores: one intra-op thread is ~5x faster than two (no spin-waiting)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 
 def test_verify_greedy_counts_the_matching_prefix_and_takes_the_bonus():

@@ -18,12 +18,7 @@ K = B - 1
 KINDS = ("backbone", "domino", "eagle3")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # tiny models: threads only contend on a shared machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 
 @pytest.fixture(scope="module")
