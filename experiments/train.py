@@ -106,7 +106,8 @@ class DrafterCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_class_arguments(TrackingConfig, "tracking")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_epochs": 1})
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_epochs": 1,
+                             "checkpoint.enable_version_counter": False})  # last.ckpt is always the newest
         parser.add_lightning_class_args(ExportDrafter, "export")
         parser.link_arguments("data.target", "model.init_args.target")
         parser.link_arguments("data.block_size", "model.init_args.block_size")

@@ -183,15 +183,21 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], tables: dict,
 
 
 def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
-                 out_dir: Path | None = None, progress: bool = True) -> dict:
-    """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``."""
+                 out_dir: Path | None = None, progress: bool = True, overrides: dict | None = None) -> dict:
+    """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``.
+
+    ``overrides``: dotted config keys applied to every variant's training config (for example
+    ``{"data.train_examples": {"math": 4000}}``); they change the drafters' cache keys, so the
+    plain study's artifacts are left alone. Pair them with ``out_dir``."""
     from lit_domino.target import load_target
 
     t0 = time.time()
     plan = study_plan(preset, variants, seeds)
+    if overrides:
+        plan["overrides"] = dict(overrides)
     out_dir = Path(out_dir or project_root() / "results" / f"ablation-{preset}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    configs = [load_config(v, preset, s) for v in plan["variants"] for s in plan["seeds"]]
+    configs = [load_config(v, preset, s, overrides) for v in plan["variants"] for s in plan["seeds"]]
 
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']})", t0)
     _log(f"stage 1/4 target {configs[0]['data']['target']}", t0)
@@ -230,7 +236,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     train_reports = [t.report for t in trained]
     (out_dir / "training.json").write_text(json.dumps(train_reports, indent=1))
     seconds = time.time() - t0
-    summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"]}
+    summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"],
+               "overrides": plan.get("overrides")}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     log_to_mlflow(preset, trained, records, tables, out_dir)
 
@@ -256,6 +263,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
     parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a training config key for every variant, VALUE in YAML, e.g. "
+                             "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable)")
     args = parser.parse_args(argv)
     return run_ablation(
         args.preset,
@@ -263,4 +273,16 @@ def main(argv=None) -> dict:
         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
         out_dir=args.out,
         progress=not args.no_progress,
+        overrides=parse_overrides(args.set),
     )
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["a.b=1", "c={x: 2}"]`` → ``{"a.b": 1, "c": {"x": 2}}`` (values parsed as YAML)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out

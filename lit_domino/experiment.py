@@ -206,7 +206,9 @@ def train_variant(
             default_root_dir=str(path),
             logger=logger,
             enable_model_summary=False,
-            callbacks=[ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_epochs=1, save_top_k=0),
+            # save_top_k=1, not 0: Lightning writes last.ckpt only in a step that saved a top-k checkpoint
+            callbacks=[ModelCheckpoint(dirpath=path / "ckpt", save_last=True, every_n_epochs=1, save_top_k=1,
+                                       enable_version_counter=False),
                        MarkFailedOnError(), stats, *callbacks],
         )
         run_id_file.write_text(logger.run_id)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from lit_domino.ablation import run_ablation, study_plan
+from lit_domino.ablation import parse_overrides, run_ablation, study_plan
 from lit_domino.experiment import available_variants, load_config
 
 
@@ -31,6 +31,13 @@ def test_overrides_and_links():
     init = cfg["model"]["init_args"]
     assert init["rank"] == 7 and init["block_size"] == 4 and init["target"] == cfg["data"]["target"]
     assert cfg["data"]["seed"] == cfg["seed_everything"] == 3
+
+
+def test_command_line_overrides_are_yaml():
+    assert parse_overrides(["data.train_examples={math: 4000, code: 10}", "model.rank=32", "model.gamma=null"]) == {
+        "data.train_examples": {"math": 4000, "code": 10}, "model.rank": 32, "model.gamma": None}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        parse_overrides(["model.rank"])
 
 
 @pytest.mark.slow

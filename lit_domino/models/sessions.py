@@ -259,13 +259,47 @@ class DominoSession(ParallelSession):
         return _stage(toks, rows, lps, qs)
 
 
-class EagleSession(_Session):
+class _ChainSession(_Session):
+    """Token-by-token drafters: committed token ids kept for feeding the chain's cache later.
+
+    Subclasses say how features are kept (``_append_features``) and how their cache
+    follows a crop (``_crop_to``); ``_drop_stages`` forgets a round's drafted steps."""
+
+    needs_features = False
+
+    def __init__(self, drafter):
+        super().__init__(drafter)
+        self._tokens = _Rows(torch.zeros(0, dtype=torch.long, device=self.device))  # committed token ids [len]
+
+    def _append_features(self, features: torch.Tensor | None) -> None:
+        pass  # a drafter that reads no target features keeps none
+
+    @torch.no_grad()
+    def extend(self, tokens, features=None) -> None:
+        ids, features = self._check_extend(tokens, features, need_features=self.needs_features)
+        self._drop_stages()
+        if ids.numel():
+            self._tokens.append(ids)
+            self._append_features(features)
+            self._len += ids.numel()
+
+    @torch.no_grad()
+    def crop(self, length: int) -> None:
+        length = self._check_crop(length)
+        self._drop_stages()
+        self._len = length
+        self._tokens.crop(length)
+        self._crop_to(length)
+
+
+class EagleSession(_ChainSession):
     """EAGLE-3 chain: cached step K/V of the real prefix (positions 1..length-1) + the drafted chain."""
+
+    needs_features = True
 
     def __init__(self, drafter):
         super().__init__(drafter)
         self.cache = KVCache()
-        self._tokens = _Rows(torch.zeros(0, dtype=torch.long, device=self.device))  # committed token ids [len]
         self._g = _Rows(torch.zeros(0, drafter.config.hidden_size, device=self.device))  # fused features [len, d]
         self._cached = 0  # real steps (positions 1.._cached) in the cache
         self._chain: tuple | None = None  # (next position, previous hidden [1, 1, d]) after a stage
@@ -275,23 +309,12 @@ class EagleSession(_Session):
             self.cache.crop(self._cached)
             self.stages, self._chain = [], None
 
-    @torch.no_grad()
-    def extend(self, tokens, features) -> None:
-        ids, features = self._check_extend(tokens, features, need_features=True)
-        self._drop_stages()
-        if ids.numel():
-            self._tokens.append(ids)
-            self._g.append(self.drafter.fuse(features))
-            self._len += ids.numel()
+    def _append_features(self, features: torch.Tensor) -> None:
+        self._g.append(self.drafter.fuse(features))
 
-    @torch.no_grad()
-    def crop(self, length: int) -> None:
-        length = self._check_crop(length)
-        self._drop_stages()
-        self._len = length
-        self._tokens.crop(length)
+    def _crop_to(self, length: int) -> None:
         self._g.crop(length)
-        self._cached = min(self._cached, max(0, length - 1))
+        self._cached = min(self._cached, max(0, length - 1))  # the step at position p reads g_{p-1}
         self.cache.crop(self._cached)
 
     @torch.no_grad()
@@ -341,7 +364,7 @@ class EagleSession(_Session):
         return out
 
 
-class SmallLMSession(_Session):
+class SmallLMSession(_ChainSession):
     """Small-LM chain on a Hugging Face ``DynamicCache`` (features are ignored)."""
 
     def __init__(self, drafter):
@@ -349,7 +372,6 @@ class SmallLMSession(_Session):
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=drafter.lm.config)
-        self._tokens = _Rows(torch.zeros(0, dtype=torch.long, device=self.device))
         self._cached = 0  # committed tokens fed into the cache
 
     def _crop_cache(self, length: int) -> None:
@@ -362,20 +384,7 @@ class SmallLMSession(_Session):
             self._crop_cache(self._cached)
             self.stages = []
 
-    @torch.no_grad()
-    def extend(self, tokens, features=None) -> None:
-        ids, _ = self._check_extend(tokens, None, need_features=False)
-        self._drop_stages()
-        if ids.numel():
-            self._tokens.append(ids)
-            self._len += ids.numel()
-
-    @torch.no_grad()
-    def crop(self, length: int) -> None:
-        length = self._check_crop(length)
-        self._drop_stages()
-        self._len = length
-        self._tokens.crop(length)
+    def _crop_to(self, length: int) -> None:
         self._cached = min(self._cached, length)
         self._crop_cache(self._cached)
 

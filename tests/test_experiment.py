@@ -1,0 +1,55 @@
+"""lit_domino.experiment: a crashed train_variant leaves a checkpoint and the rerun resumes from it."""
+
+import json
+
+import lightning as L
+import pytest
+
+from lit_domino import experiment
+
+
+class _Crash(L.Callback):
+    """Raise at the start of epoch ``epoch`` (after the previous epoch's checkpoint was written)."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            raise RuntimeError("simulated crash")
+
+
+class _CountSteps(L.Callback):
+    def __init__(self):
+        self.batches = 0
+
+    def on_train_batch_end(self, *args):
+        self.batches += 1
+
+
+def test_crashed_training_resumes_from_its_checkpoint(tiny_target_dir, tmp_path, one_thread):
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.tracking import default_tracking_uri
+
+    cfg = experiment.load_config("backbone", "smoke", overrides={
+        "data.target": str(tiny_target_dir), "data.train_examples": {"math": 4, "code": 2, "chat": 2},
+        "data.val_examples": {"math": 2, "code": 1, "chat": 1}, "data.max_new_tokens": 16, "data.batch_size": 4,
+        "data.num_anchors": 4, "data.max_length": 128, "trainer.max_epochs": 2})
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        experiment.train_variant(cfg, callbacks=[_Crash(epoch=1)], progress=False, root=tmp_path)
+    path = experiment.drafter_artifact(cfg, root=tmp_path)
+    last = path / "ckpt" / "last.ckpt"
+    assert last.is_file(), "a crash after epoch 0 must leave ckpt/last.ckpt to resume from"
+    run_id = (path / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(default_tracking_uri())
+    assert client.get_run(run_id).info.status == "FAILED"
+
+    counter = _CountSteps()
+    done = experiment.train_variant(cfg, callbacks=[counter], progress=False, root=tmp_path)
+    steps = done.report["optimizer_steps"]
+    assert steps >= 2 and steps % 2 == 0
+    assert counter.batches == steps // 2  # only epoch 1 ran again: the rerun resumed, it did not restart
+    assert done.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
+    assert not list((path / "ckpt").glob("*.ckpt"))  # resume state is dropped once the drafter is exported
+    assert json.loads((path / "report.json").read_text())["optimizer_steps"] == steps
