@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from lit_domino import cache
-from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, train_variant
+from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, parse_override, train_variant
 from lit_domino.tables import main_table, ablation_table, write_table
 from lit_domino.tracking import ensure_experiment, default_tracking_uri, project_root
 
@@ -263,7 +263,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
     parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                         help="override a training config key for every variant, VALUE in YAML, e.g. "
                              "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable)")
     args = parser.parse_args(argv)
@@ -273,16 +273,6 @@ def main(argv=None) -> dict:
         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
         out_dir=args.out,
         progress=not args.no_progress,
-        overrides=parse_overrides(args.set),
+        overrides=dict(args.set),
     )
 
-
-def parse_overrides(items: list[str]) -> dict:
-    """``["a.b=1", "c={x: 2}"]`` → ``{"a.b": 1, "c": {"x": 2}}`` (values parsed as YAML)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out

@@ -90,6 +90,19 @@ def load_config(variant: str, preset: str = "default", seed: int = 0, overrides:
     return cfg
 
 
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"data.batch_size=8"`` → ``("data.batch_size", 8)``: the argparse type of ``--set KEY=VALUE`` (VALUE in YAML)."""
+    import argparse
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (e.g. data.batch_size=8), got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"--set {key}: value is not valid YAML: {err}") from None
+
+
 def training_key(cfg: dict) -> dict:
     """What determines a trained drafter (its cache key): seed, model, data and the optimisation length."""
     from lit_domino.target import target_identity

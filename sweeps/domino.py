@@ -34,6 +34,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")  # plots are written to files, never 
 import yaml  # noqa: E402
 
 from lit_domino import sweep  # noqa: E402
+from lit_domino.experiment import parse_override  # noqa: E402
 
 
 def _interval(text: str):
@@ -44,16 +45,6 @@ def _interval(text: str):
             return float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a step count or a fraction, got {text!r}") from None
-
-
-def _override(text: str):
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (e.g. data.batch_size=8), got {text!r}")
-    try:
-        return key.strip(), yaml.safe_load(value)
-    except yaml.YAMLError as err:
-        raise argparse.ArgumentTypeError(f"--set {key}: value is not valid YAML: {err}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="last N prompts of each benchmark are decoded (default %(default)s)")
     run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="per prompt (default %(default)s)")
     run.add_argument("--temperature", type=float, default=d.temperature, help="decoding temperature (default 0)")
-    run.add_argument("--set", dest="overrides", type=_override, action="append", default=[], metavar="KEY=VALUE",
+    run.add_argument("--set", dest="overrides", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                      help="fixed config override for every trial, e.g. --set data.batch_size=8 (repeatable)")
     run.add_argument("--pruner", choices=("median", "none"), default="median", help="pruning on val/tau_sim")
     run.add_argument("--n-startup-trials", type=int, default=d.n_startup_trials,

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from lit_domino.ablation import parse_overrides, run_ablation, study_plan
-from lit_domino.experiment import available_variants, load_config
+from lit_domino.ablation import main, run_ablation, study_plan
+from lit_domino.experiment import available_variants, load_config, parse_override
 
 
 def test_plan_and_config_errors():
@@ -33,11 +33,13 @@ def test_overrides_and_links():
     assert cfg["data"]["seed"] == cfg["seed_everything"] == 3
 
 
-def test_command_line_overrides_are_yaml():
-    assert parse_overrides(["data.train_examples={math: 4000, code: 10}", "model.rank=32", "model.gamma=null"]) == {
+def test_command_line_overrides_are_yaml(capsys):
+    items = ["data.train_examples={math: 4000, code: 10}", "model.rank=32", "model.gamma=null"]
+    assert dict(map(parse_override, items)) == {
         "data.train_examples": {"math": 4000, "code": 10}, "model.rank": 32, "model.gamma": None}
-    with pytest.raises(SystemExit, match="KEY=VALUE"):
-        parse_overrides(["model.rank"])
+    with pytest.raises(SystemExit):
+        main(["--set", "model.rank"])
+    assert "KEY=VALUE" in capsys.readouterr().err
 
 
 @pytest.mark.slow
