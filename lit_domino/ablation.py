@@ -183,12 +183,16 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], tables: dict,
 
 
 def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
-                 out_dir: Path | None = None, progress: bool = True, overrides: dict | None = None) -> dict:
+                 out_dir: Path | None = None, progress: bool = True, overrides: dict | None = None,
+                 train_only: bool = False) -> dict:
     """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``.
 
     ``overrides``: dotted config keys applied to every variant's training config (for example
     ``{"data.train_examples": {"math": 4000}}``); they change the drafters' cache keys, so the
-    plain study's artifacts are left alone. Pair them with ``out_dir``."""
+    plain study's artifacts are left alone. Pair them with ``out_dir``.
+
+    ``train_only``: stop after stage 2 (the drafters are cached); a later run without it decodes.
+    Decoding is timed, so train on a busy machine (or seeds in parallel processes) and decode alone."""
     from lit_domino.target import load_target
 
     t0 = time.time()
@@ -210,6 +214,9 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
         _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{' (cached)' if cached else ''}; "
              f"{_eta(i, len(configs), time.time() - t_train)}", t0)
         trained.append(train_variant(cfg, experiment=f"ablation-{preset}", progress=progress))
+    if train_only:
+        _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)", t0)
+        return {"trained": trained, "seconds": time.time() - t0}
 
     eval_key = {"drafters": [str(t.drafter_dir) for t in trained], "plan": plan, "target": target.fingerprint()}
     eval_dir = cache.artifact_dir("evals", eval_key, name=f"ablation-{preset}")
@@ -266,6 +273,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                         help="override a training config key for every variant, VALUE in YAML, e.g. "
                              "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train (or find cached) every drafter, then stop; rerun without it to decode and tabulate")
     args = parser.parse_args(argv)
     return run_ablation(
         args.preset,
@@ -274,5 +283,6 @@ def main(argv=None) -> dict:
         out_dir=args.out,
         progress=not args.no_progress,
         overrides=dict(args.set),
+        train_only=args.train_only,
     )
 

@@ -101,10 +101,21 @@ def collate(items: list[dict], pad_id: int) -> dict:
 
 
 class EpochShuffleSampler(Sampler):
-    """A shuffle seeded by (seed, epoch): the same order after a resume, a new one each epoch."""
+    """A shuffle seeded by (seed, epoch): the same order after a resume, a new one each epoch.
 
-    def __init__(self, n: int, seed: int):
+    With ``lengths`` it groups by length (Hugging Face's ``group_by_length``): the shuffled
+    order is cut into pools of ``pool_batches`` batches, each pool is sorted by length and cut
+    into batches, and the whole batches are shuffled. Random batches of regenerated sequences
+    (prompt + a ~50-token answer, a long tail up to ``max_length``) are ~60 % padding; grouped
+    ones ~5 %, which halves every drafter's training time at the same samples and steps.
+    """
+
+    def __init__(self, n: int, seed: int, lengths: list[int] | None = None, batch_size: int = 1,
+                 pool_batches: int = 50):
+        if lengths is not None and len(lengths) != n:
+            raise ValueError(f"EpochShuffleSampler: {len(lengths)} lengths for {n} items")
         self.n, self.seed, self.epoch = n, seed, 0
+        self.lengths, self.batch_size, self.pool = lengths, batch_size, batch_size * pool_batches
 
     def set_epoch(self, epoch: int):  # Lightning calls this at every epoch start
         self.epoch = epoch
@@ -114,7 +125,18 @@ class EpochShuffleSampler(Sampler):
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 10_007 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        order = torch.randperm(self.n, generator=g).tolist()
+        if self.lengths is None:
+            return iter(order)
+        bs, batches = self.batch_size, []
+        for start in range(0, self.n, self.pool):
+            pool = sorted(order[start : start + self.pool], key=lambda i: self.lengths[i])
+            batches += [pool[k : k + bs] for k in range(0, len(pool), bs)]
+        # pools are whole batches except the last: its short batch goes last, so the DataLoader's
+        # consecutive batch_size cuts are exactly these batches
+        full = [b for b in batches if len(b) == bs]
+        short = [i for b in batches if len(b) < bs for i in b]
+        return iter([i for k in torch.randperm(len(full), generator=g).tolist() for i in full[k]] + short)
 
 
 @torch.no_grad()
@@ -172,6 +194,8 @@ class DrafterDataModule(L.LightningDataModule):
         batch_size: sequences per batch.
         num_anchors: anchors per sequence (METHOD.md: 256-512 at 8B scale, fewer for short sequences).
         block_size: drafting block size B (anchors need no room after them: labels past the end are masked).
+        group_by_length: training batches hold sequences of similar length (shuffled in pools of
+            50 batches, then the batches shuffled); False = plain shuffle, ~60 % padding here.
         seed: shuffling and anchor draws.
         num_workers: DataLoader workers (0 is fastest for in-memory data on 2 cores).
         target_dtype: the frozen target's dtype: float32 on CPU (bf16 is ~25x slower there),
@@ -197,6 +221,7 @@ class DrafterDataModule(L.LightningDataModule):
         batch_size: int = 16,
         num_anchors: int = 16,
         block_size: int = 16,
+        group_by_length: bool = True,
         seed: int = 0,
         num_workers: int = 0,
         target_dtype: str = "float32",
@@ -283,7 +308,9 @@ class DrafterDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self):
-        return self._loader(self.train_set, EpochShuffleSampler(len(self.train_set), self.hparams.seed))
+        ds, h = self.train_set, self.hparams
+        lengths = [min(len(ids), ds.max_length) for ids in ds.input_ids] if h.group_by_length else None
+        return self._loader(ds, EpochShuffleSampler(len(ds), h.seed, lengths, h.batch_size))
 
     def val_dataloader(self):
         return self._loader(self.val_set)

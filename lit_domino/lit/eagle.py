@@ -36,14 +36,21 @@ class Eagle3Module(DrafterModule):
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         out = self.drafter.forward_train(
-            batch["input_ids"], batch["features"], loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"]
+            batch["input_ids"], batch["features"], loss_mask=batch["loss_mask"],
+            attention_mask=batch["attention_mask"], with_logits=False,
         )
-        loss, per_step = ttt_loss(out.logits, out.labels, self.hparams.step_decay)
+        # the LM head (most of a step's cost) only where step s has a label: the response positions
+        logits, labels, preds = [], [], []
+        for hidden, label in zip(out.hidden, out.labels):
+            keep = label != IGNORE_INDEX  # [b, T]
+            logits.append(self.drafter.compute_logits(hidden[keep]))  # [N_s, V]
+            labels.append(label[keep])  # [N_s]
+            if stage != "train":  # argmax back in place; unlabelled positions are never scored
+                preds.append(torch.zeros_like(label).masked_scatter(keep, logits[-1].argmax(-1)))
+        loss, per_step = ttt_loss(logits, labels, self.hparams.step_decay)
         logs = {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
-        preds = labels = None
-        if stage != "train":
-            preds, labels = chain_view([l.argmax(-1) for l in out.logits], out.labels)
-        return StepOutput(loss=loss, logs=logs, preds=preds, labels=labels)
+        chains = chain_view(preds, out.labels) if preds else (None, None)
+        return StepOutput(loss=loss, logs=logs, preds=chains[0], labels=chains[1])
 
 
 def chain_view(step_preds: list[torch.Tensor], step_labels: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

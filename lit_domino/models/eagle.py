@@ -38,7 +38,8 @@ class EagleOutput:
     """Per training-time-test step outputs; index t along T is the step at position t (t = 0 is a dummy)."""
 
     logits: list[torch.Tensor]
-    """S tensors [b, T, V]: step s's logits at position t (predicting x_{t+1})."""
+    """S tensors [b, T, V]: step s's logits at position t (predicting x_{t+1}); empty when
+    ``forward_train(with_logits=False)`` (the caller applies the head where it needs it)."""
     labels: list[torch.Tensor]
     """S tensors [b, T]: x_{t+1} where t+1 < T, loss_mask[t+1] = 1 and the chain start t - s >= 1; else -100."""
     hidden: list[torch.Tensor]
@@ -112,7 +113,11 @@ class Eagle3Drafter(DrafterBase):
         features: torch.Tensor,  # [b, T, 3d]
         loss_mask: torch.Tensor | None = None,  # [b, T]
         attention_mask: torch.Tensor | None = None,  # [b, T]
+        with_logits: bool = True,
     ) -> EagleOutput:
+        """The S-step TTT unroll. ``with_logits=False`` skips the LM head: at V = 4096 and d = 192 the
+        head over every position of every step is ~2/3 of a training step, and only the labelled
+        positions (the response's) need it (see ``Eagle3Module.forward_step``)."""
         b, T = input_ids.shape
         dev = input_ids.device
         g = self.fuse(features)  # [b, T, d]
@@ -131,7 +136,8 @@ class Eagle3Drafter(DrafterBase):
         for s in range(self.config.ttt_steps):
             h = self.step(tok, feat, pos, ttt_mask(T, s, dev), cache)  # [b, T, d]
             out.hidden.append(h)
-            out.logits.append(self.compute_logits(h))
+            if with_logits:
+                out.logits.append(self.compute_logits(h))
             out.labels.append(torch.where(ok & (t - s >= 1), nxt, torch.full_like(nxt, IGNORE_INDEX)))
             feat = F.pad(h[:, :-1], (0, 0, 1, 0))  # [b, T, d] h^s_{t-1}
         return out
