@@ -43,3 +43,70 @@ def random_target(
     model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
     mask_id = tokenizer.mask_token_id if tokenizer is not None else vocab_size - 1
     return Target(model=model, tokenizer=tokenizer, mask_token_id=int(mask_id), name=f"random-{seed}")
+
+
+def lively_target(vocab_size: int = 128, hidden_size: int = 32, num_layers: int = 4, seed: int = 0,
+                  max_positions: int = 256) -> Target:
+    """A random target whose greedy continuations vary (the default init repeats the last token):
+    its decoder weights are redrawn with std 0.3; no EOS, so every decode runs to max_new_tokens."""
+    target = random_target(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
+                           num_kv_heads=2, intermediate_size=2 * hidden_size, max_positions=max_positions, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in target.model.model.layers.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
+@torch.no_grad()
+def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:
+    """The reference of every lossless test: Hugging Face ``generate`` (greedy) of ``n`` tokens after ``prompt``."""
+    ids = torch.tensor([prompt], device=target.device)
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class OracleMix:
+    """Wraps a real drafter: its sessions' drafts are replaced by the reference (greedy) tokens with
+    probability ``p`` (never a stage's last token, which anchors the next DLoop stage), so real
+    sessions see accepted drafts, partial acceptances and rejections.
+
+    ``reference``: prompt + the target's greedy continuation, long enough for every round."""
+
+    def __init__(self, drafter, reference: list[int], seed: int = 0, p: float = 0.6):
+        self.inner, self.reference, self.p = drafter, reference, p
+        self.config = drafter.config
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def bind_target(self, target):
+        return self.inner.bind_target(target)
+
+    def new_session(self):
+        return _OracleSession(self, self.inner.new_session())
+
+
+class _OracleSession:
+    def __init__(self, mix: OracleMix, inner):
+        self.mix, self.inner, self.pos = mix, inner, 0
+
+    def extend(self, tokens, features):
+        self.inner.extend(tokens, features)
+        self.pos = self.inner.length
+
+    def crop(self, length):
+        self.inner.crop(length)
+        self.pos = length
+
+    def draft(self, anchor, num_tokens, temperature, generator):
+        from types import SimpleNamespace
+
+        out = self.inner.draft(anchor, num_tokens, temperature, generator)
+        toks, ref = out.tokens.clone(), self.mix.reference
+        for k in range(num_tokens - 1):
+            if torch.rand((), generator=self.mix.rng) < self.mix.p and self.pos + 1 + k < len(ref):
+                toks[k] = ref[self.pos + 1 + k]
+        self.pos += num_tokens
+        return SimpleNamespace(tokens=toks, logprobs=out.logprobs, probs=out.probs)

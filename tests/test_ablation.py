@@ -48,7 +48,12 @@ def test_smoke_ablation_end_to_end(tmp_path):
 
     from lit_domino.tracking import default_tracking_uri
 
+    # --train-only trains every drafter and stops; the full run then only decodes
+    first = run_ablation("smoke", out_dir=tmp_path / "results", progress=False, train_only=True)
+    assert "tables" not in first and not (tmp_path / "results" / "main.md").exists()
+    assert len(first["trained"]) == 6 and not any(t.from_cache for t in first["trained"])
     out = run_ablation("smoke", out_dir=tmp_path / "results", progress=False)
+    assert all(t.from_cache for t in out["trained"])
     main = out["tables"]["main"]
     assert [r["variant"] for r in main["rows"]] == ["eagle3", "small_lm", "backbone", "domino"]
     for row in main["rows"]:

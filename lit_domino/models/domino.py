@@ -50,13 +50,14 @@ class DominoHead(nn.Module):
 
 
 def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """GRU update from input/hidden projections gi, gh [..., 3*d_s] and state h [..., d_s]."""
-    i_r, i_z, i_n = gi.chunk(3, dim=-1)
-    h_r, h_z, h_n = gh.chunk(3, dim=-1)
-    r = torch.sigmoid(i_r + h_r)
-    z = torch.sigmoid(i_z + h_z)
-    n = torch.tanh(i_n + r * h_n)
-    return n + z * (h - n)  # = (1 - z) * n + z * h
+    """GRU update (``nn.GRU``'s equations, gate order r, z, n) from the input/hidden projections
+    gi, gh [..., 3*d_s] and state h [..., d_s]. Written in five kernels (was twelve): the Domino
+    decode loop runs it once per drafted token, where each op costs ~4 µs of dispatch on a CPU."""
+    d = h.shape[-1]
+    (i_rz, i_n), (h_rz, h_n) = gi.split([2 * d, d], -1), gh.split([2 * d, d], -1)
+    r, z = torch.sigmoid(i_rz + h_rz).split(d, -1)  # reset and update gates at once
+    n = torch.tanh(torch.addcmul(i_n, r, h_n))  # i_n + r * h_n
+    return torch.lerp(n, h, z)  # (1 - z) * n + z * h
 
 
 class DominoDrafter(ParallelDrafter):

@@ -229,24 +229,29 @@ class DominoSession(ParallelSession):
     """Backbone block once, then the sequential Domino loop over block positions 1..K."""
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
-        drafter = self.drafter
-        head = drafter.head
-        K, d = hidden.shape[0] - 1, hidden.shape[1]
-        base = drafter.compute_logits(hidden[1:])  # [K, V]
-        w_down = head.down.weight  # [r, d + d_s]
-        h_part = hidden[1:] @ w_down[:, :d].T  # [K, r] W_down's H-part, all positions at once
-        w_s = w_down[:, d:].T  # [d_s, r]
-        w_up = head.up.weight.T  # [r, V]
-        w_ih, w_hh = head.gru.weight_ih_l0.T, head.gru.weight_hh_l0.T  # [d, 3d_s], [d_s, 3d_s]
-        emb_w = drafter.embed.weight
         from lit_domino.models.domino import gru_gates
 
+        drafter, head = self.drafter, self.drafter.head
+        K, d, r = hidden.shape[0] - 1, hidden.shape[1], head.down.weight.shape[0]
+        # Everything that does not depend on the previous draft token is computed for the whole block
+        # first; the loop is then one state matmul, the rank-r correction, a pick and one GRU update
+        # per token (~12 kernels; the paper's point: +2.8 % draft latency over the backbone).
+        base = drafter.compute_logits(hidden[1:])  # [K, V] backbone logits
+        w_down = head.down.weight  # [r, d + d_s]
+        h_part = hidden[1:] @ w_down[:, :d].T  # [K, r] W_down's H-part, all positions at once
+        w_state = torch.cat([w_down[:, d:].T, head.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
+        w_up = head.up.weight.T.to(base.dtype)  # [r, V]
+        w_ih = head.gru.weight_ih_l0.T  # [d, 3d_s]
+        emb_w = drafter.embed.weight
+
         s = hidden.new_zeros(1, head.gru_hidden)  # [1, d_s]
-        s = gru_gates(emb_w[anchor].to(hidden.dtype) @ w_ih, s @ w_hh, s)  # S_0: consumed x_anchor
+        s = gru_gates(emb_w[anchor].to(hidden.dtype) @ w_ih, s @ w_state[:, r:], s)  # S_0: consumed x_anchor
         greedy = temperature is None or temperature <= 0
         toks, lps, rows, qs = [], [], [], []
-        for i in range(K):  # block position i+1
-            logits = base[i: i + 1] + (F.silu(h_part[i: i + 1] + s @ w_s) @ w_up).to(base.dtype)  # [1, V]
+        for i, (h_i, base_i) in enumerate(zip(h_part.split(1), base.split(1))):  # block position i+1
+            s_down, s_hh = (s @ w_state).split([r, w_state.shape[1] - r], -1)  # [1, r], [1, 3d_s]
+            corr = F.silu(h_i + s_down)  # [1, r]
+            logits = torch.addmm(base_i, corr.to(base.dtype), w_up)  # [1, V] = base + ΔL
             rows.append(logits)
             if greedy:
                 tok = logits.argmax(-1)  # [1]; log-probs are computed for all positions after the loop
@@ -255,7 +260,7 @@ class DominoSession(ParallelSession):
                 lps.append(lp), qs.append(q)
             toks.append(tok)
             if i < K - 1:
-                s = gru_gates(emb_w[tok].to(hidden.dtype) @ w_ih, s @ w_hh, s)  # S_{i+1}
+                s = gru_gates(emb_w[tok].to(hidden.dtype) @ w_ih, s_hh, s)  # S_{i+1}: consumed the draft x_{i+1}
         return _stage(toks, rows, lps, qs)
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lit_domino.data.datamodule import DrafterDataModule, sample_anchors
+from lit_domino.data.datamodule import DrafterDataModule, EpochShuffleSampler, sample_anchors
 
 SMALL = dict(train_examples={"math": 8, "code": 4}, val_examples={"math": 4}, max_new_tokens=16,
              regen_batch_size=8, batch_size=4, num_anchors=5, block_size=4, max_length=200)
@@ -24,6 +24,30 @@ def test_anchor_draws_are_seeded_and_redrawn():
     a2, _ = sample_anchors(lm, 8, torch.Generator().manual_seed(1))
     a3, _ = sample_anchors(lm, 8, torch.Generator().manual_seed(2))
     assert torch.equal(a1, a2) and not torch.equal(a1, a3)
+
+
+def test_length_grouped_shuffle_covers_everything_with_little_padding():
+    g = torch.Generator().manual_seed(0)
+    lengths = (40 + torch.randint(0, 60, (1000,), generator=g) * (1 + 5 * (torch.rand(1000, generator=g) < 0.2))).tolist()
+    bs = 16
+
+    def padded_fraction(order):
+        batches = [order[k: k + bs] for k in range(0, len(order), bs)]
+        padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+        return 1 - sum(lengths) / padded
+
+    grouped = EpochShuffleSampler(1000, seed=3, lengths=lengths, batch_size=bs)
+    plain = EpochShuffleSampler(1000, seed=3)
+    epoch0 = list(grouped)
+    assert sorted(epoch0) == list(range(1000)) and list(grouped) == epoch0  # a permutation, reproducible
+    grouped.set_epoch(1)
+    assert sorted(grouped) == list(range(1000)) and list(grouped) != epoch0  # a new order each epoch
+    assert padded_fraction(epoch0) < 0.1 < 0.4 < padded_fraction(list(plain))
+    # batches are shuffled, not sorted: lengths do not rise through the epoch
+    maxima = [max(lengths[i] for i in epoch0[k: k + bs]) for k in range(0, 992, bs)]
+    assert maxima != sorted(maxima) and maxima.index(max(maxima)) < len(maxima) - 2
+    with pytest.raises(ValueError, match="lengths"):
+        EpochShuffleSampler(10, seed=0, lengths=[1, 2], batch_size=2)
 
 
 @pytest.mark.parametrize("features", ["cached", "online"])

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.models import KINDS, DrafterConfig, build_drafter
-from lit_domino.testing import random_target
+from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
 
 VOCAB = 128
 SMALL = dict(num_layers=1, rank=16, gru_hidden=32)
@@ -20,14 +18,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only 
 
 def make_target(lively: bool, seed: int = 0):
     """``lively``: larger layer weights so greedy continuations vary (default init repeats the last token)."""
+    if lively:
+        return lively_target(VOCAB, seed=seed)
     target = random_target(vocab_size=VOCAB, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
                            intermediate_size=64, max_positions=256, seed=seed)
-    if lively:
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for p in target.model.model.layers.parameters():
-                if p.dim() == 2:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     target.model.generation_config.eos_token_id = None
     return target
 
@@ -45,52 +39,6 @@ def drafter_of(target, kind, block_size=8, seed=0):
     return build_drafter(DrafterConfig.from_target(target, kind, block_size=block_size, **overrides), target)
 
 
-def greedy(target, prompt, n):
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                                    pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-class OracleMix:
-    """Wraps a real drafter: its sessions' drafts are replaced by the target's greedy tokens with
-    probability 0.6 (never a stage's last token, which anchors the next DLoop stage), so real
-    sessions see accepted drafts, partial acceptances and rejections."""
-
-    def __init__(self, drafter, reference: list[int], seed=0):
-        self.inner, self.reference = drafter, reference
-        self.config = drafter.config
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def bind_target(self, target):
-        return self.inner.bind_target(target)
-
-    def new_session(self):
-        inner, ref, rng = self.inner.new_session(), self.reference, self.rng
-        state = SimpleNamespace(pos=0)
-
-        class Session:
-            def extend(self, tokens, features):
-                inner.extend(tokens, features)
-                state.pos = inner.length
-
-            def crop(self, length):
-                inner.crop(length)
-                state.pos = length
-
-            def draft(self, anchor, num_tokens, temperature, generator):
-                out = inner.draft(anchor, num_tokens, temperature, generator)
-                toks = out.tokens.clone()
-                for k in range(num_tokens - 1):
-                    if torch.rand((), generator=rng) < 0.6 and state.pos + 1 + k < len(ref):
-                        toks[k] = ref[state.pos + 1 + k]
-                state.pos += num_tokens
-                return SimpleNamespace(tokens=toks, logprobs=out.logprobs, probs=out.probs)
-
-        return Session()
-
-
 def prompts(n, seed):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, VOCAB - 1, (int(torch.randint(3, 9, (), generator=g)),), generator=g).tolist()
@@ -105,14 +53,14 @@ def test_real_drafter_is_lossless_greedy(targets, kind):
     for which, target in targets.items():
         drafter = drafter_of(target, kind, block_size=16)
         for i, p in enumerate(ps[:6] if which == "plain" else ps):
-            expected = greedy(target, p, n)
+            expected = hf_greedy(target, p, n)
             block_size = (2, 4, 8, 16)[i % 4]
             dloop = DLoopConfig(threshold=-4.0 if i % 3 else float("-inf"), max_stages=3) if i % 2 else None
             res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop)
             assert res.tokens == expected, (kind, which, i, block_size, dloop)
             accepted += res.accepted_per_round
             # with forced acceptances through the real session
-            ref = p + greedy(target, p, n + 3 * 15 + 1)
+            ref = p + hf_greedy(target, p, n + 3 * 15 + 1)
             mixed = OracleMix(drafter, ref, seed=i)
             res = generate(target, mixed, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop)
             assert res.tokens == expected, ("oracle-mix", kind, which, i, block_size, dloop)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
-from lit_domino.testing import random_target
+from lit_domino.testing import hf_greedy, random_target
 
 VOCAB = 256
 
@@ -44,13 +44,6 @@ def greedy_reference(target, prompt: list[int], n: int) -> list[int]:
             out = target.model(input_ids=torch.tensor([[toks[-1]]]), cache=cache, use_cache=True)
             toks.append(int(out.logits[0, -1].argmax()))
     return toks
-
-
-def hf_greedy(target, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                                pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 # --------------------------------------------------------------------------- stub drafters

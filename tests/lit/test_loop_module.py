@@ -14,7 +14,7 @@ from lit_domino.lit.loop import LoopModule
 from lit_domino.models import DrafterConfig, build_drafter
 from lit_domino.models.io import DrafterMismatchError, load_drafter
 from lit_domino.objectives import LambdaSchedule
-from lit_domino.testing import random_target
+from lit_domino.testing import hf_greedy, random_target
 
 V, D, B = 64, 32, 5
 K = B - 1
@@ -181,14 +181,6 @@ class Batches(Dataset):
         return {k: v[i % v.shape[0]] for k, v in self.batch.items()}
 
 
-def greedy(target, prompt, n):
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                                    pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_fine_tuned_drafter_decodes_losslessly_with_dloop(target, drafter_dirs, kind, tmp_path):
     m = LoopModule(init_from=drafter_dirs[kind], target=target, max_stages=3, lr=1e-2, warmup_ratio=0.0,
@@ -205,7 +197,7 @@ def test_fine_tuned_drafter_decodes_losslessly_with_dloop(target, drafter_dirs, 
     stages = []
     for i in range(4):
         prompt = torch.randint(3, V - 1, (int(torch.randint(3, 8, (), generator=g)),), generator=g).tolist()
-        want = greedy(target, prompt, 16)
+        want = hf_greedy(target, prompt, 16)
         for dloop in (DLoopConfig(float("-inf"), 3), DLoopConfig(-2.0, 2)):
             res = generate(target, tuned, torch.tensor([prompt]), max_new_tokens=16, dloop=dloop,
                            block_size=(B, 3)[i % 2])

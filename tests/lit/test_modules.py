@@ -129,6 +129,25 @@ def test_each_variant_overfits_a_fixed_batch(tmp_path, target, variant):
     assert not any(id(p) in target_params for p in opt_params)
 
 
+def test_eagle_head_only_at_labels_equals_the_full_loss(target):
+    """Eagle3Module applies the LM head only where a TTT step has a label: same loss, same chains."""
+    from lit_domino.lit.eagle import chain_view
+    from lit_domino.objectives import ttt_loss
+
+    module = VARIANTS["eagle3"](target)
+    module.build_drafter(target.layer_ids("eagle3"))
+    batch = make_rows(target, feature_layers=target.layer_ids("eagle3"))
+    batch["loss_mask"][1, :12] = 0  # rows with different prompt lengths
+    out = module.forward_step(batch, "val")
+    full = module.drafter.forward_train(batch["input_ids"], batch["features"], batch["loss_mask"],
+                                        batch["attention_mask"])
+    loss, _ = ttt_loss(full.logits, full.labels, 0.8)
+    torch.testing.assert_close(out.loss, loss)
+    preds, labels = chain_view([l.argmax(-1) for l in full.logits], full.labels)
+    scored = labels != -100
+    assert torch.equal(out.labels, labels) and torch.equal(out.preds[scored], preds[scored])
+
+
 def test_domino_logs_curriculum_and_lambda_falls(tmp_path, target):
     module = DominoModule(target=target, rank=8, gru_hidden=16, **SMALL)
     lams = []
