@@ -196,9 +196,9 @@ class DrafterDataModule(L.LightningDataModule):
         num_anchors: anchors per sequence (METHOD.md: 256-512 at 8B scale, fewer for short sequences).
         block_size: drafting block size B (anchors need no room after them: labels past the end are masked).
         group_by_length: training batches hold sequences of similar length (shuffled in pools of
-            50 batches, then the batches shuffled): ~5 % padding instead of ~60 %, but measured on the
-            default preset it costs the parallel drafters a quarter of their τ (Domino math τ 5.3 → 4.3,
-            same seed and steps), so only the AR drafters' configs (EAGLE-3, small LM) turn it on.
+            50 batches, then the batches shuffled): ~5 % padding instead of ~60 %, but on the default
+            preset it cost the parallel drafters τ (same seed and steps: Domino avg τ 3.95 → 3.52, math
+            5.34 → 4.25; backbone 3.03 → 2.85), so only the AR drafters' configs (EAGLE-3, small LM) set it.
         seed: shuffling and anchor draws.
         num_workers: DataLoader workers (0 is fastest for in-memory data on 2 cores).
         target_dtype: the frozen target's dtype: float32 on CPU (bf16 is ~25x slower there),
