@@ -73,6 +73,19 @@ def position_weights(block_size: int, gamma: float | None = None) -> torch.Tenso
 # --------------------------------------------------------------------------- block losses
 
 
+@dataclass
+class LossSettings:
+    """What a method's ``block_loss`` needs beyond its outputs (the LightningModule's hyper-parameters)."""
+
+    position_weights: torch.Tensor
+    """[B] weights of the block positions (:func:`position_weights`)."""
+    lam: float = 0.0
+    """Domino: λ of ``λ·CE(L_base) + (1−λ)·CE(L_final)`` at this step (0 = the final logits only)."""
+    step_decay: float = 0.8
+    """EAGLE-3: chain step k of a stage weighs ``step_decay**(k-1)`` (its training-time-test decay)."""
+
+
+
 def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy (float32), 0 where ``labels == -100``; shape of ``labels``."""
     flat = F.cross_entropy(
@@ -221,11 +234,3 @@ def ttt_loss(
         losses.append(ce.sum() / n.clamp_min(1))
     total = sum(decay**s * l for s, l in enumerate(losses))
     return total, losses
-
-
-def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Next-token CE of a causal LM on the tokens with ``loss_mask = 1`` (logits at p predict x_{p+1})."""
-    labels = input_ids[:, 1:].masked_fill(loss_mask[:, 1:] == 0, IGNORE_INDEX)
-    ce = token_ce(logits[:, :-1], labels)
-    n = (labels != IGNORE_INDEX).sum()
-    return ce.sum() / n.clamp_min(1)

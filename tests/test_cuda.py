@@ -17,8 +17,10 @@ from torch.utils.data import DataLoader, Dataset
 from lit_domino.data.datamodule import collate, sample_anchors
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module, SmallLMModule
-from lit_domino.models import KINDS, DrafterConfig, build_drafter
+from lit_domino.models import build_drafter, drafter_config, kinds
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
+
+KINDS = kinds()
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -34,8 +36,8 @@ def target():
 
 def cuda_drafter(target, kind, block_size=16):
     torch.manual_seed(0)
-    small = {} if kind == "small_lm" else dict(rank=16, gru_hidden=32)
-    cfg = DrafterConfig.from_target(target, kind, block_size=block_size, num_layers=1, **small)
+    small = dict(head=dict(rank=16, gru_hidden=32)) if kind == "domino" else {}
+    cfg = drafter_config(kind, target, block_size=block_size, num_layers=1, **small)
     return build_drafter(cfg, target).to("cuda")
 
 

@@ -39,9 +39,9 @@ def test_crashed_training_resumes_from_its_checkpoint(tiny_target_dir, tmp_path,
     with pytest.raises(RuntimeError, match="simulated crash"):
         experiment.train_variant(cfg, callbacks=[_Crash(epoch=1)], progress=False, root=tmp_path)
     path = experiment.drafter_artifact(cfg, root=tmp_path)
-    last = path / "ckpt" / "last.ckpt"
-    assert last.is_file(), "a crash after epoch 0 must leave ckpt/last.ckpt to resume from"
-    run_id = (path / "mlflow_run_id").read_text().strip()
+    last = path / "checkpoints" / "last.ckpt"
+    assert last.is_file(), "a crash after epoch 0 must leave checkpoints/last.ckpt to resume from"
+    run_id = (path / "checkpoints" / "mlflow_run_id").read_text().strip()
     client = MlflowClient(default_tracking_uri())
     assert client.get_run(run_id).info.status == "FAILED"
 
@@ -51,5 +51,5 @@ def test_crashed_training_resumes_from_its_checkpoint(tiny_target_dir, tmp_path,
     assert steps >= 2 and steps % 2 == 0
     assert counter.batches == steps // 2  # only epoch 1 ran again: the rerun resumed, it did not restart
     assert done.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
-    assert not list((path / "ckpt").glob("*.ckpt"))  # resume state is dropped once the drafter is exported
+    assert not list((path / "checkpoints").glob("*.ckpt"))  # resume state is dropped once the drafter is exported
     assert json.loads((path / "report.json").read_text())["optimizer_steps"] == steps

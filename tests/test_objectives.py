@@ -11,7 +11,6 @@ from lit_domino.objectives import (
     LambdaSchedule,
     curriculum_loss,
     default_gamma,
-    lm_loss,
     position_weights,
     ttt_loss,
     weighted_block_ce,
@@ -105,7 +104,7 @@ def test_curriculum_loss_mixes_terms():
         assert float(b_) == pytest.approx(float(lb)) and float(f_) == pytest.approx(float(lf))
 
 
-def test_ttt_and_lm_losses():
+def test_ttt_loss():
     torch.manual_seed(0)
     logits = [torch.randn(2, 5, 7) for _ in range(3)]
     labels = [torch.randint(0, 7, (2, 5)) for _ in range(3)]
@@ -113,8 +112,3 @@ def test_ttt_and_lm_losses():
     total, steps = ttt_loss(logits, labels, 0.8)
     ref = [F.cross_entropy(l.flatten(0, 1), y.flatten()) for l, y in zip(logits[:2], labels[:2])]
     assert float(total) == pytest.approx(float(ref[0] + 0.8 * ref[1]), rel=1e-6) and float(steps[2]) == 0.0
-    ids = torch.randint(0, 7, (2, 5))
-    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 0]])
-    lg = torch.randn(2, 5, 7)
-    manual = [F.cross_entropy(lg[i, p - 1][None], ids[i, p][None]) for i in range(2) for p in range(1, 5) if mask[i, p]]
-    assert float(lm_loss(lg, ids, mask)) == pytest.approx(float(sum(manual) / len(manual)), rel=1e-6)

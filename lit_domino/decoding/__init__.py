@@ -11,13 +11,6 @@
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.engine import GenerationResult, generate
 from lit_domino.decoding.kv import crop_cache
+from lit_domino.decoding.metrics import benchmark
 
 __all__ = ["DLoopConfig", "GenerationResult", "benchmark", "crop_cache", "generate"]
-
-
-def __getattr__(name):
-    if name == "benchmark":  # pulls in torchmetrics; imported on first use
-        from lit_domino.decoding.metrics import benchmark
-
-        return benchmark
-    raise AttributeError(f"module 'lit_domino.decoding' has no attribute {name!r}")

@@ -30,6 +30,7 @@ import torch
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import one_hot_probs, pick, verify_greedy, verify_sampling
+from lit_domino.models.sessions import is_greedy
 from lit_domino.target import check_layer_ids, select_features
 
 
@@ -204,7 +205,7 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
         logits = out.logits[0]
         res.verify_time_s += clock.lap()
         # 3. accept: acc drafts + one bonus token from the target (see sampling.py for the maths).
-        if temperature == 0:
+        if is_greedy(temperature):
             acc, bonus = verify_greedy(drafts, logits)
         else:
             q = torch.cat([s.probs if s.probs is not None else one_hot_probs(s.tokens, logits.shape[-1])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from lit_domino.models.sessions import is_greedy
+
 
 def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """p = softmax(logits / T) in float32."""
@@ -17,7 +19,7 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Argmax at T = 0, else one sample of softmax(logits / T); ``logits [..., V]`` → ids ``[...]``."""
-    if temperature == 0:
+    if is_greedy(temperature):
         return logits.argmax(-1)
     p = target_probs(logits, temperature)
     flat = p.reshape(-1, p.shape[-1])

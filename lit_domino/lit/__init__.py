@@ -1,6 +1,7 @@
-"""LightningModules: one shared base and one thin module per drafter variant.
+"""LightningModules: one shared base and one thin module per drafter method.
 
-All variants train on the one ``DrafterDataModule`` (``lit_domino.data.datamodule``).
+All variants train on the one ``DrafterDataModule`` (``lit_domino.data.datamodule``);
+each module names its drafter class and calls the method's own forward and loss.
 """
 
 from lit_domino.lit.backbone import BackboneModule
@@ -9,17 +10,7 @@ from lit_domino.lit.domino import DominoModule
 from lit_domino.lit.eagle import Eagle3Module
 from lit_domino.lit.small_lm import SmallLMModule
 
-VARIANTS = {
-    "backbone": BackboneModule,
-    "domino": DominoModule,
-    "domino_ttt": DominoModule,
-    "domino_nocurriculum": DominoModule,
-    "eagle3": Eagle3Module,
-    "small_lm": SmallLMModule,
-}
-"""Module class of each variant name (the ``variant`` tag of MLflow runs)."""
-
 __all__ = [
     "DrafterModule", "ExportDrafter", "StepOutput", "load_module",
-    "BackboneModule", "DominoModule", "Eagle3Module", "SmallLMModule", "VARIANTS",
+    "BackboneModule", "DominoModule", "Eagle3Module", "SmallLMModule",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lit_domino.lit.base import DrafterModule, StepOutput
-from lit_domino.objectives import weighted_block_ce
+from lit_domino.models import ParallelDrafter
 
 
 class BackboneModule(DrafterModule):
@@ -13,15 +13,13 @@ class BackboneModule(DrafterModule):
     """
 
     variant = "backbone"
-
-    def drafter_kind(self) -> str:
-        return "backbone"
+    drafter_class = ParallelDrafter
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         out = self.drafter.forward_train(
             batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"],
             loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"],
         )
-        loss = weighted_block_ce(out.logits, out.labels, self.position_weights)
+        loss, logs = self.drafter.block_loss(out, self.loss_settings())
         preds = out.logits.detach().argmax(-1) if stage != "train" else None
-        return StepOutput(loss=loss, logs={"loss_base": loss.detach()}, preds=preds, labels=out.labels)
+        return StepOutput(loss=loss, logs=logs, preds=preds, labels=out.labels)

@@ -16,25 +16,31 @@
 * :meth:`save_drafter` (``save_pretrained`` export) and checkpoint extras
   (drafter config, target fingerprint, RNG states) so a run resumes exactly.
 
-A variant implements :meth:`drafter_kind`, :meth:`drafter_options` and
-:meth:`forward_step` and nothing else.
+A variant names its drafter class (``drafter_class``, a registered method of
+``lit_domino.models``), maps its own hyper-parameters to the method's config
+(:meth:`drafter_options`) and calls the method's forward and loss in
+:meth:`forward_step`; nothing else.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import logging
 import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
-from torch import nn
+from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_domino.metrics import PositionAccuracy, PrefixAcceptance, tau_sim
-from lit_domino.objectives import check_block_size, position_weights
+from lit_domino.models import Drafter, build_drafter
+from lit_domino.objectives import LossSettings, check_block_size, position_weights
+from lit_domino.target import Target, load_target
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +65,16 @@ class StepOutput:
 def resolve_target(spec, dtype: str = "float32"):
     """A :class:`~lit_domino.target.Target` object as is, else ``load_target(spec, dtype)`` (memoised,
     on the GPU when there is one: the same copy the DataModule gets)."""
-    from lit_domino.target import Target, load_target
-
     if isinstance(spec, Target):
         return spec
     return load_target(spec, dtype=dtype, device="auto")
 
 
-def make_drafter(config) -> nn.Module:
-    """A freshly initialised drafter of ``config.kind`` (``lit_domino.models.io.build_drafter``)."""
-    from lit_domino.models.io import build_drafter
-
-    return build_drafter(config)
+def check_positive(**values) -> None:
+    """Raise ``ValueError`` naming the first hyper-parameter that is not a positive integer."""
+    for name, value in values.items():
+        if value is None or isinstance(value, bool) or int(value) < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
 def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: float) -> float:
@@ -93,9 +97,6 @@ class DrafterModule(L.LightningModule):
         num_layers: draft decoder layers (EAGLE-3 always has one).
         block_size: drafting block size B (positions 1..B-1 are drafted); for the
             chain drafters (EAGLE-3 uses ``ttt_steps``, the small LM) it sizes the metrics.
-        rank: Domino only: rank r of the head's low-rank logit correction.
-        gru_hidden: Domino only: the head's GRU state size d_s.
-        ttt_steps: EAGLE-3 only: training-time-test unroll depth (= trained chain length).
         gamma: decay of the position weights ``exp(-(k-1)/γ)``; None = 7 for B = 16,
             4 for B = 8 (``objectives.default_gamma``).
         lr: peak AdamW learning rate.
@@ -105,21 +106,21 @@ class DrafterModule(L.LightningModule):
         min_lr_ratio: the cosine decays to ``lr·min_lr_ratio``.
         feature_layers: target decoder layers the drafter reads; None = the
             DataModule's (or, without one, the variant's default rule).
-        drafter_options: extra ``DrafterConfig`` fields (e.g. ``{"num_heads": 4}``).
+        drafter_options: extra fields of the method's config (e.g. ``{"num_heads": 4}``).
         target_dtype: the frozen target's dtype (linked from ``data.target_dtype``).
     """
 
     variant: str = "drafter"
     """Name of the variant (MLflow tag ``variant``)."""
 
+    drafter_class: type[Drafter] = Drafter
+    """The method this module trains (a registered class of ``lit_domino.models``)."""
+
     def __init__(
         self,
         target: Any = "embedded:default",
         num_layers: int = 1,
         block_size: int = 16,
-        rank: int = 256,
-        gru_hidden: int = 1024,
-        ttt_steps: int = 7,
         gamma: float | None = None,
         lr: float = 6e-4,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -132,12 +133,7 @@ class DrafterModule(L.LightningModule):
     ):
         super().__init__()
         check_block_size(block_size)
-        for name, value in (("num_layers", num_layers), ("rank", rank), ("gru_hidden", gru_hidden),
-                            ("ttt_steps", ttt_steps)):
-            if value is None or int(value) < 1:
-                what = {"rank": " (the Domino head's low-rank width r)", "gru_hidden": " (the Domino GRU state d_s)",
-                        "ttt_steps": " (EAGLE-3 training-time-test steps)"}.get(name, "")
-                raise ValueError(f"{name}{what} must be a positive integer, got {value}")
+        check_positive(num_layers=num_layers)
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= warmup_ratio < 1.0:
@@ -150,7 +146,7 @@ class DrafterModule(L.LightningModule):
         self.hparams["betas"] = tuple(float(b) for b in betas)
         # validated here: γ ≤ 0 fails at construction, not at the first step
         self.register_buffer("position_weights", position_weights(block_size, gamma), persistent=False)
-        self.drafter: nn.Module | None = None
+        self.drafter: Drafter | None = None
         self.drafter_config = None
         self._target = None
         self.val_acc = PositionAccuracy(self.metric_block_size)
@@ -158,28 +154,28 @@ class DrafterModule(L.LightningModule):
 
     # ------------------------------------------------------------------ variant hooks
 
-    def drafter_kind(self) -> str:
-        """The ``DrafterConfig`` kind this variant trains."""
-        raise NotImplementedError
-
     def drafter_options(self) -> dict[str, Any]:
-        """``DrafterConfig`` fields from the hyper-parameters (beyond num_layers, block_size, feature_layers)."""
-        h = self.hparams
-        return {"rank": int(h.rank), "gru_hidden": int(h.gru_hidden), "ttt_steps": int(h.ttt_steps)}
+        """The method's config fields from this variant's hyper-parameters (beyond num_layers, block_size,
+        feature_layers); none by default."""
+        return {}
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         """Loss, logs and metric inputs of one batch (``stage`` is ``train`` or ``val``)."""
         raise NotImplementedError
 
-    def create_drafter(self, target, options: dict[str, Any]) -> nn.Module:
-        """A fresh drafter bound to ``target``, its config ``DrafterConfig.from_target(target, kind, **options)``."""
-        from lit_domino.models.config import DrafterConfig
+    def create_drafter(self, target, options: dict[str, Any]) -> Drafter:
+        """A fresh drafter bound to ``target``, its config ``<method config>.from_target(target, **options)``."""
+        config = self.drafter_class.config_class.from_target(target, **options)
+        return build_drafter(config, target)
 
-        config = DrafterConfig.from_target(target, self.drafter_kind(), **options)
-        return make_drafter(config).bind_target(target)
+    def loss_settings(self, lam: float = 0.0) -> LossSettings:
+        """What the method's ``block_loss`` needs from this module (position weights; λ for Domino)."""
+        return LossSettings(self.position_weights, lam=lam)
 
-    uses_features: bool = True
-    """Whether the drafter reads target features (False for the small LM)."""
+    @property
+    def uses_features(self) -> bool:
+        """Whether the drafter reads target features (False for the small LM)."""
+        return self.drafter_class.config_class.feature_rule is not None
 
     uses_blocks: bool = True
     """Whether training uses the DataModule's anchored blocks of ``block_size`` (False for EAGLE-3)."""
@@ -248,7 +244,7 @@ class DrafterModule(L.LightningModule):
     def configure_model(self) -> None:
         self.build_drafter()
 
-    def build_drafter(self, feature_layers: list[int] | None = None) -> nn.Module:
+    def build_drafter(self, feature_layers: list[int] | None = None) -> Drafter:
         """Build (once) the drafter from the target and this module's hyper-parameters, bound to the target."""
         if self.drafter is not None:
             return self.drafter
@@ -263,7 +259,7 @@ class DrafterModule(L.LightningModule):
         }
         if feature_layers is not None and self.uses_features:
             options["feature_layers"] = [int(j) for j in feature_layers]
-        # without them, DrafterConfig.from_target applies the kind's rule (DFlash / EAGLE-3 / none)
+        # without them, the method config's from_target applies its rule (DFlash / EAGLE-3 / none)
         drafter = self.create_drafter(target, options)
         config = drafter.config
         self.drafter_config = config
@@ -370,18 +366,11 @@ class DrafterModule(L.LightningModule):
         self.drafter.save_pretrained(directory)
         return directory
 
-    def _config_dict(self) -> dict | None:
-        cfg = self.drafter_config
-        if cfg is None:
-            return None
-        if hasattr(cfg, "to_dict"):
-            return cfg.to_dict()
-        if dataclasses.is_dataclass(cfg):
-            return dataclasses.asdict(cfg)
-        return dict(vars(cfg))
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        extra = {"variant": self.variant, "drafter_config": self._config_dict(), "rng": _rng_states()}
+        cls = type(self)
+        extra = {"variant": self.variant, "module": f"{cls.__module__}.{cls.__qualname__}",
+                 "drafter_config": self.drafter_config.to_dict() if self.drafter_config is not None else None,
+                 "rng": _rng_states()}
         if self._target is not None:
             extra["target_fingerprint"] = self._target.fingerprint()
         checkpoint[_EXTRA_KEY] = extra
@@ -406,25 +395,17 @@ def load_module(checkpoint_path: str | Path, map_location: str | torch.device = 
 
     The target is loaded from the recorded spec (``hparams.target``) unless ``target=`` is given.
     """
-    from lit_domino.lit import VARIANTS
-
     path = Path(checkpoint_path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     hparams = ckpt.get("hyper_parameters", {})
-    class_path = hparams.get("_class_path")
-    if class_path:
-        module_name, _, name = class_path.rpartition(".")
-        import importlib
-
-        cls = getattr(importlib.import_module(module_name), name)
-    else:
-        variant = (ckpt.get(_EXTRA_KEY) or {}).get("variant")
-        if variant not in VARIANTS:
-            raise ValueError(f"{path} is not a lit_domino training checkpoint (no variant recorded)")
-        cls = VARIANTS[variant]
+    class_path = hparams.get("_class_path") or (ckpt.get(_EXTRA_KEY) or {}).get("module")
     del ckpt
+    if not class_path:
+        raise ValueError(f"{path} is not a lit_domino training checkpoint (no module class recorded)")
+    module_name, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name)
     return cls.load_from_checkpoint(path, map_location=map_location, **overrides)
 
 
@@ -447,8 +428,6 @@ class ExportDrafter(L.Callback):
             return
         path = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "drafter"
         self.exported = pl_module.save_drafter(path.expanduser().resolve())
-        from lightning.pytorch.loggers import MLFlowLogger
-
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):
                 logger.experiment.set_tag(logger.run_id, "drafter_dir", str(self.exported))
@@ -458,10 +437,6 @@ class ExportDrafter(L.Callback):
 
 def _rng_states() -> dict:
     """torch / CUDA / numpy / python RNG states as plain types (checkpoints stay ``weights_only``-loadable)."""
-    import random
-
-    import numpy as np
-
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states = {
         "torch": torch.get_rng_state(),
@@ -475,10 +450,6 @@ def _rng_states() -> dict:
 
 
 def _set_rng_states(states: dict) -> None:
-    import random
-
-    import numpy as np
-
     try:
         torch.set_rng_state(states["torch"])
         kind, keys, pos, has_gauss, cached = states["numpy"]

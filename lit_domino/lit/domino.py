@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lit_domino.lit.base import DrafterModule, StepOutput
-from lit_domino.objectives import LambdaSchedule, curriculum_loss
+from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
+from lit_domino.models import DominoDrafter
+from lit_domino.models.domino import CAUSAL_INPUTS
+from lit_domino.objectives import LambdaSchedule
 
 
 class DominoModule(DrafterModule):
     """Domino: ``loss = λ_t·CE(L_base) + (1−λ_t)·CE(L_final)``, both position-weighted.
 
-    The head's rank r and GRU width d_s are the base's ``rank`` and ``gru_hidden``.
-
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s):
+        rank: rank r of the head's low-rank logit correction (paper 256).
+        gru_hidden: the head's GRU state size d_s (paper 1024).
         causal_inputs: GRU inputs in training: ``teacher_forced`` (ground-truth
             tokens, one parallel pass; the paper's better setting) or
             ``training_time_test`` (the draft's own argmax picks, sequential).
@@ -27,15 +29,19 @@ class DominoModule(DrafterModule):
     """
 
     variant = "domino"
+    drafter_class = DominoDrafter
 
     def __init__(
         self,
+        rank: int = 256,
+        gru_hidden: int = 1024,
         causal_inputs: Literal["teacher_forced", "training_time_test"] = "teacher_forced",
         curriculum: LambdaSchedule = LambdaSchedule("linear"),
         **kwargs,
     ):
-        if causal_inputs not in ("teacher_forced", "training_time_test"):
-            raise ValueError(f"causal_inputs must be 'teacher_forced' or 'training_time_test', got {causal_inputs!r}")
+        check_positive(rank=rank, gru_hidden=gru_hidden)
+        if causal_inputs not in CAUSAL_INPUTS:
+            raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         if isinstance(curriculum, dict):
             curriculum = LambdaSchedule(**curriculum)
         super().__init__(**kwargs)
@@ -43,8 +49,8 @@ class DominoModule(DrafterModule):
         # plain types in hparams: checkpoints stay loadable with torch.load(weights_only=True)
         self.hparams["curriculum"] = dataclasses.asdict(curriculum)
 
-    def drafter_kind(self) -> str:
-        return "domino"
+    def drafter_options(self) -> dict:
+        return {"head": {"rank": int(self.hparams.rank), "gru_hidden": int(self.hparams.gru_hidden)}}
 
     def current_lambda(self) -> float:
         """λ_t at the current optimizer step."""
@@ -58,12 +64,8 @@ class DominoModule(DrafterModule):
         )
         if stage == "train":
             lam = self.current_lambda()
-            loss, loss_base, loss_final = curriculum_loss(
-                out.logits, out.final_logits, out.labels, self.position_weights, lam
-            )
-            logs = {"loss_base": loss_base.detach(), "loss_final": loss_final.detach(), "lambda": float(lam)}
-            return StepOutput(loss=loss, logs=logs, labels=out.labels)
+            loss, logs = self.drafter.block_loss(out, self.loss_settings(lam))
+            return StepOutput(loss=loss, logs={**logs, "lambda": float(lam)}, labels=out.labels)
         # validation: the loss of the logits that are drafted from (the final ones)
-        _, loss_base, loss_final = curriculum_loss(out.logits, out.final_logits, out.labels, self.position_weights, 0.0)
-        logs = {"loss_base": loss_base.detach(), "loss_final": loss_final.detach()}
-        return StepOutput(loss=loss_final, logs=logs, preds=out.final_logits.argmax(-1), labels=out.labels)
+        loss, logs = self.drafter.block_loss(out, self.loss_settings(0.0))
+        return StepOutput(loss=loss, logs=logs, preds=out.final_logits.argmax(-1), labels=out.labels)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from lit_domino.lit.base import DrafterModule, StepOutput
-from lit_domino.objectives import IGNORE_INDEX, ttt_loss
+from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
+from lit_domino.models import Eagle3Drafter
+from lit_domino.objectives import IGNORE_INDEX
 
 
 class Eagle3Module(DrafterModule):
@@ -14,15 +15,18 @@ class Eagle3Module(DrafterModule):
     Loss ``Σ_s decay^s · L_s`` (decay 0.8, EAGLE-3's). Per-position metrics treat
     TTT step s as draft position ``s+1`` of a chain (``metric_block_size = ttt_steps + 1``).
 
-    Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s, whose ``ttt_steps`` is the unroll
-    depth; ``block_size`` and ``num_layers`` are unused here):
+    Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s; ``block_size`` and ``num_layers``
+    are unused here):
+        ttt_steps: training-time-test unroll depth (= trained chain length; EAGLE-3: 7).
         step_decay: weight of step s in the loss is ``step_decay**s`` (EAGLE-3: 0.8).
     """
 
     variant = "eagle3"
+    drafter_class = Eagle3Drafter
     uses_blocks = False
 
-    def __init__(self, step_decay: float = 0.8, **kwargs):
+    def __init__(self, ttt_steps: int = 7, step_decay: float = 0.8, **kwargs):
+        check_positive(ttt_steps=ttt_steps)
         if not 0.0 < step_decay <= 1.0:
             raise ValueError(f"step_decay must be in (0, 1], got {step_decay}")
         super().__init__(**kwargs)
@@ -31,23 +35,15 @@ class Eagle3Module(DrafterModule):
     def metric_block_size(self) -> int:
         return int(self.hparams.ttt_steps) + 1
 
-    def drafter_kind(self) -> str:
-        return "eagle3"
+    def drafter_options(self) -> dict:
+        return {"ttt_steps": int(self.hparams.ttt_steps)}
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         out = self.drafter.forward_train(
             batch["input_ids"], batch["features"], loss_mask=batch["loss_mask"],
             attention_mask=batch["attention_mask"], with_logits=False,
         )
-        # the LM head (most of a step's cost) only where step s has a label: the response positions
-        logits, labels, preds = [], [], []
-        for hidden, label in zip(out.hidden, out.labels):
-            keep = label != IGNORE_INDEX  # [b, T]
-            logits.append(self.drafter.compute_logits(hidden[keep]))  # [N_s, V]
-            labels.append(label[keep])  # [N_s]
-            if stage != "train":  # argmax back in place; unlabelled positions are never scored
-                preds.append(torch.zeros_like(label).masked_scatter(keep, logits[-1].argmax(-1)))
-        loss, per_step = ttt_loss(logits, labels, self.hparams.step_decay)
+        loss, per_step, preds = self.drafter.train_loss(out, self.hparams.step_decay, with_preds=stage != "train")
         logs = {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
         chains = chain_view(preds, out.labels) if preds else (None, None)
         return StepOutput(loss=loss, logs=logs, preds=chains[0], labels=chains[1])

@@ -22,17 +22,16 @@ adds no parameters: the exported drafter loads and decodes like the original.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from lit_domino.lit.base import DrafterModule, StepOutput
+from lit_domino.models import load_drafter, read_config, registry
+from lit_domino.models.domino import CAUSAL_INPUTS
 from lit_domino.models.loop import check_stages, loop_forward
-from lit_domino.objectives import IGNORE_INDEX, LambdaSchedule, curriculum_loss, ttt_loss, weighted_block_ce
-
-LOOP_KINDS = ("backbone", "domino", "eagle3")
+from lit_domino.objectives import IGNORE_INDEX, LambdaSchedule, LossSettings
 
 
 def _drafter_dir(init_from) -> Path:
@@ -43,18 +42,12 @@ def _drafter_dir(init_from) -> Path:
 
 
 def read_drafter_config(init_from):
-    """The ``DrafterConfig`` of a drafter directory (clear errors for a missing or corrupt one)."""
-    from lit_domino.models.config import DrafterConfig
-    from lit_domino.models.io import CONFIG_NAME, DrafterLoadError
-
-    path = _drafter_dir(init_from) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"init_from: {path} is missing; give the save_pretrained directory of a trained "
-                                "drafter (e.g. TrainedDrafter.drafter_dir)")
+    """The config of the drafter directory ``init_from`` (clear errors for a missing or corrupt one)."""
     try:
-        return DrafterConfig.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as err:
-        raise DrafterLoadError(f"{path} is not a valid drafter config: {err}") from err
+        return read_config(_drafter_dir(init_from))
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"init_from: {err}; give the save_pretrained directory of a trained drafter "
+                                "(e.g. TrainedDrafter.drafter_dir)") from None
 
 
 class LoopModule(DrafterModule):
@@ -97,32 +90,32 @@ class LoopModule(DrafterModule):
         **kwargs,
     ):
         config = read_drafter_config(init_from)
-        if config.kind not in LOOP_KINDS:
-            raise ValueError(f"loop-aware training fine-tunes {', '.join(LOOP_KINDS)} drafters; {init_from} holds a "
-                             f"{config.kind!r} drafter (a small LM has no hidden-state context to substitute)")
+        method = registry.drafter_class(config.kind)
+        if not method.supports_loop_training:
+            able = [k for k in registry.kinds() if registry.drafter_class(k).supports_loop_training]
+            raise ValueError(f"loop-aware training fine-tunes {', '.join(able)} drafters; {init_from} holds a "
+                             f"{config.kind!r} drafter (it has no hidden-state context to substitute)")
         for name, value in (("max_stages", max_stages), ("min_stages", min_stages)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (stages unrolled per anchor; 1 = no loop), "
                                  f"got {value!r}")
-        if causal_inputs not in ("teacher_forced", "training_time_test"):
-            raise ValueError(f"causal_inputs must be 'teacher_forced' or 'training_time_test', got {causal_inputs!r}")
+        if causal_inputs not in CAUSAL_INPUTS:
+            raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         if not 0.0 < step_decay <= 1.0:
             raise ValueError(f"step_decay must be in (0, 1], got {step_decay}")
         kwargs.setdefault("block_size", config.block_size)
         if int(kwargs["block_size"]) != config.block_size:
             raise ValueError(f"block_size {kwargs['block_size']} differs from the checkpoint's {config.block_size} "
                              f"({init_from}): set data.block_size to the drafter's")
-        if config.kind != "eagle3" and stage_tokens not in (None, config.block_size - 1):
-            raise ValueError(f"stage_tokens is EAGLE-3 only; a {config.kind} stage drafts block_size - 1 tokens")
         if stage_tokens is not None and (not isinstance(stage_tokens, int) or stage_tokens < 1):
             raise ValueError(f"stage_tokens must be an integer >= 1, got {stage_tokens!r}")
         if isinstance(curriculum, dict):
             curriculum = LambdaSchedule(**curriculum)
-        kwargs.setdefault("ttt_steps", config.ttt_steps)
         super().__init__(**kwargs)
+        self.drafter_class = method
         self.init_config = config
         self.curriculum = curriculum
-        self.stage_tokens = stage_tokens if stage_tokens is not None else config.block_size - 1
+        self.stage_tokens = method.stage_tokens(config, stage_tokens)  # raises where the method fixes it
         check_stages(_ConfigOnly(config), max_stages, stage_tokens=self.stage_tokens)  # N·K below the position limit
         self.hparams["init_from"] = str(_drafter_dir(init_from))
         self.hparams["curriculum"] = dataclasses.asdict(curriculum)
@@ -130,15 +123,10 @@ class LoopModule(DrafterModule):
 
     # ------------------------------------------------------------------ drafter
 
-    def drafter_kind(self) -> str:
-        return self.init_config.kind
-
     def build_drafter(self, feature_layers: list[int] | None = None):
         """Load ``init_from`` bound to the target (``DrafterMismatchError`` for a different target)."""
         if self.drafter is not None:
             return self.drafter
-        from lit_domino.models.io import load_drafter
-
         drafter = load_drafter(self.hparams.init_from, target=self.target)
         if feature_layers is not None and [int(j) for j in feature_layers] != list(drafter.config.feature_layers):
             raise ValueError(f"the DataModule's feature layers {list(feature_layers)} differ from the drafter's "
@@ -186,35 +174,30 @@ class LoopModule(DrafterModule):
             self.drafter, batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"], num_stages,
             loss_mask=batch.get("loss_mask"), attention_mask=batch.get("attention_mask"),
             detach_stage_context=bool(self.hparams.detach_stage_context), causal_inputs=causal,
-            stage_tokens=self.stage_tokens if self.drafter_kind() == "eagle3" else None, context_fn=context_fn,
+            stage_tokens=self.stage_tokens, context_fn=context_fn,
         )
 
-    def stage_loss(self, out, lam: float = 0.0) -> tuple[torch.Tensor, dict]:
-        """The drafter's usual loss of one stage → (loss, parts to log)."""
-        kind = self.drafter_kind()
-        if kind == "backbone":
-            return weighted_block_ce(out.logits, out.labels, self.position_weights), {}
-        if kind == "domino":
-            loss, base, final = curriculum_loss(out.logits, out.final_logits, out.labels, self.position_weights, lam)
-            return loss, {"base": base.detach(), "final": final.detach()}
-        K = out.logits.shape[2] - 1
-        loss, _ = ttt_loss([out.logits[:, :, k] for k in range(1, K + 1)],
-                           [out.labels[:, :, k] for k in range(1, K + 1)], float(self.hparams.step_decay))
-        return loss, {}
+    def loss_settings(self, lam: float = 0.0) -> LossSettings:
+        return LossSettings(self.position_weights, lam=lam, step_decay=float(self.hparams.step_decay))
 
-    def preds(self, out) -> torch.Tensor:
-        logits = out.final_logits if out.final_logits is not None else out.logits
-        return logits.detach().argmax(-1)
+    def stage_loss(self, out, lam: float = 0.0) -> tuple[torch.Tensor, dict]:
+        """The drafter's own loss of one stage (its ``block_loss``) → (loss, parts to log)."""
+        return self.drafter.block_loss(out, self.loss_settings(lam))
+
+    @staticmethod
+    def preds(out) -> torch.Tensor:
+        return out.draft_logits.detach().argmax(-1)
 
     def forward_step(self, batch: dict, stage: str, num_stages: int | None = None) -> StepOutput:
         n = int(self.hparams.max_stages)
         if num_stages is None:
             num_stages = self.stage_depth() if stage == "train" else n
-        lam = self.current_lambda() if stage == "train" and self.drafter_kind() == "domino" else 0.0
+        uses_lambda = self.drafter_class.uses_curriculum
+        lam = self.current_lambda() if stage == "train" and uses_lambda else 0.0
         outs = self.stages(batch, num_stages, stage)
         l1, parts1 = self.stage_loss(outs[0], lam)
         logs: dict[str, Any] = {"stage_depth": float(num_stages), "loss_stage1": l1.detach()}
-        if self.drafter_kind() == "domino" and stage == "train":
+        if uses_lambda and stage == "train":
             logs["lambda"] = float(lam)
         if num_stages == 1:
             loss = l1

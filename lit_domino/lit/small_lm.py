@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from lit_domino.lit.base import DrafterModule, StepOutput
-from lit_domino.objectives import IGNORE_INDEX, token_ce
+from lit_domino.models import SmallLMDrafter
+from lit_domino.objectives import IGNORE_INDEX
 
 
 class SmallLMModule(DrafterModule):
@@ -21,32 +22,23 @@ class SmallLMModule(DrafterModule):
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s; ``num_layers`` = the LM's depth,
     ``block_size`` = the drafted chain length + 1 for the validation metrics):
         hidden_size: the LM's width; None = half the target's, rounded to its head width
-            (``SmallLMDrafter.from_target``). ``drafter_options`` sets any other width.
+            (``SmallLMConfig.from_target``). ``drafter_options`` sets any other width.
     """
 
     variant = "small_lm"
-    uses_features = False
+    drafter_class = SmallLMDrafter
 
     def __init__(self, hidden_size: int | None = None, **kwargs):
         if hidden_size is not None and int(hidden_size) <= 0:
             raise ValueError(f"hidden_size must be > 0, got {hidden_size}")
         super().__init__(**kwargs)
 
-    def drafter_kind(self) -> str:
-        return "small_lm"
-
-    def create_drafter(self, target, options: dict[str, Any]):
-        from lit_domino.models.small_lm import SmallLMDrafter
-
-        options = dict(options)
-        if self.hparams.hidden_size is not None:
-            options.setdefault("hidden_size", int(self.hparams.hidden_size))
-        return SmallLMDrafter.from_target(target, **options)
+    def drafter_options(self) -> dict[str, Any]:
+        return {} if self.hparams.hidden_size is None else {"hidden_size": int(self.hparams.hidden_size)}
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         out = self.drafter.forward_train(batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
-        ce = token_ce(out.logits, out.labels)
-        loss = ce.sum() / (out.labels != IGNORE_INDEX).sum().clamp_min(1)
+        loss = self.drafter.train_loss(out)
         preds = labels = None
         if stage != "train":
             preds, labels = chain_blocks(out.logits.argmax(-1), batch, int(self.hparams.block_size))

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lit_domino.models.config import DrafterConfig
-from lit_domino.models.io import DrafterBase
+from lit_domino.models.base import Drafter, DrafterConfig
 from lit_domino.models.layers import DecoderLayer, KVCache, RMSNorm, init_weights
-
-IGNORE_INDEX = -100
-"""Label value of positions that are not trained (cross-entropy ``ignore_index``)."""
+from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
+from lit_domino.models.registry import register
+from lit_domino.models.sessions import DraftSession, StageDraft, Stage, pick_tokens
+from lit_domino.objectives import IGNORE_INDEX, LossSettings, weighted_block_ce
 
 
 @dataclass
@@ -39,7 +39,12 @@ class BlockOutput:
     block_tokens: torch.Tensor
     """[b, A, B] the true tokens ``x_{a+k}`` (0 beyond the sequence), for teacher forcing."""
     final_logits: torch.Tensor | None = None
-    """[b, A, B, V] Domino only: ``logits + ΔL`` (ΔL = 0 at block position 0)."""
+    """[b, A, B, V] a method with a head (Domino): ``logits + ΔL`` (ΔL = 0 at block position 0)."""
+
+    @property
+    def draft_logits(self) -> torch.Tensor:
+        """The logits the drafter drafts from: the head's final logits when it has one, else the base logits."""
+        return self.final_logits if self.final_logits is not None else self.logits
 
 
 def block_attention_mask(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: int, B: int) -> torch.Tensor:
@@ -59,12 +64,153 @@ def block_attention_mask(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: in
     return torch.cat([ctx_vis, blk_vis], dim=-1)[:, None]  # [b, 1, A*B, T + A*B]
 
 
-class ParallelDrafter(DrafterBase):
+@dataclass
+class BackboneConfig(DrafterConfig):
+    """The DFlash backbone's config: the shared fields (``DrafterConfig``) with the DFlash feature-layer rule."""
+
+
+class ParallelSession(DraftSession):
+    """Backbone session: per-layer context K/V cache (computed from fused features once).
+
+    A round computes only the new context positions and the block. ``stages[i].hidden``
+    holds each stage's block hidden states (after the final norm); for a DLoop stage,
+    the previous stage's ``hidden[k+1]`` stands in as the fused feature at ``start + k``.
+    """
+
+    def __init__(self, drafter):
+        super().__init__(drafter)
+        self.caches = [KVCache() for _ in drafter.layers]
+        self._cached = 0  # committed positions whose context K/V are in the caches
+        self._pending: list[torch.Tensor] = []  # raw features of positions _cached .. _len-1
+
+    def _drop_stages(self) -> None:
+        if self.stages:
+            for c in self.caches:
+                c.crop(self._cached)
+            self.stages = []
+
+    @torch.no_grad()
+    def extend(self, tokens, features) -> None:
+        ids, features = self._check_extend(tokens, features, need_features=True)
+        self._drop_stages()
+        if ids.numel():
+            self._pending.append(features)
+            self._len += ids.numel()
+
+    @torch.no_grad()
+    def crop(self, length: int) -> None:
+        length = self._check_crop(length)
+        self._drop_stages()
+        if length < self._cached:
+            for c in self.caches:
+                c.crop(length)
+            self._cached, self._pending = length, []
+        elif self._pending and length < self._len:
+            self._pending = [torch.cat(self._pending)[: length - self._cached]]
+        self._len = length
+
+    @torch.no_grad()
+    def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> StageDraft:
+        drafter, dev = self.drafter, self.device
+        if self.stages:  # DLoop: previous stage's hidden states stand in for the unverified features
+            prev = self.stages[-1]
+            k_prev = prev.tokens.numel()
+            start = prev.start + k_prev
+            ctx = prev.hidden[1:][None]  # [1, K_prev, d]
+            ctx_pos = torch.arange(prev.start, start, device=dev)  # [K_prev]
+        else:
+            start = self._len
+            if self._pending:
+                ctx = drafter.fuse(torch.cat(self._pending))[None]  # [1, new, d]
+                ctx_pos = torch.arange(self._cached, self._len, device=dev)
+            else:
+                ctx, ctx_pos = None, None
+        anchor = self._check_draft(anchor_token, num_tokens, start)
+        ids = torch.full((num_tokens + 1,), self.config.mask_token_id, dtype=torch.long, device=dev)
+        ids[0] = anchor[0]
+        pos = torch.arange(start, start + num_tokens + 1, device=dev)  # [K+1]
+        hidden = drafter.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, None, self.caches)[0]
+        if not self.stages:
+            self._cached, self._pending = self._len, []
+        out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
+        self.stages.append(Stage(start, out.tokens, hidden))
+        return out
+
+    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
+        logits = self.drafter.compute_logits(hidden[1:])  # [K, V]
+        tokens, logprobs, probs = pick_tokens(logits, temperature, generator)
+        return StageDraft(tokens, logprobs, probs, logits)
+
+
+def parallel_loop_forward(
+    drafter,
+    input_ids: torch.Tensor,  # [b, T]
+    features: torch.Tensor,  # [b, T, n*d] raw target features
+    anchors: torch.Tensor,  # [b, A] stage-1 anchors a
+    anchor_mask: torch.Tensor,  # [b, A] bool
+    num_stages: int,
+    loss_mask: torch.Tensor | None = None,  # [b, T]
+    attention_mask: torch.Tensor | None = None,  # [b, T]
+    detach_stage_context: bool = False,
+    causal_inputs: str = "teacher_forced",
+    context_fn: ContextFn | None = None,
+    stage_tokens: int | None = None,
+) -> list[BlockOutput]:
+    """DLoop's loop-aware training forward of a parallel drafter: stages 1..S per anchor
+    (``lit_domino.models.loop`` explains the unroll); stage 1 is ``forward_train``."""
+    K = check_stages(drafter, num_stages, anchors, anchor_mask, drafter.stage_tokens(drafter.config, stage_tokens))
+    B = K + 1
+    first = drafter.forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask, causal_inputs)
+    outs = [first]
+    if num_stages == 1:
+        return outs
+    b, T = input_ids.shape
+    A = anchors.shape[1]
+    dev = input_ids.device
+    anchor_mask = anchor_mask.bool()
+    anchors = torch.where(anchor_mask, anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
+    ctx_target = drafter.fuse(features)  # [b, T, d]
+    pos_target = torch.arange(T, device=dev)[None].expand(b, T)  # [b, T]
+    base_mask = block_attention_mask(anchors, anchor_mask, T, B)  # [b, 1, A*B, T + A*B]
+    target_vis, block_vis = base_mask[..., :T], base_mask[..., T:]  # context < a; own block only
+    own = torch.arange(A, device=dev).repeat_interleave(B)  # [A*B] anchor of each query
+    subst, subst_pos, subst_vis = [], [], []  # the drafter's own hidden states standing in as context
+    for s in range(2, num_stages + 1):
+        prev, prev_start = outs[-1], anchors + (s - 2) * K  # stage s-1 and its anchors
+        h = prev.hidden[:, :, 1:]  # [b, A, K, d]: H[k+1] (predicted x_{p+1}) stands in at p = a_{s-1} + k
+        if context_fn is not None:
+            h = context_fn(s - 1, h)
+        if detach_stage_context:
+            h = h.detach()
+        subst.append(h.reshape(b, A * K, -1))
+        subst_pos.append((prev_start[:, :, None] + torch.arange(K, device=dev)).reshape(b, A * K))
+        key_anchor = torch.arange(A, device=dev).repeat_interleave(K)  # [A*K]
+        vis = (own[:, None] == key_anchor[None, :])[None] & anchor_mask.repeat_interleave(B, 1)[:, :, None]
+        subst_vis.append(vis[:, None])  # [b, 1, A*B, A*K]
+        starts = anchors + (s - 1) * K  # a_s
+        block_ids, pos, block_tokens, labels = stage_blocks(drafter, input_ids, starts, anchor_mask, loss_mask,
+                                                            attention_mask, K)
+        ctx = torch.cat([ctx_target, *subst], dim=1)  # [b, T + (s-1)·A·K, d]
+        ctx_pos = torch.cat([pos_target, *subst_pos], dim=1)
+        mask = torch.cat([target_vis, *subst_vis, block_vis], dim=-1)  # [b, 1, A*B, T + (s-1)AK + A*B]
+        emb = drafter.embed_tokens(block_ids).reshape(b, A * B, -1)
+        hidden = drafter.block_hidden(emb, pos.reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)
+        out = BlockOutput(hidden=hidden, logits=drafter.compute_logits(hidden), labels=labels,
+                          block_tokens=block_tokens)
+        outs.append(drafter.add_head(out, causal_inputs))
+    return outs
+
+
+@register("backbone")
+class ParallelDrafter(Drafter):
     """DFlash backbone: fusion, ``num_layers`` context decoder layers, final norm, the target's embed/head."""
 
-    kind = "backbone"
+    config_class = BackboneConfig
+    session_class = ParallelSession
+    supports_loop_training = True
 
-    def __init__(self, config: DrafterConfig):
+    def __init__(self, config: BackboneConfig):
         super().__init__(config)
         c = config
         d = c.hidden_size
@@ -138,8 +284,10 @@ class ParallelDrafter(DrafterBase):
         anchor_mask: torch.Tensor,  # [b, A] bool, real anchors
         loss_mask: torch.Tensor | None = None,  # [b, T] 1 on labels (response tokens); None = all
         attention_mask: torch.Tensor | None = None,  # [b, T] 1 on real tokens; None = all
+        causal_inputs: str = "teacher_forced",
     ) -> BlockOutput:
-        """All A blocks of each sequence in one attention call per layer (see ``block_attention_mask``)."""
+        """All A blocks of each sequence in one attention call per layer (see ``block_attention_mask``), then
+        the method's head (:meth:`add_head`; ``causal_inputs`` says how a head's causal state is fed)."""
         b, T = input_ids.shape
         A, B = anchors.shape[1], self.config.block_size
         anchor_mask = anchor_mask.bool()
@@ -151,11 +299,23 @@ class ParallelDrafter(DrafterBase):
         mask = block_attention_mask(anchors, anchor_mask, T, B)  # [b, 1, A*B, T + A*B]
         emb = self.embed_tokens(block_ids).reshape(b, A * B, -1)  # [b, A*B, d]
         hidden = self.block_hidden(emb, pos.reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)  # [b,A,B,d]
-        return BlockOutput(hidden=hidden, logits=self.compute_logits(hidden), labels=labels, block_tokens=block_tokens)
+        out = BlockOutput(hidden=hidden, logits=self.compute_logits(hidden), labels=labels, block_tokens=block_tokens)
+        return self.add_head(out, causal_inputs)
+
+    def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> BlockOutput:
+        """Hook for a method's head on top of the backbone's blocks (Domino sets ``final_logits``); none here."""
+        return out
+
+    def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
+        """The position-weighted block CE on the base logits → (loss, parts to log)."""
+        loss = weighted_block_ce(out.logits, out.labels, settings.position_weights)
+        return loss, {"loss_base": loss.detach()}
+
+    def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
+                     attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
+                     stage_tokens: int | None = None, context_fn: ContextFn | None = None) -> list[BlockOutput]:
+        """DLoop's loop-aware training forward (:func:`parallel_loop_forward`)."""
+        return parallel_loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages, loss_mask,
+                                     attention_mask, detach_stage_context, causal_inputs, context_fn, stage_tokens)
 
     # ------------------------------------------------------------------ decoding
-
-    def new_session(self):
-        from lit_domino.models.sessions import ParallelSession
-
-        return ParallelSession(self)

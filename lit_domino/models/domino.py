@@ -1,25 +1,82 @@
-"""The Domino head: a lightweight causal correction of the backbone's logits.
+"""Domino: the DFlash backbone plus a lightweight causal correction of its logits.
 
-Shapes: b batch, A anchors, B block size, d width, d_s GRU state, r rank, V vocabulary.
+Shapes: b batch, A anchors, B block size, K = B-1 drafted positions, N rows (blocks),
+d width, d_s GRU state, r rank, V vocabulary.
 
-``ΔL_i = W_up · SiLU(W_down · [H_i ; S_{i-1}])`` where H_i is the backbone
-hidden state at block position i and S_{i-1} is a 1-layer GRU state (no bias)
-that has consumed the frozen target embeddings of ``x_a, x_{a+1} .. x_{a+i-1}``.
+``ΔL_i = W_up · SiLU(W_down · [H_i ; S_{i-1}])`` where H_i is the backbone hidden
+state at block position i and S_{i-1} is a 1-layer GRU state (no bias) that has
+consumed the frozen target embeddings of ``x_a, x_{a+1} .. x_{a+i-1}``.
 Final logits ``L_i = L_base_i + ΔL_i`` for i >= 1; position 0 gets ΔL = 0.
 ``W_up`` starts at zero, so a fresh Domino drafter equals its backbone.
+
+The equation has two forms, both here on :class:`DominoHead`: :meth:`~DominoHead.delta`
+when every S is known at once (teacher forcing: one ``nn.GRU`` pass over the true
+tokens), and :meth:`~DominoHead.rollout` when each S depends on the previous pick
+(training-time test and decoding, which share it).
 """
 
 from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_domino.models.backbone import BlockOutput, ParallelDrafter
-from lit_domino.models.config import DrafterConfig
+from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.layers import init_weights
+from lit_domino.models.registry import register
+from lit_domino.models.sessions import StageDraft, draft_chain
+from lit_domino.objectives import LossSettings, curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
+"""How the GRU is fed in training: the true tokens (one parallel pass) or the draft's own argmax picks."""
+
+
+@dataclass
+class DominoHeadConfig:
+    """The Domino head on top of the backbone."""
+
+    rank: int = 256
+    """Rank r of the low-rank logit correction (W_down: d + d_s -> r, W_up: r -> V). Default 256, the paper's."""
+
+    gru_hidden: int = 1024
+    """GRU state size d_s. Default 1024, the paper's for an 8B target."""
+
+
+@dataclass
+class DominoConfig(BackboneConfig):
+    """The backbone's config plus its head."""
+
+    head: DominoHeadConfig = field(default_factory=DominoHeadConfig)
+    """The causal correction head (rank r, GRU width d_s)."""
+
+    def validate(self) -> "DominoConfig":
+        super().validate()
+        if self.head.rank <= 0:
+            raise ValueError(f"rank must be > 0 (the Domino correction's rank r), got {self.head.rank}")
+        if self.head.gru_hidden <= 0:
+            raise ValueError(f"gru_hidden must be > 0 (the Domino GRU state size d_s), got {self.head.gru_hidden}")
+        return self
+
+    @classmethod
+    def from_legacy(cls, legacy: dict) -> dict:
+        head = {k: legacy[k] for k in ("rank", "gru_hidden") if k in legacy}
+        return {"head": head} if head else {}
+
+
+
+def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """GRU update (``nn.GRU``'s equations, gate order r, z, n) from the input/hidden projections
+    gi, gh [..., 3*d_s] and state h [..., d_s]. Written in five kernels: the decode loop runs it once
+    per drafted token, where each op costs ~4 µs of dispatch on a CPU."""
+    d = h.shape[-1]
+    (i_rz, i_n), (h_rz, h_n) = gi.split([2 * d, d], -1), gh.split([2 * d, d], -1)
+    r, z = torch.sigmoid(i_rz + h_rz).split(d, -1)  # reset and update gates at once
+    n = torch.tanh(torch.addcmul(i_n, r, h_n))  # i_n + r * h_n
+    return torch.lerp(n, h, z)  # (1 - z) * n + z * h
 
 
 class DominoHead(nn.Module):
@@ -39,96 +96,111 @@ class DominoHead(nn.Module):
         nn.init.zeros_(self.up.weight)
 
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-        """H [..., d], S [..., d_s] -> ΔL [..., V]."""
+        """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
         return self.up(F.silu(self.down(torch.cat([H, S], dim=-1))))
 
-    def cell(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """One GRU step with the ``nn.GRU`` weights (gate order r, z, n): x [N, d], h [N, d_s] -> [N, d_s]."""
-        gi = x @ self.gru.weight_ih_l0.T  # [N, 3*d_s]
-        gh = h @ self.gru.weight_hh_l0.T  # [N, 3*d_s]
-        return gru_gates(gi, gh, h)
+    def rollout(self, H: torch.Tensor, base: torch.Tensor, anchor_emb: torch.Tensor,
+                embed: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor | None], torch.Tensor]:
+        """The sequential form: ``next_logits(prev)`` over block positions 1..K, one call per position.
+
+        H [N, K, d] backbone hidden states, base [N, K, V] their logits, anchor_emb [N, d] the embedding
+        of each block's anchor x_a; ``embed(ids [N]) -> [N, d]``. Call ``next_logits(None)`` for position 1,
+        then ``next_logits(pick)`` with the token picked at the previous position: it updates S with the
+        pick and returns the final logits ``L_base + ΔL`` [N, V] of the next position.
+
+        Everything that does not depend on the previous pick is computed for the whole block up front;
+        each position then costs one state matmul, the rank-r correction and one GRU update.
+        """
+        d, d_s, r = H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
+        w_down = self.down.weight  # [r, d + d_s]
+        h_part = H @ w_down[:, :d].T  # [N, K, r] W_down's H-part, every position at once
+        w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
+        w_up = self.up.weight.T.to(base.dtype)  # [r, V]
+        w_ih = self.gru.weight_ih_l0.T  # [d, 3d_s]
+        s = H.new_zeros(H.shape[0], d_s)  # [N, d_s]
+        s = gru_gates(anchor_emb @ w_ih, s @ w_state[:, r:], s)  # S_0: consumed x_a
+        state = {"s": s, "i": 0, "s_hh": None}
+
+        def next_logits(prev: torch.Tensor | None) -> torch.Tensor:
+            i = state["i"]
+            if prev is not None:  # S_i: consumed the pick at position i
+                state["s"] = gru_gates(embed(prev) @ w_ih, state["s_hh"], state["s"])
+            s_down, state["s_hh"] = (state["s"] @ w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
+            state["i"] = i + 1
+            return torch.addmm(base[:, i], F.silu(h_part[:, i] + s_down).to(base.dtype), w_up)  # [N, V] base + ΔL
+
+        return next_logits
 
 
-def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """GRU update (``nn.GRU``'s equations, gate order r, z, n) from the input/hidden projections
-    gi, gh [..., 3*d_s] and state h [..., d_s]. Written in five kernels (was twelve): the Domino
-    decode loop runs it once per drafted token, where each op costs ~4 µs of dispatch on a CPU."""
-    d = h.shape[-1]
-    (i_rz, i_n), (h_rz, h_n) = gi.split([2 * d, d], -1), gh.split([2 * d, d], -1)
-    r, z = torch.sigmoid(i_rz + h_rz).split(d, -1)  # reset and update gates at once
-    n = torch.tanh(torch.addcmul(i_n, r, h_n))  # i_n + r * h_n
-    return torch.lerp(n, h, z)  # (1 - z) * n + z * h
+class DominoSession(ParallelSession):
+    """Backbone block once, then the Domino head's rollout over block positions 1..K."""
+
+    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
+        drafter = self.drafter
+        H = hidden[1:][None]  # [1, K, d]
+        base = drafter.compute_logits(H)  # [1, K, V] backbone logits
+        anchor_emb = drafter.embed.weight[anchor].to(hidden.dtype)  # [1, d]
+        emb_w = drafter.embed.weight
+        step = drafter.head.rollout(H, base, anchor_emb, lambda ids: emb_w[ids].to(hidden.dtype))
+        return draft_chain(step, H.shape[1], temperature, generator)
 
 
+@register("domino")
 class DominoDrafter(ParallelDrafter):
-    """DFlash backbone + Domino head."""
+    """DFlash backbone + Domino head; loss ``λ_t·CE(L_base) + (1−λ_t)·CE(L_final)`` (the base-anchored curriculum)."""
 
-    kind = "domino"
+    config_class = DominoConfig
+    session_class = DominoSession
+    uses_curriculum = True
 
-    def __init__(self, config: DrafterConfig):
+    def __init__(self, config: DominoConfig):
         super().__init__(config)
         c = config
-        self.head = DominoHead(c.hidden_size, c.gru_hidden, c.rank, c.vocab_size)
+        self.head = DominoHead(c.hidden_size, c.head.gru_hidden, c.head.rank, c.vocab_size)
 
     def reset_head(self) -> None:
         """Re-initialise the head with W_up = 0 (the drafter becomes backbone-only again)."""
         self.head.apply(init_weights)
         self.head.reset_up()
 
-    def forward_train(
-        self,
-        input_ids: torch.Tensor,  # [b, T]
-        features: torch.Tensor,  # [b, T, n*d]
-        anchors: torch.Tensor,  # [b, A]
-        anchor_mask: torch.Tensor,  # [b, A]
-        loss_mask: torch.Tensor | None = None,  # [b, T]
-        attention_mask: torch.Tensor | None = None,  # [b, T]
-        causal_inputs: str = "teacher_forced",
-    ) -> BlockOutput:
-        """Backbone forward + the head; ``final_logits`` = base + ΔL.
+    def base_view(self) -> "DominoDrafter":
+        """A copy whose correction is zeroed (W_up = 0): the backbone inside Domino, decoded alone."""
+        inner = copy.deepcopy(self)
+        inner.head.reset_up()
+        return inner
 
-        ``teacher_forced``: GRU inputs are the true tokens ``x_a .. x_{a+B-2}``, one
-        parallel GRU pass. ``training_time_test``: sequential, the GRU input after
-        position i is the argmax of the final logits at i (no gradient through the pick).
-        """
-        if causal_inputs not in CAUSAL_INPUTS:
-            raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
-        out = super().forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask)
-        out.final_logits = self.head_logits(out, causal_inputs)
-        return out
-
-    def head_logits(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> torch.Tensor:
-        """Final logits ``[b, A, B, V]`` = ``out.logits + ΔL`` of a backbone block output (ΔL = 0 at k = 0).
+    def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> BlockOutput:
+        """``out.final_logits`` = ``out.logits + ΔL`` [b, A, B, V] (ΔL = 0 at k = 0).
 
         The GRU starts fresh at each block's anchor ``out.block_tokens[..., 0]`` (as a session's
-        stage does); ``causal_inputs`` as in :meth:`forward_train`. Also used by DLoop's
-        loop-aware training (``lit_domino.models.loop``) for the blocks of later stages.
+        stage does). ``teacher_forced``: GRU inputs are the true tokens ``x_a .. x_{a+B-2}``, one
+        parallel GRU pass. ``training_time_test``: the head's rollout, the GRU input after position i
+        being the argmax of the final logits at i (no gradient through the pick). Also applied by
+        DLoop's loop-aware training to the blocks of later stages.
         """
         if causal_inputs not in CAUSAL_INPUTS:
             raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         b, A, B, d = out.hidden.shape
-        H = out.hidden[:, :, 1:].reshape(b * A, B - 1, d)  # [b*A, B-1, d] H_1 .. H_{B-1}
+        H = out.hidden[:, :, 1:].reshape(b * A, B - 1, d)  # [b*A, K, d] H_1 .. H_{B-1}
         if causal_inputs == "teacher_forced":
             x = self.embed_tokens(out.block_tokens[:, :, : B - 1]).reshape(b * A, B - 1, d)  # x_a .. x_{a+B-2}
-            S, _ = self.head.gru(x)  # [b*A, B-1, d_s]: S_0 .. S_{B-2}
-            delta = self.head.delta(H, S)  # [b*A, B-1, V]
+            S, _ = self.head.gru(x)  # [b*A, K, d_s]: S_0 .. S_{B-2}
+            delta = self.head.delta(H, S).view(b, A, B - 1, -1).to(out.logits.dtype)  # [b, A, K, V]
+            final = out.logits[:, :, 1:] + delta
         else:
-            base = out.logits[:, :, 1:].reshape(b * A, B - 1, -1)  # [b*A, B-1, V]
-            h = H.new_zeros(b * A, self.config.gru_hidden)  # [b*A, d_s]
-            h = self.head.cell(self.embed_tokens(out.block_tokens[:, :, 0].reshape(-1)), h)  # S_0 (consumed x_a)
-            deltas = []
-            for i in range(B - 1):  # block position i+1
-                dl = self.head.delta(H[:, i], h)  # [b*A, V]
-                deltas.append(dl)
-                if i < B - 2:
-                    pick = (base[:, i] + dl).detach().argmax(-1)  # [b*A]
-                    h = self.head.cell(self.embed_tokens(pick), h)
-            delta = torch.stack(deltas, dim=1)  # [b*A, B-1, V]
-        delta = delta.view(b, A, B - 1, -1).to(out.logits.dtype)
-        zero = torch.zeros_like(out.logits[:, :, :1])  # [b, A, 1, V]
-        return out.logits + torch.cat([zero, delta], dim=2)  # [b, A, B, V]
+            base = out.logits[:, :, 1:].reshape(b * A, B - 1, -1)  # [b*A, K, V]
+            step = self.head.rollout(H, base, self.embed_tokens(out.block_tokens[:, :, 0].reshape(-1)),
+                                     self.embed_tokens)
+            rows, prev = [], None
+            for _ in range(B - 1):
+                rows.append(step(prev))  # [b*A, V]
+                prev = rows[-1].detach().argmax(-1)
+            final = torch.stack(rows, dim=1).view(b, A, B - 1, -1).to(out.logits.dtype)
+        out.final_logits = torch.cat([out.logits[:, :, :1], final], dim=2)  # [b, A, B, V]
+        return out
 
-    def new_session(self):
-        from lit_domino.models.sessions import DominoSession
-
-        return DominoSession(self)
+    def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
+        """The curriculum loss at ``settings.lam`` → (loss, {loss_base, loss_final})."""
+        loss, loss_base, loss_final = curriculum_loss(out.logits, out.final_logits, out.labels,
+                                                      settings.position_weights, settings.lam)
+        return loss, {"loss_base": loss_base.detach(), "loss_final": loss_final.detach()}

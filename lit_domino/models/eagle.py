@@ -22,15 +22,19 @@ decoding session sees after s own steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_domino.models.backbone import IGNORE_INDEX
-from lit_domino.models.config import DrafterConfig
-from lit_domino.models.io import DrafterBase
+from lit_domino.models.backbone import BlockOutput
+from lit_domino.models.base import Drafter, DrafterConfig
 from lit_domino.models.layers import Attention, KVCache, RMSNorm, SwiGLU, init_weights
+from lit_domino.models.loop import ContextFn, check_stages, pad_right
+from lit_domino.models.registry import register
+from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, draft_chain
+from lit_domino.objectives import IGNORE_INDEX, LossSettings, ttt_loss
 
 
 @dataclass
@@ -46,19 +50,6 @@ class EagleOutput:
     """S tensors [b, T, d]: step outputs before the final norm (the next step's feature)."""
 
 
-def eagle_loss(outputs: EagleOutput, weights: float = 0.8, return_steps: bool = False):
-    """``Σ_s weights^s · CE_s`` (CE_s averaged over step s's labels; 0 if it has none)."""
-    total, steps = 0.0, []
-    for s, (logits, labels) in enumerate(zip(outputs.logits, outputs.labels)):
-        if (labels != IGNORE_INDEX).any():
-            ce = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
-        else:
-            ce = logits.sum() * 0.0
-        steps.append(ce)
-        total = total + (weights ** s) * ce
-    return (total, steps) if return_steps else total
-
-
 def ttt_mask(T: int, s: int, device=None) -> torch.Tensor:
     """Step s's mask ``[1, 1, T, (s+1)*T]`` over keys ``[step 0, step 1, .., step s]`` (T each)."""
     t = torch.arange(T, device=device)[:, None]  # [T, 1] query position
@@ -68,12 +59,188 @@ def ttt_mask(T: int, s: int, device=None) -> torch.Tensor:
     return torch.cat(blocks, dim=1)[None, None]  # [1, 1, T, (s+1)*T]
 
 
-class Eagle3Drafter(DrafterBase):
+@dataclass
+class Eagle3Config(DrafterConfig):
+    """EAGLE-3's config: the shared fields, the EAGLE-3 feature rule (low, middle, high layer) and its TTT depth."""
+
+    ttt_steps: int = 7
+    """Training-time-test unroll depth (= draft chain length trained). Default 7, EAGLE-3's."""
+
+    feature_rule: ClassVar[str | None] = "eagle3"
+
+    def validate(self) -> "Eagle3Config":
+        super().validate()
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be >= 1 (EAGLE-3 training-time-test steps), got {self.ttt_steps}")
+        if len(self.feature_layers) != 3:
+            raise ValueError(f"an eagle3 drafter fuses exactly 3 feature layers (low, middle, high), "
+                             f"got {self.feature_layers}")
+        return self
+
+    @classmethod
+    def from_legacy(cls, legacy: dict) -> dict:
+        return {"ttt_steps": legacy["ttt_steps"]} if "ttt_steps" in legacy else {}
+
+
+class EagleSession(ChainSession):
+    """EAGLE-3 chain: cached step K/V of the real prefix (positions 1..length-1) + the drafted chain."""
+
+    needs_features = True
+
+    def __init__(self, drafter):
+        super().__init__(drafter)
+        self.cache = KVCache()
+        self._g = Rows(torch.zeros(0, drafter.config.hidden_size, device=self.device))  # fused features [len, d]
+        self._cached = 0  # real steps (positions 1.._cached) in the cache
+        self._chain: tuple | None = None  # (next position, previous hidden [1, 1, d]) after a stage
+
+    def _drop_stages(self) -> None:
+        if self.stages:
+            self.cache.crop(self._cached)
+            self.stages, self._chain = [], None
+
+    def _append_features(self, features: torch.Tensor) -> None:
+        self._g.append(self.drafter.fuse(features))
+
+    def _crop_to(self, length: int) -> None:
+        self._g.crop(length)
+        self._cached = min(self._cached, max(0, length - 1))  # the step at position p reads g_{p-1}
+        self.cache.crop(self._cached)
+
+    @torch.no_grad()
+    def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> StageDraft:
+        drafter, dev = self.drafter, self.device
+        if self._chain is not None:
+            start, h_prev = self._chain
+            anchor = self._check_draft(anchor_token, num_tokens, start)
+            h = drafter.step(drafter.embed_tokens(anchor)[None], h_prev, torch.tensor([start], device=dev),
+                             None, self.cache)  # [1, 1, d]
+        else:
+            start = self._len
+            if start < 1:
+                raise ValueError("an EAGLE-3 session needs at least one committed token with target features "
+                                 "(extend the prompt) before drafting")
+            anchor = self._check_draft(anchor_token, num_tokens, start)
+            # real steps at positions _cached+1 .. start-1 and the anchor step at start, in one call
+            toks = torch.cat([self._tokens[self._cached + 1: start], anchor])  # [n]
+            feats = self._g[self._cached: start]  # [n, d] g_{p-1}
+            n = toks.numel()
+            pos = torch.arange(self._cached + 1, start + 1, device=dev)  # [n]
+            mask = None
+            if n > 1:
+                m = len(self.cache)
+                causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+                mask = torch.cat([torch.ones(n, m, dtype=torch.bool, device=dev), causal], dim=1)[None, None]
+            h = drafter.step(drafter.embed_tokens(toks)[None], feats[None], pos, mask, self.cache)[:, -1:]
+            self._cached = start - 1
+        chain = {"h": h, "pos": start}  # h: the step at position pos (its logits predict pos + 1)
+
+        def next_logits(prev):
+            if prev is not None:  # the next step takes the pick and the previous step's own output
+                chain["pos"] += 1
+                chain["h"] = drafter.step(drafter.embed_tokens(prev)[None], chain["h"],
+                                          torch.tensor([chain["pos"]], device=dev), None, self.cache)
+            return drafter.compute_logits(chain["h"][0])  # [1, V]
+
+        out = draft_chain(next_logits, num_tokens, temperature, generator)
+        h = chain["h"]
+        self._chain = (start + num_tokens, h)
+        self.stages.append(Stage(start, out.tokens))
+        return out
+
+
+def eagle_loop_forward(
+    drafter,
+    input_ids: torch.Tensor,  # [b, T]
+    features: torch.Tensor,  # [b, T, 3d]
+    anchors: torch.Tensor,  # [b, A] chain starts (the anchor step's position)
+    anchor_mask: torch.Tensor,  # [b, A] bool
+    num_stages: int,
+    loss_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    detach_stage_context: bool = False,
+    stage_tokens: int | None = None,
+    context_fn: ContextFn | None = None,
+) -> list[BlockOutput]:
+    """DLoop's loop-aware training forward of EAGLE-3: stages 1..S of a chain per anchor
+    (``lit_domino.models.loop`` explains the unroll). ``stage_tokens`` K defaults to ``block_size - 1``
+    (the engine's tokens per stage)."""
+    K = check_stages(drafter, num_stages, anchors, anchor_mask, drafter.stage_tokens(drafter.config, stage_tokens))
+    if K < 1:
+        raise ValueError(f"stage_tokens must be >= 1, got {K}")
+    b, T = input_ids.shape
+    A = anchors.shape[1]
+    dev = input_ids.device
+    J = num_stages * K
+    anchor_mask = anchor_mask.bool() & (anchors >= 1)  # an EAGLE chain needs one real step before it
+    anchors = torch.where(anchor_mask, anchors, torch.ones_like(anchors)).clamp(1, T - 1)
+    if loss_mask is None:
+        loss_mask = torch.ones_like(input_ids)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    ids = pad_right(input_ids, J + 1)  # [b, T + J + 1]
+    ok = (pad_right(loss_mask, J + 1) * pad_right(attention_mask, J + 1)).bool()
+    g = drafter.fuse(features)  # [b, T, d]
+    feat_prev = F.pad(g[:, :-1], (0, 0, 1, 0))  # [b, T, d] g_{p-1}
+    x_real = torch.cat([drafter.input_layernorm(drafter.embed_tokens(input_ids)),
+                        drafter.hidden_norm(feat_prev)], dim=-1)  # [b, T, 2d] the real steps' layer inputs
+    pos_real = torch.arange(T, device=dev)[None].expand(b, T)
+    p = torch.arange(T, device=dev)
+    real_vis = ((p[None, None] >= 1) & (p[None, None] < anchors[:, :, None]) & anchor_mask[:, :, None])[:, None]
+    same = torch.eye(A, dtype=torch.bool, device=dev)[None, None].expand(b, 1, A, A)  # [b, 1, A, A]
+    h = feat_prev.gather(1, anchors[:, :, None].expand(b, A, g.shape[-1]))  # [b, A, d] g_{a-1}
+    chain_x, chain_pos, steps = [], [], []
+    attn = drafter.self_attn
+    for j in range(J):
+        if j and j % K == 0:  # entering stage j // K + 1: h is the previous stage's last hidden state
+            if context_fn is not None:
+                h = context_fn(j // K, h)
+            if detach_stage_context:
+                h = h.detach()
+                chain_x = [chain_x[0]] + [x.detach() for x in chain_x[1:]]
+        pos = anchors + j  # [b, A]
+        tok = ids.gather(1, pos)  # [b, A] ground truth x_{a+j}
+        x = torch.cat([drafter.input_layernorm(drafter.embed_tokens(tok)), drafter.hidden_norm(h)], dim=-1)
+        ctx = torch.cat([x_real, *chain_x], dim=1)  # [b, T + j·A, 2d]
+        ctx_pos = torch.cat([pos_real, *chain_pos], dim=1)
+        mask = torch.cat([real_vis, *([same] * (j + 1))], dim=-1)  # [b, 1, A, T + (j+1)·A]
+        out = h + attn(x, pos, ctx, ctx_pos, mask)
+        out = out + drafter.mlp(drafter.post_attention_layernorm(out))  # [b, A, d] pre final norm
+        label = ids.gather(1, pos + 1)
+        valid = ok.gather(1, pos + 1) & (pos + 1 < T) & anchor_mask
+        steps.append((out, drafter.compute_logits(out), torch.where(valid, label, torch.full_like(label, -100))))
+        chain_x.append(x)
+        chain_pos.append(pos)
+        h = out
+    outs = []
+    for s in range(num_stages):
+        hs, ls, ys = zip(*steps[s * K:(s + 1) * K])
+        start = anchors + s * K
+        tokens = ids.gather(1, (start[:, :, None] + torch.arange(K + 1, device=dev)).reshape(b, -1)).view(b, A, K + 1)
+        inside = (start[:, :, None] + torch.arange(K + 1, device=dev)) < T
+        hidden = torch.stack([torch.zeros_like(hs[0]), *hs], dim=2)  # [b, A, K+1, d]
+        logits = torch.stack([torch.zeros_like(ls[0]), *ls], dim=2)  # [b, A, K+1, V]
+        labels = torch.stack([torch.full_like(ys[0], IGNORE_INDEX), *ys], dim=2)  # [b, A, K+1]
+        outs.append(BlockOutput(hidden=hidden, logits=logits, labels=labels,
+                                block_tokens=torch.where(inside, tokens, torch.zeros_like(tokens))))
+    return outs
+
+
+@register("eagle3")
+class Eagle3Drafter(Drafter):
     """EAGLE-3: fusion, one 2d-input decoder layer, final norm, the target's LM head."""
 
-    kind = "eagle3"
+    config_class = Eagle3Config
+    session_class = EagleSession
+    supports_loop_training = True
 
-    def __init__(self, config: DrafterConfig):
+    @classmethod
+    def stage_tokens(cls, config: Eagle3Config, requested: int | None = None) -> int:
+        """A stage is the next K chain steps: any K >= 1 (default ``block_size - 1``, what the engine drafts)."""
+        return config.block_size - 1 if requested is None else int(requested)
+
+    def __init__(self, config: Eagle3Config):
         super().__init__(config)
         c = config
         d = c.hidden_size
@@ -142,7 +309,32 @@ class Eagle3Drafter(DrafterBase):
             feat = F.pad(h[:, :-1], (0, 0, 1, 0))  # [b, T, d] h^s_{t-1}
         return out
 
-    def new_session(self):
-        from lit_domino.models.sessions import EagleSession
+    # ------------------------------------------------------------------ losses
 
-        return EagleSession(self)
+    def train_loss(self, out: EagleOutput, step_decay: float = 0.8, with_preds: bool = False):
+        """The TTT loss ``Σ_s step_decay^s · CE_s`` of a ``forward_train(with_logits=False)`` output
+        → (loss, [CE_s], per-step argmax ``[b, T]`` or None). The LM head (most of a step's cost) runs
+        only where step s has a label: the response positions."""
+        logits, labels, preds = [], [], []
+        for hidden, label in zip(out.hidden, out.labels):
+            keep = label != IGNORE_INDEX  # [b, T]
+            logits.append(self.compute_logits(hidden[keep]))  # [N_s, V]
+            labels.append(label[keep])  # [N_s]
+            if with_preds:  # argmax back in place; unlabelled positions are never scored
+                preds.append(torch.zeros_like(label).masked_scatter(keep, logits[-1].argmax(-1)))
+        loss, per_step = ttt_loss(logits, labels, step_decay)
+        return loss, per_step, (preds if with_preds else None)
+
+    def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
+        """A DLoop stage's loss: its K chain steps' TTT loss, step k weighing ``step_decay**(k-1)``."""
+        K = out.logits.shape[2] - 1
+        loss, _ = ttt_loss([out.logits[:, :, k] for k in range(1, K + 1)],
+                           [out.labels[:, :, k] for k in range(1, K + 1)], settings.step_decay)
+        return loss, {}
+
+    def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
+                     attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
+                     stage_tokens: int | None = None, context_fn: ContextFn | None = None) -> list[BlockOutput]:
+        """DLoop's loop-aware training forward (:func:`eagle_loop_forward`; ``causal_inputs`` does not apply)."""
+        return eagle_loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages, loss_mask,
+                                  attention_mask, detach_stage_context, stage_tokens, context_fn)

@@ -1,4 +1,4 @@
-"""``SmallLMDrafter``: an independent tiny ``Qwen3ForCausalLM`` with the target's vocabulary.
+"""The small draft LM: an independent tiny ``Qwen3ForCausalLM`` with the target's vocabulary.
 
 It has its own embeddings and LM head (tied) and reads no target features: the
 classic "small model drafts for a large one" baseline. Shapes: b batch, T
@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from lit_domino.models.backbone import IGNORE_INDEX
-from lit_domino.models.config import DrafterConfig
-from lit_domino.models.io import DrafterBase
+from lit_domino.models.base import Drafter, DrafterConfig, DrafterMismatchError
+from lit_domino.models.registry import register
+from lit_domino.models.sessions import ChainSession, Stage, StageDraft, draft_chain
+from lit_domino.objectives import IGNORE_INDEX, token_ce
 
 
 @dataclass
@@ -25,69 +28,133 @@ class LMOutput:
     """[b, T] x_{t+1} where t+1 < T and loss_mask[t+1] = 1, else -100."""
 
 
-def qwen3_config(config: DrafterConfig):
-    """The ``transformers.Qwen3Config`` of a small-LM drafter config."""
-    from transformers import Qwen3Config
+@dataclass
+class SmallLMConfig(DrafterConfig):
+    """A standalone LM's config: its own widths (``from_target`` sizes it from the target), no feature layers."""
 
-    return Qwen3Config(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_theta=config.rope_theta,
-        tie_word_embeddings=True,
-        pad_token_id=None,  # no padding_idx: id 0 may be a real token
-    )
-
-
-class SmallLMDrafter(DrafterBase):
-    """A standalone tiny causal LM drafting token by token."""
-
-    kind = "small_lm"
-
-    def __init__(self, config: DrafterConfig):
-        super().__init__(config)
-        from transformers import Qwen3ForCausalLM
-
-        self.lm = Qwen3ForCausalLM(qwen3_config(config))
+    feature_rule: ClassVar[str | None] = None
 
     @classmethod
-    def from_target(cls, target, num_layers: int = 2, hidden_size: int | None = None, **overrides) -> "SmallLMDrafter":
-        """A fresh small LM for ``target``'s vocabulary.
-
-        ``hidden_size`` defaults to half the target's (rounded to the target's head
-        width, at least one head); heads keep the target's head width; the MLP keeps
-        the target's width ratio.
-        """
+    def target_values(cls, target) -> dict:
+        """Two layers, half the target's width (rounded to the target's head width, at least one head),
+        the target's head width and MLP ratio; the target's vocabulary, RoPE and position limit."""
+        values = super().target_values(target)
         hf = target.config
-        head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
-        if hidden_size is None:
-            hidden_size = max(head_dim, (target.hidden_size // 2) // head_dim * head_dim)
+        head_dim = values["head_dim"]
+        hidden_size = max(head_dim, (target.hidden_size // 2) // head_dim * head_dim)
         num_heads = max(1, hidden_size // head_dim)
-        values = dict(
-            num_layers=num_layers,
+        values.update(
+            num_layers=2,
             hidden_size=hidden_size,
             num_heads=num_heads,
             num_kv_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
             head_dim=head_dim if num_heads * head_dim == hidden_size else hidden_size // num_heads,
             intermediate_size=max(1, int(round(hidden_size * hf.intermediate_size / hf.hidden_size))),
         )
-        values.update(overrides)
-        config = DrafterConfig.from_target(target, "small_lm", **values)
-        return cls(config).bind_target(target)
+        return values
+
+    @classmethod
+    def from_target(cls, target, **overrides) -> "SmallLMConfig":
+        """As ``DrafterConfig.from_target``; a ``hidden_size`` override re-derives the heads and MLP width
+        from it (the target's head width, its MLP ratio) unless those are overridden too."""
+        if "hidden_size" in overrides:
+            head_dim = cls.target_values(target)["head_dim"]
+            hidden_size = int(overrides["hidden_size"])
+            num_heads = max(1, hidden_size // head_dim)
+            derived = dict(
+                num_heads=num_heads,
+                num_kv_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+                head_dim=head_dim if num_heads * head_dim == hidden_size else hidden_size // num_heads,
+                intermediate_size=max(1, int(round(hidden_size * target.config.intermediate_size
+                                                   / target.config.hidden_size))),
+            )
+            overrides = {**derived, **overrides}
+        return super().from_target(target, **overrides)
+
+    def qwen3_config(self) -> Qwen3Config:
+        """The ``transformers.Qwen3Config`` of this drafter's LM."""
+        return Qwen3Config(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=True,
+            pad_token_id=None,  # no padding_idx: id 0 may be a real token
+        )
+
+
+class SmallLMSession(ChainSession):
+    """Small-LM chain on a Hugging Face ``DynamicCache`` (features are ignored)."""
+
+    def __init__(self, drafter):
+        super().__init__(drafter)
+        self.cache = DynamicCache(config=drafter.lm.config)
+        self._cached = 0  # committed tokens fed into the cache
+
+    def _crop_cache(self, length: int) -> None:
+        remove = self.cache.get_seq_length() - length
+        if remove > 0:
+            self.cache.crop(-remove)  # transformers 5: crop takes a negative count of tokens to remove
+
+    def _drop_stages(self) -> None:
+        if self.stages:
+            self._crop_cache(self._cached)
+            self.stages = []
+
+    def _crop_to(self, length: int) -> None:
+        self._cached = min(self._cached, length)
+        self._crop_cache(self._cached)
+
+    def _logits(self, ids: torch.Tensor) -> torch.Tensor:  # ids [n] -> next-token logits [1, V]
+        out = self.drafter.lm(input_ids=ids[None], cache=self.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1:]
+
+    @torch.no_grad()
+    def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> StageDraft:
+        if self.stages:
+            start = self.stages[-1].start + self.stages[-1].tokens.numel()
+            anchor = self._check_draft(anchor_token, num_tokens, start)
+            first = anchor
+        else:
+            start = self._len
+            anchor = self._check_draft(anchor_token, num_tokens, start)
+            first = torch.cat([self._tokens[self._cached: self._len], anchor])
+            self._cached = self._len
+        # the first call feeds the uncached context + anchor, then each pick; the last pick is fed by the
+        # next DLoop stage (as its anchor)
+        out = draft_chain(lambda prev: self._logits(first if prev is None else prev), num_tokens, temperature,
+                          generator)
+        self.stages.append(Stage(start, out.tokens))
+        return out
+
+
+@register("small_lm")
+class SmallLMDrafter(Drafter):
+    """A standalone tiny causal LM drafting token by token; loss: next-token CE on the response tokens."""
+
+    config_class = SmallLMConfig
+    session_class = SmallLMSession
+
+    def __init__(self, config: SmallLMConfig):
+        super().__init__(config)
+        self.lm = Qwen3ForCausalLM(config.qwen3_config())
 
     def bind_target(self, target) -> "SmallLMDrafter":
         super().bind_target(target)
         if target.vocab_size != self.config.vocab_size:
-            from lit_domino.models.io import DrafterMismatchError
-
             raise DrafterMismatchError(f"small LM vocabulary {self.config.vocab_size} != target's {target.vocab_size}")
         return self
+
+    def hf_model(self) -> Qwen3ForCausalLM:
+        """The Hugging Face LM itself (what HF assisted generation takes as its assistant)."""
+        return self.lm
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # [b, T, V]
@@ -107,13 +174,12 @@ class SmallLMDrafter(DrafterBase):
             ok &= torch.cat([attention_mask[:, 1:], torch.zeros_like(attention_mask[:, :1])], dim=1).bool()
         return LMOutput(logits=logits, labels=torch.where(ok, nxt, torch.full_like(nxt, IGNORE_INDEX)))
 
+    def train_loss(self, out: LMOutput) -> torch.Tensor:
+        """Mean next-token CE over the labelled (response) tokens."""
+        return token_ce(out.logits, out.labels).sum() / (out.labels != IGNORE_INDEX).sum().clamp_min(1)
+
     def save_pretrained(self, directory: str | Path) -> Path:
         """config.json + model.safetensors, plus the HF model under ``lm/`` (loadable by transformers)."""
         directory = super().save_pretrained(directory)
         self.lm.save_pretrained(str(directory / "lm"))
         return directory
-
-    def new_session(self):
-        from lit_domino.models.sessions import SmallLMSession
-
-        return SmallLMSession(self)

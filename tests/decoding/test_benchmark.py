@@ -10,7 +10,7 @@ import torch
 from lit_domino.decoding import DLoopConfig, benchmark, generate
 from lit_domino.decoding.hf_peers import hf_assisted, hf_generate, hf_prompt_lookup
 from lit_domino.decoding.metrics import markdown_table, run_prompt
-from lit_domino.models import DrafterConfig, build_drafter
+from lit_domino.models import DrafterConfig, build_drafter, drafter_config
 from lit_domino.testing import random_target
 
 VOCAB = 128
@@ -30,7 +30,7 @@ def target():
 @pytest.fixture(scope="module")
 def small_lm(target):
     torch.manual_seed(0)
-    return build_drafter(DrafterConfig.from_target(target, "small_lm", num_layers=1, block_size=4), target)
+    return build_drafter(drafter_config("small_lm", target, num_layers=1, block_size=4), target)
 
 
 PROMPTS = [[5, 9, 17, 33, 5, 9], [40, 41, 42, 40, 41], [7, 7, 8, 100]]
@@ -63,7 +63,7 @@ def test_hf_generate_stops_at_eos_like_we_do():
 
 def test_benchmark_rows(target, small_lm):
     torch.manual_seed(0)
-    backbone = build_drafter(DrafterConfig.from_target(target, "backbone", num_layers=1, block_size=4), target)
+    backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)
     rows = benchmark(target, {"backbone": backbone, "small": small_lm}, {"toy": PROMPTS},
                      max_new_tokens=10, temperatures=(0.0, 1.0), dloops=(None, DLoopConfig(-0.5, 2)),
                      peers=("prompt_lookup", "assisted"), assistant_model=small_lm.lm, progress=False)
@@ -101,7 +101,7 @@ def test_multi_turn_prompts_answer_each_turn_in_order(tiny_target):
 
 def _check_multi_turn(tiny_target, BenchmarkPrompt):
     torch.manual_seed(0)
-    drafter = build_drafter(DrafterConfig.from_target(tiny_target, "backbone", num_layers=1, block_size=4),
+    drafter = build_drafter(drafter_config("backbone", tiny_target, num_layers=1, block_size=4),
                             tiny_target)
     item = BenchmarkPrompt("toy", "chat", ("What is 2+2?", "And 3+3?"), "u1")
     seen = []

@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
-from lit_domino.models import KINDS, DrafterConfig, build_drafter
+from lit_domino.models import build_drafter, drafter_config, kinds
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
 
+KINDS = kinds()
+
 VOCAB = 128
-SMALL = dict(num_layers=1, rank=16, gru_hidden=32)
+SMALL = dict(num_layers=1, head=dict(rank=16, gru_hidden=32))
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
@@ -33,10 +35,8 @@ def targets():
 
 def drafter_of(target, kind, block_size=8, seed=0):
     torch.manual_seed(seed)
-    overrides = dict(SMALL)
-    if kind == "small_lm":
-        overrides.pop("rank"), overrides.pop("gru_hidden")
-    return build_drafter(DrafterConfig.from_target(target, kind, block_size=block_size, **overrides), target)
+    overrides = dict(SMALL) if kind == "domino" else dict(num_layers=1)
+    return build_drafter(drafter_config(kind, target, block_size=block_size, **overrides), target)
 
 
 def prompts(n, seed):
@@ -95,7 +95,7 @@ def test_real_domino_sampling_is_distributed_as_the_target():
         target.model.model.norm.weight.mul_(6.0)  # a non-uniform target distribution
     target.model.generation_config.eos_token_id = None
     torch.manual_seed(0)
-    cfg = DrafterConfig.from_target(target, "domino", block_size=3, num_layers=1, rank=8, gru_hidden=8)
+    cfg = drafter_config("domino", target, block_size=3, num_layers=1, head=dict(rank=8, gru_hidden=8))
     drafter = build_drafter(cfg, target)
     with torch.no_grad():  # a confident, wrong-ish draft: q far from p, so rejections matter
         drafter.head.up.weight.mul_(50.0)
@@ -134,7 +134,7 @@ def test_real_domino_sampling_is_distributed_as_the_target():
 
 def test_drafter_position_limit_is_checked_before_decoding(targets):
     target = targets["lively"]
-    cfg = DrafterConfig.from_target(target, "backbone", block_size=4, max_position_embeddings=32, **SMALL)
+    cfg = drafter_config("backbone", target, block_size=4, max_position_embeddings=32, num_layers=1)
     drafter = build_drafter(cfg, target)
     with pytest.raises(ValueError, match="drafter's max_positions 32"):
         generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=30)

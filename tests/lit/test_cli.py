@@ -1,4 +1,5 @@
-"""experiments/train.py: every YAML parses, the paper preset builds, a CLI fit logs, exports and resumes."""
+"""experiments/train.py (lit_domino.cli): every variant x preset composes and parses, the paper preset builds,
+a CLI fit logs, exports and resumes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
-VARIANT_FILES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
-PRESETS = [None, "smoke", "default", "paper"]
+VARIANTS = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "base")
+PRESETS = ["smoke", "default", "paper"]
 
 
 def _train_module():
@@ -26,22 +27,40 @@ def train():
     return _train_module()
 
 
-def _args(variant: str, preset: str | None, target_dir, tmp_path, *extra, tracking=False) -> list[str]:
-    args = ["--config", str(CONFIGS / variant)]
-    if preset:
-        args += ["--config", str(CONFIGS / "presets" / f"{preset}.yaml")]
-    return args + ["--data.target", str(target_dir), "--trainer.accelerator", "cpu",
+def _args(variant: str, preset: str, target_dir, tmp_path, *extra, tracking=False) -> list[str]:
+    return ["--variant", variant, "--preset", preset, "--data.target", str(target_dir), "--trainer.accelerator", "cpu",
                    "--trainer.default_root_dir", str(tmp_path), "--tracking.enabled", str(tracking).lower(), *extra]
 
 
 def test_all_six_variant_configs_exist():
-    assert set(VARIANT_FILES) == {f"{v}.yaml" for v in
-                                  ("backbone", "domino", "domino_ttt", "domino_nocurriculum", "eagle3", "small_lm")}
+    assert set(VARIANTS) == {"backbone", "domino", "domino_ttt", "domino_nocurriculum", "eagle3", "small_lm"}
     assert {p.stem for p in (CONFIGS / "presets").glob("*.yaml")} == {"smoke", "default", "paper"}
 
 
+def test_variant_files_hold_only_their_deltas():
+    """Configs as deltas: a variant file is its module and what differs; the ablations a few lines."""
+    import yaml
+
+    for v in VARIANTS:
+        data = yaml.safe_load((CONFIGS / f"{v}.yaml").read_text())
+        assert set(data) <= {"extends", "model", "data", "tracking"}, v
+        assert "trainer" not in data and "checkpoint" not in data, v
+    lines = [l for l in (CONFIGS / "domino_ttt.yaml").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert len(lines) <= 8 and "extends: domino" in lines
+
+
+def test_preset_method_sections_reach_only_their_method():
+    from lit_domino.configs import load_config
+
+    assert load_config("domino", "smoke")["model"]["init_args"]["rank"] == 32
+    assert load_config("domino_ttt", "smoke")["model"]["init_args"]["gru_hidden"] == 64
+    assert load_config("eagle3", "smoke")["model"]["init_args"]["ttt_steps"] == 3
+    assert "rank" not in load_config("backbone", "smoke")["model"]["init_args"]
+    assert "ttt_steps" not in load_config("domino", "smoke")["model"]["init_args"]
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("variant", VARIANT_FILES)
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_every_config_parses(train, tiny_target_dir, tmp_path, variant, preset):
     cli = train.main(_args(variant, preset, tiny_target_dir, tmp_path), run=False)
     model, data = cli.model, cli.datamodule
@@ -52,13 +71,13 @@ def test_every_config_parses(train, tiny_target_dir, tmp_path, variant, preset):
         kind = "none" if "nocurriculum" in variant else "linear"
         assert model.curriculum.kind == kind
         assert model.hparams.causal_inputs == ("training_time_test" if "ttt" in variant else "teacher_forced")
-    if variant == "eagle3.yaml":
+    if variant == "eagle3":
         assert data.hparams.feature_rule == "eagle3"
     cb = cli.trainer.checkpoint_callback
     assert cb.save_last and Path(cb.dirpath) == tmp_path / "checkpoints"
 
 
-@pytest.mark.parametrize("variant", VARIANT_FILES)
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_paper_preset_builds_with_a_tiny_stand_in(train, tiny_target_dir, tmp_path, variant):
     cli = train.main(_args(variant, "paper", tiny_target_dir, tmp_path), run=False)
     model, data = cli.model, cli.datamodule
@@ -68,8 +87,10 @@ def test_paper_preset_builds_with_a_tiny_stand_in(train, tiny_target_dir, tmp_pa
     assert model.hparams.lr == 6e-4 and model.hparams.gamma == 7.0
     drafter = model.build_drafter(data.feature_layers)
     cfg = drafter.config
-    assert cfg.block_size == 16 and cfg.rank == 256 and cfg.gru_hidden == 1024
-    if variant != "eagle3.yaml":
+    assert cfg.block_size == 16
+    if "domino" in variant:
+        assert (cfg.head.rank, cfg.head.gru_hidden) == (256, 1024)
+    if variant != "eagle3":
         assert cfg.num_layers == 5
     assert model.target is data.load_target()  # one memoised target
     assert model.position_weights[1] == 1.0 and torch.isclose(model.position_weights[8], torch.tensor(1 / torch.e))
@@ -78,7 +99,7 @@ def test_paper_preset_builds_with_a_tiny_stand_in(train, tiny_target_dir, tmp_pa
 def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from lit_domino.models.io import load_drafter
+    from lit_domino.models import load_drafter
     from lit_domino.tracking import default_tracking_uri
 
     uri = default_tracking_uri()  # $MLFLOW_TRACKING_URI: the tests' session store (conftest)
@@ -87,7 +108,7 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
               "--data.max_new_tokens", "12", "--data.batch_size", "4", "--data.num_anchors", "3",
               "--data.feature_layers", "[1, 3]", "--trainer.log_every_n_steps", "1",
               "--trainer.enable_progress_bar", "false", "--tracking.experiment", "cli-test"]
-    args = _args("domino.yaml", "smoke", tiny_target_dir, tmp_path / "run", *common, tracking=True)
+    args = _args("domino", "smoke", tiny_target_dir, tmp_path / "run", *common, tracking=True)
     cli = train.main(["fit", *args, "--trainer.max_epochs", "1"])
     run_id = cli.trainer.logger.run_id
     client = MlflowClient(uri)
@@ -123,7 +144,7 @@ def test_cli_crash_before_training_is_recorded_failed(train, tmp_path):
     from lit_domino.target import TargetError
     from lit_domino.tracking import default_tracking_uri
 
-    args = _args("backbone.yaml", "smoke", tmp_path / "no-such-target", tmp_path / "run", "--tracking.experiment",
+    args = _args("backbone", "smoke", tmp_path / "no-such-target", tmp_path / "run", "--tracking.experiment",
                  "cli-crash", "--tracking.run_name", "crash", tracking=True)
     with pytest.raises(TargetError, match="does not exist"):
         train.main(["fit", *args])

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, Dataset
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module
 from lit_domino.lit.loop import LoopModule
-from lit_domino.models import DrafterConfig, build_drafter
-from lit_domino.models.io import DrafterMismatchError, load_drafter
+from lit_domino.models import DrafterConfig, build_drafter, drafter_config
+from lit_domino.models import DrafterMismatchError, load_drafter
 from lit_domino.objectives import LambdaSchedule
 from lit_domino.testing import hf_greedy, random_target
 
@@ -40,8 +40,8 @@ def target():
 
 def make_drafter(target, kind, seed=0):
     torch.manual_seed(seed)
-    extra = dict(rank=8, gru_hidden=16) if kind == "domino" else dict(ttt_steps=K) if kind == "eagle3" else {}
-    d = build_drafter(DrafterConfig.from_target(target, kind, block_size=B, num_layers=1, **extra), target)
+    extra = dict(head=dict(rank=8, gru_hidden=16)) if kind == "domino" else dict(ttt_steps=K) if kind == "eagle3" else {}
+    d = build_drafter(drafter_config(kind, target, block_size=B, num_layers=1, **extra), target)
     if kind == "domino":
         with torch.no_grad():
             d.head.up.weight.normal_(0.0, 0.3)
@@ -140,15 +140,15 @@ def test_bad_input_gives_clear_errors(target, drafter_dirs, tmp_path):
     for kw, match in ((dict(max_stages=0), "max_stages"), (dict(min_stages=0), "min_stages"),
                       (dict(max_stages=2.5), "max_stages"), (dict(block_size=8), "block_size"),
                       (dict(max_stages=24), "max_position_embeddings"),  # 24 x 4 = 96 positions
-                      (dict(stage_tokens=2), "EAGLE-3 only")):
+                      (dict(stage_tokens=2), "drafts block_size - 1 = 4 tokens")):
         with pytest.raises(ValueError, match=match):
             LoopModule(init_from=path, target=target, **kw)
     with pytest.raises(FileNotFoundError, match="init_from"):
         LoopModule(init_from=tmp_path / "nothing", target=target)
     small = tmp_path / "small"
-    build_drafter(DrafterConfig.from_target(target, "small_lm", hidden_size=16, num_heads=2, num_kv_heads=1,
+    build_drafter(drafter_config("small_lm", target, hidden_size=16, num_heads=2, num_kv_heads=1,
                                             head_dim=8, intermediate_size=32), target).save_pretrained(small)
-    with pytest.raises(ValueError, match="small LM"):
+    with pytest.raises(ValueError, match="holds a 'small_lm' drafter"):
         LoopModule(init_from=small, target=target)
     # a checkpoint of another target (the DrafterMismatchError of load_drafter / bind_target)
     other = random_target(vocab_size=V + 8, hidden_size=D, num_layers=4, num_heads=2, num_kv_heads=1,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lit_domino.models import DrafterConfig, ParallelDrafter, build_drafter
+from lit_domino.models import DrafterConfig, ParallelDrafter, build_drafter, drafter_config
 from lit_domino.testing import random_target
 
 B = 5
@@ -17,7 +17,7 @@ def target():
 @pytest.fixture(scope="module")
 def drafter(target):
     torch.manual_seed(1)
-    cfg = DrafterConfig.from_target(target, "backbone", num_layers=2, block_size=B, feature_layers=[0, 1])
+    cfg = drafter_config("backbone", target, num_layers=2, block_size=B, feature_layers=[0, 1])
     return build_drafter(cfg, target).eval()
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lit_domino.models import DominoDrafter, DrafterConfig, build_drafter
-from lit_domino.models.domino import DominoHead
+from lit_domino.models import DrafterConfig, build_drafter, drafter_config
+from lit_domino.models.domino import DominoHead, gru_gates
 from lit_domino.testing import random_target
 
 B = 6
@@ -17,7 +17,7 @@ def target():
 
 def _drafter(target, zero_up=False, seed=1):
     torch.manual_seed(seed)
-    cfg = DrafterConfig.from_target(target, "domino", block_size=B, rank=16, gru_hidden=32)
+    cfg = drafter_config("domino", target, block_size=B, head=dict(rank=16, gru_hidden=32))
     d = build_drafter(cfg, target).eval()
     if not zero_up:
         torch.nn.init.normal_(d.head.up.weight, std=0.5)  # a visible correction
@@ -32,7 +32,8 @@ def _batch(T=24, b=1, seed=0, width=64):
 def test_fresh_domino_equals_backbone_only(target):
     dom = _drafter(target, zero_up=True)
     assert (dom.head.up.weight == 0).all()
-    backbone = build_drafter(DrafterConfig.from_dict({**dom.config.to_dict(), "kind": "backbone"}), target)
+    shared = {k: v for k, v in dom.config.to_dict().items() if k != "head"}
+    backbone = build_drafter(DrafterConfig.from_dict({**shared, "kind": "backbone"}), target)
     backbone.load_state_dict({k: v for k, v in dom.state_dict().items() if not k.startswith("head.")})
     ids, feats = _batch()
     anchors, am = torch.tensor([[3, 11]]), torch.ones(1, 2, dtype=torch.bool)
@@ -125,13 +126,33 @@ def test_dloop_stage_two_for_domino(target):
     assert (p2.logits - d2.logits).abs().max() > 1e-4
 
 
-def test_gru_cell_matches_nn_gru():
+def test_gru_step_matches_nn_gru():
     torch.manual_seed(0)
     head = DominoHead(16, 24, 8, 50)
     x, h = torch.randn(3, 16), torch.randn(3, 24)
     with torch.no_grad():
         ref = head.gru(x[:, None], h[None])[0][:, 0]
-        torch.testing.assert_close(head.cell(x, h), ref, atol=1e-6, rtol=1e-6)
+        step = gru_gates(x @ head.gru.weight_ih_l0.T, h @ head.gru.weight_hh_l0.T, h)
+        torch.testing.assert_close(step, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_rollout_fed_the_true_tokens_equals_the_parallel_form():
+    """The head's two forms of one equation: ``rollout`` (sequential, used by TTT and decoding) and
+    ``delta`` over one ``nn.GRU`` pass (teacher forcing) give the same final logits on the same inputs."""
+    torch.manual_seed(0)
+    N, K, d, V = 3, 5, 16, 50
+    head = DominoHead(d, 24, 8, V)
+    torch.nn.init.normal_(head.up.weight, std=0.5)
+    emb = torch.nn.Embedding(V, d)
+    H, base = torch.randn(N, K, d), torch.randn(N, K, V)
+    tokens = torch.randint(0, V, (N, K))  # x_a, then the tokens fed after positions 1..K-1
+    with torch.no_grad():
+        S, _ = head.gru(emb(tokens))  # S_0 .. S_{K-1}
+        parallel = base + head.delta(H, S)
+        step = head.rollout(H, base, emb(tokens[:, 0]), emb)
+        sequential = torch.stack([step(None if i == 0 else tokens[:, i]) for i in range(K)], dim=1)
+    torch.testing.assert_close(sequential, parallel, atol=1e-5, rtol=1e-5)
+    assert (parallel - base).abs().max() > 1e-2  # the correction is visible
 
 
 def test_training_gradients_and_variants(target):
@@ -142,8 +163,8 @@ def test_training_gradients_and_variants(target):
         out = dom.forward_train(ids, feats, torch.tensor([[2, 7]]), torch.ones(1, 2, dtype=torch.bool),
                                 torch.ones_like(ids), causal_inputs=mode)
         out.final_logits.logsumexp(-1).mean().backward()
-        assert dom.head.gru.weight_hh_l0.grad is not None and dom.head.down.weight.grad.abs().sum() > 0
-        assert dom.fc.weight.grad is not None
+        for p in (dom.head.gru.weight_hh_l0, dom.head.gru.weight_ih_l0, dom.head.down.weight, dom.head.up.weight,
+                  dom.fc.weight):
+            assert p.grad.abs().sum() > 0, (mode, p.shape)
     with pytest.raises(ValueError, match="causal_inputs"):
         dom.forward_train(ids, feats, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), causal_inputs="x")
-    assert isinstance(dom, DominoDrafter)

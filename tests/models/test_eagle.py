@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lit_domino.models import DrafterConfig, build_drafter, eagle_loss
+from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import random_target
 
 STEPS = 4
@@ -17,7 +17,7 @@ def target():
 @pytest.fixture(scope="module")
 def drafter(target):
     torch.manual_seed(2)
-    cfg = DrafterConfig.from_target(target, "eagle3", ttt_steps=STEPS)
+    cfg = drafter_config("eagle3", target, ttt_steps=STEPS)
     assert cfg.feature_layers == [1, 1, 0]  # EAGLE-3 rule [1, L//2-1, L-4] on 4 layers
     return build_drafter(cfg, target).eval()
 
@@ -87,8 +87,13 @@ def test_eagle_loss_weights_and_backward(drafter, target):
     d.load_state_dict(drafter.state_dict())
     ids, feats = _batch(T=12, b=2)
     out = d.forward_train(ids, feats, torch.ones_like(ids), torch.ones_like(ids))
-    total, steps = eagle_loss(out, return_steps=True)
+    total, steps, _ = d.train_loss(out, 0.8)
     torch.testing.assert_close(total, sum(0.8 ** s * l for s, l in enumerate(steps)))
+    full = d.forward_train(ids, feats, torch.ones_like(ids), torch.ones_like(ids), with_logits=True)
+    for s, (logits, labels) in enumerate(zip(full.logits, full.labels)):  # the head at labels only = the full CE
+        keep = labels != -100
+        ce = torch.nn.functional.cross_entropy(logits[keep], labels[keep])
+        torch.testing.assert_close(steps[s], ce, atol=1e-5, rtol=1e-5)
     total.backward()
     assert d.fc.weight.grad is not None and d.self_attn.q_proj.weight.grad.abs().sum() > 0
     assert d.self_attn.q_proj.weight.shape == (4 * 16, 2 * 64)  # q/k/v take 2d

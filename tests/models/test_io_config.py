@@ -1,4 +1,4 @@
-"""DrafterConfig validation/serialisation, save/load round trips, fingerprint checks, small LM."""
+"""The method registry, config validation/serialisation, save/load round trips, fingerprint checks, small LM."""
 
 import json
 
@@ -6,12 +6,18 @@ import pytest
 import torch
 
 from lit_domino.models import (
+    DominoConfig,
+    DominoDrafter,
+    DominoHeadConfig,
     DrafterConfig,
     DrafterLoadError,
     DrafterMismatchError,
-    SmallLMDrafter,
     build_drafter,
+    drafter_class,
+    drafter_config,
+    kinds,
     load_drafter,
+    registry,
 )
 from lit_domino.testing import random_target
 
@@ -24,41 +30,81 @@ def target():
 # ---------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("rank", 0, "rank"),
-    ("block_size", 1, "block_size"),
-    ("num_layers", 0, "num_layers"),
-    ("gru_hidden", 0, "gru_hidden"),
-    ("ttt_steps", 0, "ttt_steps"),
-    ("feature_layers", [], "feature_layers"),
-    ("kind", "medusa", "unknown drafter kind"),
-    ("num_kv_heads", 3, "num_kv_heads"),
-    ("mask_token_id", 999, "mask_token_id"),
+@pytest.mark.parametrize("kind,overrides,match", [
+    ("domino", {"head": {"rank": 0}}, "rank"),
+    ("backbone", {"block_size": 1}, "block_size"),
+    ("backbone", {"num_layers": 0}, "num_layers"),
+    ("domino", {"head": {"gru_hidden": 0}}, "gru_hidden"),
+    ("eagle3", {"ttt_steps": 0}, "ttt_steps"),
+    ("backbone", {"feature_layers": []}, "feature_layers"),
+    ("backbone", {"num_kv_heads": 3}, "num_kv_heads"),
+    ("backbone", {"mask_token_id": 999}, "mask_token_id"),
+    ("backbone", {"rank": 8}, "unknown BackboneConfig fields"),  # a method's keys belong to that method only
+    ("eagle3", {"head": {"rank": 8}}, "unknown Eagle3Config fields"),
 ])
-def test_config_validation(field, value, match):
+def test_config_validation(target, kind, overrides, match):
     with pytest.raises(ValueError, match=match):
-        DrafterConfig(**{field: value}).validate()
+        drafter_config(kind, target, **overrides)
+
+
+def test_registry_names_every_method_once():
+    assert kinds() == ("backbone", "domino", "eagle3", "small_lm")
+    assert [drafter_class(k).kind for k in kinds()] == list(kinds())
+    assert drafter_class("domino") is DominoDrafter and drafter_class("domino").config_class is DominoConfig
+    with pytest.raises(ValueError, match="unknown drafter kind 'medusa'; choose one of backbone, domino"):
+        drafter_class("medusa")
+    with pytest.raises(ValueError, match="unknown drafter kind"):
+        DrafterConfig.from_dict({"kind": "medusa"})
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register("domino")(type("Other", (), {}))
 
 
 def test_config_from_target_and_json_round_trip(target):
-    cfg = DrafterConfig.from_target(target, "domino", rank=8)
+    cfg = drafter_config("domino", target, head={"rank": 8})
     hf = target.config
     assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (64, 4, 2, 16)
     assert cfg.intermediate_size == hf.intermediate_size and cfg.rope_theta == 10000.0
-    assert cfg.vocab_size == 256 and cfg.mask_token_id == 255 and cfg.rank == 8
+    assert cfg.vocab_size == 256 and cfg.mask_token_id == 255
+    assert (cfg.head.rank, cfg.head.gru_hidden) == (8, 1024)  # a nested section merges over its defaults
     assert cfg.target_fingerprint == target.fingerprint() and cfg.feature_layers == [2]
-    assert DrafterConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    assert DrafterConfig.from_target(target, "eagle3").feature_layers == [1, 1, 0]
-    with pytest.raises(ValueError, match="unknown DrafterConfig fields"):
+    as_dict = json.loads(json.dumps(cfg.to_dict()))
+    assert as_dict["kind"] == "domino" and as_dict["head"] == {"rank": 8, "gru_hidden": 1024}
+    assert "ttt_steps" not in as_dict and "rank" not in as_dict  # no other method's keys
+    assert DrafterConfig.from_dict(as_dict) == cfg
+    assert drafter_config("eagle3", target).feature_layers == [1, 1, 0]
+    assert drafter_config("small_lm", target).feature_layers == [] and not drafter_config("small_lm", target).reads_features
+    with pytest.raises(ValueError, match="unknown DominoConfig fields"):
         DrafterConfig.from_dict({**cfg.to_dict(), "bogus": 1})
     with pytest.raises(ValueError, match="exactly 3"):
-        DrafterConfig.from_target(target, "eagle3", feature_layers=[0, 1])
-    # every field is documented
+        drafter_config("eagle3", target, feature_layers=[0, 1])
+
+
+def test_flat_configs_of_older_versions_still_load(target):
+    """lit_domino <= 0.1 wrote one flat config with every kind's keys: they go to their method or are dropped."""
+    flat = {k: v for k, v in drafter_config("backbone", target).to_dict().items()}
+    old = {**flat, "rank": 16, "gru_hidden": 32, "ttt_steps": 7}
+    dom = DrafterConfig.from_dict({**old, "kind": "domino"})
+    assert isinstance(dom, DominoConfig) and (dom.head.rank, dom.head.gru_hidden) == (16, 32)
+    assert DrafterConfig.from_dict({**old, "kind": "backbone"}) == drafter_config("backbone", target)
+    eagle = DrafterConfig.from_dict({**old, "kind": "eagle3", "feature_layers": [1, 1, 0]})
+    assert eagle.ttt_steps == 7
+
+
+@pytest.mark.parametrize("kind", kinds())
+def test_every_config_field_is_documented(kind):
+    import dataclasses
     import inspect
 
-    src = inspect.getsource(inspect.getmodule(DrafterConfig))
-    for f in cfg.to_dict():
-        assert f'{f}:' in src and src.split(f"    {f}:")[1].split("\n")[1].strip().startswith('"""'), f
+    for cls in inspect.getmro(drafter_class(kind).config_class):
+        if not dataclasses.is_dataclass(cls):
+            continue
+        src = inspect.getsource(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in cls.__dict__.get("__annotations__", {}):
+                assert src.split(f"    {f.name}:")[1].split("\n")[1].strip().startswith('"""'), (cls, f.name)
+    head = inspect.getsource(DominoHeadConfig)
+    for f in dataclasses.fields(DominoHeadConfig):
+        assert head.split(f"    {f.name}:")[1].split("\n")[1].strip().startswith('"""'), f.name
 
 
 # ---------------------------------------------------------------- save / load
@@ -66,9 +112,9 @@ def test_config_from_target_and_json_round_trip(target):
 
 def _make(kind, target):
     torch.manual_seed(0)
-    if kind == "small_lm":
-        return SmallLMDrafter.from_target(target, num_layers=1).eval()
-    cfg = DrafterConfig.from_target(target, kind, block_size=4, rank=8, gru_hidden=16, ttt_steps=2)
+    extra = {"domino": dict(head=dict(rank=8, gru_hidden=16)), "eagle3": dict(ttt_steps=2),
+             "small_lm": dict(num_layers=1)}.get(kind, {})
+    cfg = drafter_config(kind, target, block_size=4, **extra)
     d = build_drafter(cfg, target).eval()
     if kind == "domino":
         torch.nn.init.normal_(d.head.up.weight)
@@ -165,6 +211,11 @@ def test_small_lm_session_matches_full_forward(target):
     torch.testing.assert_close(s.draft(ids[13], 1).logits[0], d(ids[None, :14])[0, 13].detach(), atol=1e-5, rtol=1e-5)
     out = d.forward_train(ids[None], torch.ones(1, 20, dtype=torch.long))
     assert out.labels[0, :-1].tolist() == ids[1:].tolist() and out.labels[0, -1] == -100
+    mask = torch.zeros(1, 20, dtype=torch.long)
+    mask[0, 5:] = 1  # labels only where the next token is a response token
+    out = d.forward_train(ids[None], mask)
+    manual = torch.stack([torch.nn.functional.cross_entropy(out.logits[0, p - 1], ids[p]) for p in range(5, 20)])
+    torch.testing.assert_close(d.train_loss(out), manual.mean())
 
 
 def test_deepcopy_shares_target_and_pickle_drops_it(target):

@@ -9,7 +9,7 @@ loop-aware fine-tuned drafters are decoded in tests/lit/test_loop.py.)
 import pytest
 import torch
 
-from lit_domino.models import DrafterConfig, build_drafter
+from lit_domino.models import DrafterConfig, build_drafter, drafter_config
 from lit_domino.models.loop import loop_forward
 from lit_domino.testing import random_target
 
@@ -35,8 +35,8 @@ def drafters(target):
     out = {}
     for i, kind in enumerate(KINDS):
         torch.manual_seed(10 + i)
-        extra = dict(rank=8, gru_hidden=16) if kind == "domino" else {}
-        cfg = DrafterConfig.from_target(target, kind, block_size=B, num_layers=1 if kind == "eagle3" else 2, **extra)
+        extra = dict(head=dict(rank=8, gru_hidden=16)) if kind == "domino" else {}
+        cfg = drafter_config(kind, target, block_size=B, num_layers=1 if kind == "eagle3" else 2, **extra)
         d = build_drafter(cfg, target)
         if kind == "domino":  # W_up starts at zero: give the head a real correction
             with torch.no_grad():

@@ -1,0 +1,211 @@
+"""The one training parser: a LightningCLI over the drafter modules and the one DataModule.
+
+``experiments/train.py`` is this CLI on the command line; :func:`lit_domino.experiment.train_variant`
+(the ablation, the DLoop study, the sweeps) builds the same CLI from a composed config dict, so
+every training parses, links, instantiates and lays out its run directory the same way:
+
+* links: ``data.target → model.target``, ``data.block_size → model.block_size``,
+  ``data.feature_layers → model.feature_layers``, ``data.target_dtype → model.target_dtype``,
+  ``seed_everything → data.seed`` (one seed for weights, anchors and shuffling);
+* ``--variant V --preset P`` composes ``experiments/configs`` (``lit_domino.configs``) first;
+* an MLflow logger by default (``tracking:`` section; runs tagged variant/preset/seed/table),
+  the flattened config as params and the YAML as an artifact;
+* the run directory (``trainer.default_root_dir``, default ``<project>/results/train/<run name>``)
+  holds ``config.yaml``, ``checkpoints/`` (``last.ckpt`` every epoch, and ``mlflow_run_id`` so a
+  resumed run continues the same MLflow run) and ``drafter/`` (the ``save_pretrained`` export);
+* any exception marks the MLflow run FAILED (KILLED for Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+from lit_domino.configs import load_config, parse_override
+from lit_domino.data.datamodule import DrafterDataModule
+from lit_domino.lit import DrafterModule, ExportDrafter
+from lit_domino.paths import project_root
+from lit_domino.tracking import MarkFailedOnError, TrackingConfig, log_config, make_mlflow_logger, mark_failed_on_error
+
+RUN_ID_FILE = "mlflow_run_id"
+"""Written next to the checkpoints: a resumed run continues the same MLflow run."""
+CHECKPOINT_DIR = "checkpoints"
+EXPORT_DIR = "drafter"
+
+
+def as_seed(value) -> int:
+    """``seed_everything`` → ``data.seed`` (``true``/``false`` give 0)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class MLflowConfig(SaveConfigCallback):
+    """Saves config.yaml in the run dir (``trainer.default_root_dir``) and, for MLflow loggers,
+    logs the flattened config as params and the YAML as an artifact."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            run_dir = Path(trainer.default_root_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, run_dir / self.config_filename, skip_none=False, overwrite=True)
+            self.save_config(trainer, pl_module, stage)
+        self.already_saved = True
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        text = self.parser.dump(self.config, skip_none=False)
+        as_dict = yaml.safe_load(text) or {}
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger):
+                log_config(logger, as_dict, text)
+                ckpt = trainer.checkpoint_callback
+                if ckpt is not None and ckpt.dirpath:
+                    Path(ckpt.dirpath).mkdir(parents=True, exist_ok=True)
+                    (Path(ckpt.dirpath) / RUN_ID_FILE).write_text(logger.run_id)
+
+
+class DrafterCLI(LightningCLI):
+    """LightningCLI for ``DrafterModule`` subclasses on the one ``DrafterDataModule``.
+
+    Args (beyond LightningCLI's ``args``/``run``):
+        resume: continue the MLflow run recorded beside the checkpoints (the library's resume; on the
+            command line ``--ckpt_path`` says it).
+        logger_tags: extra MLflow tags of the run (e.g. ``mlflow.parentRunId`` for a sweep trial).
+        callbacks: extra Trainer callbacks besides the config's.
+    """
+
+    def __init__(self, args=None, run: bool = True, *, resume: bool = False, logger_tags: dict | None = None,
+                 callbacks: list | None = None, **kwargs):
+        self.resume = resume
+        self.logger_tags = dict(logger_tags or {})
+        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), *(callbacks or [])]})
+        super().__init__(
+            DrafterModule,
+            DrafterDataModule,
+            subclass_mode_model=True,
+            save_config_callback=MLflowConfig,
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=0,
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_class_arguments(TrackingConfig, "tracking")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # last.ckpt every epoch, always the newest (no last-v1.ckpt); save_top_k=1, not 0: Lightning writes
+        # last.ckpt only in a step that saved a top-k checkpoint
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_epochs": 1,
+                             "checkpoint.save_top_k": 1, "checkpoint.enable_version_counter": False})
+        parser.add_lightning_class_args(ExportDrafter, "export")
+        parser.link_arguments("data.target", "model.init_args.target")
+        parser.link_arguments("data.block_size", "model.init_args.block_size")
+        parser.link_arguments("data.feature_layers", "model.init_args.feature_layers")
+        parser.link_arguments("data.target_dtype", "model.init_args.target_dtype")
+        parser.link_arguments("seed_everything", "data.seed", compute_fn=as_seed)
+
+    # ------------------------------------------------------------------ derived defaults
+
+    def _cfg(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def variant(self) -> str:
+        """The MLflow ``variant`` tag: the config's, else the module class's name for it."""
+        cfg = self._cfg()
+        return cfg.tracking.variant or getattr(type(self.model), "variant", None) or str(cfg.model.class_path)
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self._cfg()
+        seed = cfg.get("seed_everything")
+        module, _, name = str(cfg.model.class_path).rpartition(".")
+        variant = cfg.tracking.variant or getattr(getattr(importlib.import_module(module), name), "variant", name)
+        run_name = cfg.tracking.run_name or f"{variant}-{cfg.tracking.preset or 'custom'}-s{as_seed(seed)}"
+        cfg.tracking.run_name = run_name
+        if not cfg.trainer.get("default_root_dir"):
+            cfg.trainer.default_root_dir = str(project_root() / "results" / "train" / run_name)
+        run_dir = Path(cfg.trainer.default_root_dir)
+        if not cfg.checkpoint.get("dirpath"):
+            cfg.checkpoint.dirpath = str(run_dir / CHECKPOINT_DIR)
+        if not cfg.export.get("dirpath"):
+            cfg.export.dirpath = str(run_dir / EXPORT_DIR)
+
+    def instantiate_trainer(self, **kwargs):
+        cfg = self._cfg()
+        if cfg.tracking.enabled and cfg.trainer.get("logger") in (None, True):
+            kwargs["logger"] = make_mlflow_logger(
+                cfg.tracking.experiment,
+                cfg.tracking.run_name,
+                variant=self.variant(),
+                preset=cfg.tracking.preset,
+                seed=as_seed(cfg.get("seed_everything")),
+                table=cfg.tracking.table,
+                tags=self.logger_tags,
+                tracking_uri=cfg.tracking.tracking_uri,
+                run_id=self._resume_run_id(cfg),
+            )
+        return super().instantiate_trainer(**kwargs)
+
+    def _resume_run_id(self, cfg) -> str | None:
+        ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path and ckpt_path != "last":
+            folder = Path(ckpt_path).parent
+        elif ckpt_path == "last" or self.resume:
+            folder = Path(cfg.checkpoint.dirpath)
+        else:
+            return None
+        marker = folder / RUN_ID_FILE
+        return marker.read_text().strip() if marker.is_file() else None
+
+    @property
+    def last_checkpoint(self) -> Path:
+        """Where ``last.ckpt`` is written (and a resume reads it)."""
+        return Path(self._cfg().checkpoint.dirpath) / "last.ckpt"
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        for logger in self.trainer.loggers:
+            if isinstance(logger, MLFlowLogger):
+                _ = logger.run_id  # start the run now: a crash in data preparation is recorded FAILED too
+        with mark_failed_on_error(lambda: self.trainer.loggers):
+            super()._run_subcommand(subcommand)
+
+
+def expand_variant_args(argv: list[str]) -> list[str]:
+    """``fit --variant V [--preset P] [--seed S] [--set K=V ...] REST`` → ``fit --config <composed YAML> REST``.
+
+    The composed config (``lit_domino.configs.load_config``) goes first, so the usual LightningCLI
+    flags after it (``--trainer.max_epochs 3``, ``--config more.yaml``, ``--ckpt_path last``) still win.
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--variant")
+    pre.add_argument("--preset", default="default")
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--set", type=parse_override, action="append", default=[])
+    known, rest = pre.parse_known_args(argv)
+    if known.variant is None:
+        return list(argv)
+    cfg = load_config(known.variant, known.preset, known.seed, dict(known.set))
+    subcommand = [a for a in rest[:1] if not a.startswith("-")]
+    return [*subcommand, "--config", yaml.safe_dump(cfg, sort_keys=False), *rest[len(subcommand):]]
+
+
+def main(argv: list[str] | None = None, run: bool = True) -> DrafterCLI:
+    """``experiments/train.py``: the CLI, after ``--variant/--preset`` composition."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return DrafterCLI(args=expand_variant_args(argv), run=run)
+
+
+def cli_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A composed config (``load_config``) as the CLI's structured ``args`` (no subcommand)."""
+    return {k: v for k, v in cfg.items() if k in ("seed_everything", "model", "data", "trainer", "tracking",
+                                                      "checkpoint", "export")}

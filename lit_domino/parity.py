@@ -1,0 +1,102 @@
+"""Behaviour snapshots: prove that a refactor changed nothing a researcher can see.
+
+:func:`capture` trains every ablation variant of a preset (seed 0, through ``train_variant``, in the
+current cache) and records what the suite's users see: the logged ``train/loss`` curve, the final
+validation metrics, and for every evaluation prompt the tokens, τ and accepted-per-round of greedy
+speculative decoding, of T = 1 sampling with a fixed seed, and with a DLoop gate. :func:`compare`
+reports the largest differences between two snapshots. Run ``capture`` before and after a change,
+each in its own cache (``LIT_DOMINO_CACHE``, ``MLFLOW_TRACKING_URI``)::
+
+    python experiments/parity.py capture before.json      # on the old commit
+    python experiments/parity.py capture after.json       # on the new one
+    python experiments/parity.py compare before.json after.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+
+from lit_domino.configs import load_config
+from lit_domino.data.benchmarks import load_benchmark
+from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.experiment import train_variant
+from lit_domino.models import load_drafter
+from lit_domino.study import pinned_threads, write_json
+from lit_domino.target import load_target
+from lit_domino.tracking import default_tracking_uri
+
+VARIANTS = ("backbone", "domino", "domino_ttt", "domino_nocurriculum", "eagle3", "small_lm")
+BENCHMARKS = ("embedded-math", "embedded-code", "embedded-chat")
+GATE = DLoopConfig(threshold=-1.0, max_stages=3)
+"""A loose gate, so later stages are really drafted on the smoke drafters."""
+
+
+def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_tokens: int = 32) -> dict:
+    """Train (or reuse) every variant at seed 0 and record its losses and decodes into ``out`` (JSON)."""
+    client = MlflowClient(default_tracking_uri())
+    snapshot = {}
+    with pinned_threads(1):
+        for variant in VARIANTS:
+            trained = train_variant(load_config(variant, preset, 0), experiment=f"parity-{preset}", progress=False)
+            target = load_target(load_config(variant, preset, 0)["data"]["target"])
+            history = sorted(client.get_metric_history(trained.run_id, "train/loss"), key=lambda m: m.step)
+            drafter = load_drafter(trained.drafter_dir, target=target)
+            decodes = {}
+            for name in BENCHMARKS:
+                for i, item in enumerate(load_benchmark(name, prompts)):
+                    ids = torch.tensor([target.chat_ids([{"role": "user", "content": item.turns[0]}])])
+                    greedy = generate(target, drafter, ids, max_new_tokens=max_new_tokens)
+                    sample = generate(target, drafter, ids, max_new_tokens=max_new_tokens, temperature=1.0, seed=123)
+                    row = {"tokens": greedy.tokens, "tau": greedy.tau, "accepted": greedy.accepted_per_round,
+                           "sample_tokens": sample.tokens, "sample_tau": sample.tau}
+                    if getattr(drafter, "supports_loop_training", False):
+                        looped = generate(target, drafter, ids, max_new_tokens=max_new_tokens, dloop=GATE)
+                        row.update(dloop_tokens=looped.tokens, dloop_tau=looped.tau)
+                    decodes[f"{name}/{i}"] = row
+            snapshot[variant] = {"train_loss": [[m.step, m.value] for m in history],
+                                 "val": {k: v for k, v in trained.report.items() if k.startswith("val/")},
+                                 "decode": decodes}
+    write_json(snapshot, out)
+    return snapshot
+
+
+def compare(a: dict, b: dict) -> list[dict]:
+    """Per variant: the largest |Δ| of the loss curve and validation metrics, and whether every decode matched."""
+    rows = []
+    for variant in sorted(set(a) | set(b)):
+        if variant not in a or variant not in b:
+            rows.append({"variant": variant, "missing_in": "before" if variant not in a else "after"})
+            continue
+        x, y = a[variant], b[variant]
+        same_steps = [s for s, _ in x["train_loss"]] == [s for s, _ in y["train_loss"]]
+        loss = max((abs(p - q) for (_, p), (_, q) in zip(x["train_loss"], y["train_loss"])), default=0.0)
+        val = max((abs(x["val"][k] - y["val"].get(k, float("nan"))) for k in x["val"]), default=0.0)
+        decodes = {k: x["decode"][k] == y["decode"].get(k) for k in x["decode"]}
+        rows.append({"variant": variant, "loss_points": len(x["train_loss"]), "same_steps": same_steps,
+                     "max_abs_loss_diff": loss, "max_abs_val_diff": val,
+                     "decodes_identical": f"{sum(decodes.values())}/{len(decodes)}"})
+    return rows
+
+
+def main(argv=None) -> None:
+    """``experiments/parity.py capture OUT [--preset P]`` | ``compare BEFORE AFTER``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    cap = sub.add_parser("capture", help="train every variant (seed 0) and snapshot losses and decodes")
+    cap.add_argument("out")
+    cap.add_argument("--preset", default="smoke")
+    cmp_ = sub.add_parser("compare", help="largest differences between two snapshots")
+    cmp_.add_argument("before")
+    cmp_.add_argument("after")
+    args = parser.parse_args(argv)
+    if args.cmd == "capture":
+        capture(args.out, args.preset)
+        return
+    for row in compare(json.loads(Path(args.before).read_text()), json.loads(Path(args.after).read_text())):
+        print(row)
