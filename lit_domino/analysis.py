@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
 
 from lit_domino.paths import project_root
 from lit_domino.tables import LABELS, MAIN_ROWS, ablation_table, main_table
@@ -54,7 +58,6 @@ def _store_missing(uri: str) -> bool:
 
 
 def _client(uri: str | None):
-    from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri(uri))
 
@@ -75,7 +78,6 @@ def load_runs(uri: str | None = None, *, experiments: Iterable[str] | None = Non
     uri = tracking_uri(uri)
     if _store_missing(uri):
         return _empty()
-    from mlflow.entities import ViewType
 
     client = _client(uri)
     exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
@@ -258,7 +260,6 @@ def tau_histograms(uri: str | None = None, preset: str | None = None) -> pd.Data
     empty = pd.DataFrame(columns=["preset", "variant", "tau", "rounds"])
     if _store_missing(uri):
         return empty
-    from mlflow.entities import ViewType
 
     client = _client(uri)
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
@@ -319,7 +320,6 @@ def _variants(frame: pd.DataFrame) -> list[str]:
 
 
 def _figure(width: float = 7.0, height: float = 4.2, ncols: int = 1):
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height))
     axes = fig.subplots(1, ncols, squeeze=False)[0]
@@ -349,7 +349,6 @@ def plot_acceptance_curves(df: pd.DataFrame, preset: str | None = None, title: s
 def plot_tau_histograms(df: pd.DataFrame, hist: pd.DataFrame | None = None, preset: str | None = None):
     """τ histograms, one panel per variant: the fraction of rounds committing τ tokens (from ``hist``,
     see :func:`tau_histograms`), else the distribution of the runs' per-(seed, benchmark) mean τ."""
-    from matplotlib.figure import Figure
 
     hist = _for_preset(hist, preset) if hist is not None else None
     per_round = hist is not None and not hist.empty
@@ -387,7 +386,6 @@ def plot_tau_histograms(df: pd.DataFrame, hist: pd.DataFrame | None = None, pres
 
 
 def _colors(n: int) -> list:
-    from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
     return [cmap(i % 10) for i in range(n)]
@@ -430,7 +428,6 @@ def sweep_trials(uri: str | None = None, study: str | None = None) -> pd.DataFra
     uri = tracking_uri(uri)
     if _store_missing(uri):
         return pd.DataFrame()
-    from mlflow.entities import ViewType
 
     client = _client(uri)
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
@@ -490,7 +487,7 @@ def execute_notebook(path: str | Path | None = None, out: str | Path | None = No
                      timeout: int = 600):
     """Execute ``notebooks/analysis.ipynb`` headless (nbclient) against ``uri`` (default: the usual rule)
     and write the executed copy to ``out`` (default ``results/analysis.ipynb``); returns the notebook."""
-    import nbformat
+    import nbformat  # the dev extra (pytest's notebook test): the library itself runs without it
     from nbclient import NotebookClient
 
     path = Path(path or project_root() / "notebooks" / "analysis.ipynb")

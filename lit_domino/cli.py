@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +200,6 @@ def expand_variant_args(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None, run: bool = True) -> DrafterCLI:
     """``experiments/train.py``: the CLI, after ``--variant/--preset`` composition."""
-    import sys
-
     argv = sys.argv[1:] if argv is None else list(argv)
     return DrafterCLI(args=expand_variant_args(argv), run=run)
 

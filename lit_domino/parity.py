@@ -14,6 +14,7 @@ each in its own cache (``LIT_DOMINO_CACHE``, ``MLFLOW_TRACKING_URI``)::
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -84,8 +85,6 @@ def compare(a: dict, b: dict) -> list[dict]:
 
 def main(argv=None) -> None:
     """``experiments/parity.py capture OUT [--preset P]`` | ``compare BEFORE AFTER``."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     cap = sub.add_parser("capture", help="train every variant (seed 0) and snapshot losses and decodes")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lit_domino.target import Target
 
@@ -22,8 +25,6 @@ def random_target(
 
     The last vocabulary id is the MASK token; no tokenizer unless one is given.
     """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=vocab_size,
@@ -101,8 +102,6 @@ class _OracleSession:
         self.pos = length
 
     def draft(self, anchor, num_tokens, temperature, generator):
-        from types import SimpleNamespace
-
         out = self.inner.draft(anchor, num_tokens, temperature, generator)
         toks, ref = out.tokens.clone(), self.mix.reference
         for k in range(num_tokens - 1):

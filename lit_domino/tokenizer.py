@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 BOS, EOS, PAD, IM_START, MASK = "<|endoftext|>", "<|im_end|>", "<|pad|>", "<|im_start|>", "<|MASK|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, IM_START, MASK]
 """Fixed ids 0..4 in this order: pad, BOS/document separator, EOS (ends a turn), role marker, MASK."""
@@ -24,9 +27,6 @@ CHAT_TEMPLATE = (
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2):
     """Train a byte-level BPE on ``texts`` and wrap it as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]

@@ -16,6 +16,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import datasets
+
+from lit_domino.data.corpora import build_corpus
+from lit_domino.data.corpora.code import code_prompt, humaneval_rows
+
 DOMAINS = ("math", "code", "chat")
 
 
@@ -132,8 +137,6 @@ def _gsm8k_reference(answer: str) -> str:
 
 
 def _code_prompt(code: str) -> str:
-    from lit_domino.data.corpora.code import code_prompt
-
     return code_prompt(code)
 
 
@@ -207,8 +210,6 @@ def _builder_for(files: list[str]) -> str:
 
 
 def _load_rows(spec: BenchmarkSpec, data_files: str | list[str] | None):
-    import datasets  # heavy: imported only when a hub benchmark is loaded
-
     if data_files is not None:
         files = [data_files] if isinstance(data_files, str) else list(data_files)
         if not files:
@@ -244,9 +245,6 @@ def _take(name: str, items: list, n: int) -> list:
 
 
 def _embedded(spec: BenchmarkSpec, n: int, seed: int) -> list[BenchmarkPrompt]:
-    from lit_domino.data.corpora import build_corpus
-    from lit_domino.data.corpora.code import humaneval_rows
-
     if spec.name == "embedded-humaneval":
         rows = humaneval_rows()
         random.Random(seed).shuffle(rows)

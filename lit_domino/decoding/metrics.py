@@ -23,7 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torchmetrics import Metric
+from tqdm.auto import tqdm
 
+from lit_domino.decoding import hf_peers
 from lit_domino.decoding.dloop import DLoopConfig, dloop_label
 from lit_domino.decoding.engine import GenerationResult, generate
 
@@ -278,10 +280,6 @@ def run_prompt(target, decode: Callable, item, *, max_new_tokens: int, budget: i
 def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        return None
     return tqdm(total=total, desc=desc, leave=False)
 
 
@@ -314,8 +312,6 @@ def benchmark(
     another on each prompt in turn (interleaved, so drifting background load hits every
     method alike), after one untimed warm-up decode per method.
     """
-    from lit_domino.decoding import hf_peers
-
     unknown = set(peers) - {"prompt_lookup", "assisted"}
     if unknown:
         raise ValueError(f"unknown peers {sorted(unknown)}; choose from prompt_lookup, assisted")

@@ -172,7 +172,7 @@ def test_gradients_reach_drafter_not_target(target, drafter):
     d = ParallelDrafter(drafter.config).bind_target(target).train()
     out = d.forward_train(ids, feats, torch.tensor([[3, 8]]), torch.ones(1, 2, dtype=torch.bool))
     out.logits.logsumexp(-1).mean().backward()
-    assert d.fc.weight.grad is not None and d.layers[0].self_attn.q_proj.weight.grad is not None
+    assert d.fc.weight.grad.abs().sum() > 0 and d.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
     assert target.embed.weight.grad is None
     assert not any(k.startswith(("embed", "lm_head")) for k in d.state_dict())
     assert d.num_parameters() == sum(p.numel() for p in d.parameters())

@@ -95,5 +95,5 @@ def test_eagle_loss_weights_and_backward(drafter, target):
         ce = torch.nn.functional.cross_entropy(logits[keep], labels[keep])
         torch.testing.assert_close(steps[s], ce, atol=1e-5, rtol=1e-5)
     total.backward()
-    assert d.fc.weight.grad is not None and d.self_attn.q_proj.weight.grad.abs().sum() > 0
+    assert d.fc.weight.grad.abs().sum() > 0 and d.self_attn.q_proj.weight.grad.abs().sum() > 0
     assert d.self_attn.q_proj.weight.shape == (4 * 16, 2 * 64)  # q/k/v take 2d

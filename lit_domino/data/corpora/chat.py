@@ -24,6 +24,8 @@ import importlib
 import inspect
 import re
 
+from pydoc_data.topics import topics
+
 from lit_domino.data.corpora import Example, turns_to_messages, dedup_split, split_of, stable_hash
 from lit_domino.data.corpora.code import stdlib_defs
 
@@ -246,8 +248,6 @@ def _title(title: str) -> str:
 
 def topic_sections() -> list[tuple[str, str, str]]:
     """(topic key, section title, section text) of the language reference topics shipped with CPython."""
-    from pydoc_data.topics import topics
-
     out = []
     for key in sorted(topics):
         lines = topics[key].splitlines()
