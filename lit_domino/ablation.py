@@ -19,8 +19,6 @@ Stages (each visible as it runs, each cached):
 from __future__ import annotations
 
 import copy
-import json
-import math
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import yaml
 
 from lit_domino import cache
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, parse_override, train_variant
+from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
 from lit_domino.tables import main_table, ablation_table, write_table
 from lit_domino.tracking import ensure_experiment, default_tracking_uri, project_root
 
@@ -35,19 +34,28 @@ STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
 
 
 def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] | None = None) -> dict:
-    """Variants, seeds and evaluation settings of the ablation under ``preset``."""
+    """Variants, seeds and evaluation settings of the ablation under ``preset``; ``plan["tables"]`` is the
+    study file's table membership ``{"main": [...], "ablations": [...]}`` (the main table's rows in order)."""
     study = yaml.safe_load(STUDY_FILE.read_text())
     if preset not in study["presets"]:
         raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)}")
     plan = dict(study["presets"][preset])
-    known = study["variants"]["main"] + study["variants"]["ablations"]
+    tables = {name: list(study["variants"][name]) for name in ("main", "ablations")}
+    known = tables["main"] + tables["ablations"]
     if variants:
         unknown = [v for v in variants if v not in known]
         if unknown:
             raise ValueError(f"unknown variants {unknown}; choose from {known}")
     plan["variants"] = list(variants or known)
     plan["seeds"] = [int(s) for s in (seeds if seeds else plan["seeds"])]
+    plan["tables"] = tables
     return plan
+
+
+def eval_key(plan: dict, trained: list, target) -> dict:
+    """The measured rows' cache key: every drafter, the evaluation plan (table membership aside) and the target."""
+    return {"drafters": [str(t.drafter_dir) for t in trained],
+            "plan": {k: v for k, v in plan.items() if k != "tables"}, "target": target.fingerprint()}
 
 
 def _log(msg: str, t0: float) -> None:
@@ -82,21 +90,15 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
     for t in trained:
         d = load_drafter(t.drafter_dir, target=target)
         drafters[f"{t.variant}/s{t.seed}"] = d
-        if t.variant.startswith("domino"):
+        if t.variant.startswith("domino"):  # kind-dispatch
             drafters[f"{t.variant}/s{t.seed}/backbone"] = backbone_view(d)
-        if t.variant == "small_lm" and assistant is None:
+        if t.variant == "small_lm" and assistant is None:  # kind-dispatch
             assistant = d.lm
     peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(plan.get("threads", threads)))
-    try:
+    with pinned_threads(plan.get("threads")):
         return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
                          temperatures=plan.get("temperatures", [0.0]), peers=peers, assistant_model=assistant,
                          progress=progress)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def records_from_rows(rows: list[dict]) -> list[dict]:
@@ -133,8 +135,9 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
     return "\n".join(lines)
 
 
-def log_to_mlflow(preset: str, trained: list, records: list[dict], tables: dict, out_dir: Path) -> None:
-    """Decoding metrics + plots into each variant's training run; a ``tables`` run with the tables."""
+def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str]) -> None:
+    """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
+    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``); a ``tables`` run with the tables."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -149,25 +152,8 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], tables: dict,
         if not mine:
             continue
         per_domain = {r["domain"]: r for r in mine}
-        metrics = {}
-        for d, r in per_domain.items():
-            for key in ("tau", "speedup", "speedup_vs_hf_generate", "tpot_ms", "accepted_per_round",
-                        "backbone_tau"):
-                if r.get(key) is not None and math.isfinite(r[key]):
-                    metrics[f"{d}/{key}"] = r[key]
-            metrics.update({f"{d}/{k}": v for k, v in r.items() if k.startswith("acc_rate_pos_")})
-        for key in ("tau", "speedup", "speedup_vs_hf_generate", "tpot_ms", "accepted_per_round"):
-            vals = [r[key] for r in mine if r.get(key) is not None and math.isfinite(r[key])]
-            if vals:
-                metrics[key] = sum(vals) / len(vals)
-        for k in {k for r in mine for k in r if k.startswith("acc_rate_pos_")}:
-            vals = [r[k] for r in mine if k in r and math.isfinite(r[k])]
-            if vals:
-                metrics[k] = sum(vals) / len(vals)
-        for key, value in metrics.items():
-            client.log_metric(t.run_id, key, float(value))
-        client.set_tag(t.run_id, "table", "main" if t.variant in ("eagle3", "small_lm", "backbone", "domino")
-                       else "ablations")
+        log_metrics(client, t.run_id, drafter_metrics(mine))
+        client.set_tag(t.run_id, "table", "main" if t.variant in main_variants else "ablations")
         for name, fig in (("acceptance_per_position.png", plot_position_acceptance(per_domain, t.variant)),
                           ("tau_histogram.png", plot_tau_histogram(per_domain, t.variant))):
             path = out_dir / "plots" / f"{t.variant}-s{t.seed}-{name}"
@@ -218,35 +204,30 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
         _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)", t0)
         return {"trained": trained, "seconds": time.time() - t0}
 
-    eval_key = {"drafters": [str(t.drafter_dir) for t in trained], "plan": plan, "target": target.fingerprint()}
-    eval_dir = cache.artifact_dir("evals", eval_key, name=f"ablation-{preset}")
-    if cache.is_complete(eval_dir):
-        _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
-        rows = json.loads((eval_dir / "rows.json").read_text())
-    else:
+    def decode() -> list[dict]:
         _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers)", t0)
-        rows = evaluate(target, trained, plan, progress=progress)
-        eval_dir.mkdir(parents=True, exist_ok=True)
-        (eval_dir / "rows.json").write_text(json.dumps(rows, indent=1))
-        cache.mark_complete(eval_dir, eval_key)
+        return evaluate(target, trained, plan, progress=progress)
+
+    rows = cached_rows(eval_key(plan, trained, target), f"ablation-{preset}", decode,
+                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
 
     _log("stage 4/4 tables", t0)
     records = records_from_rows(rows)
     domains = list(plan["prompts"])
     drafter_records = [r for r in records if r["kind"] == "drafter"]
-    tables = {"main": main_table(drafter_records, domains), "ablations": ablation_table(drafter_records)}
+    tables = {"main": main_table(drafter_records, domains, variants=plan["tables"]["main"]),
+              "ablations": ablation_table(drafter_records)}
     for name, table in tables.items():
         write_table(table, out_dir, name)
     peers = peer_table(records, domains)
     (out_dir / "peers.md").write_text(peers + "\n")
-    (out_dir / "rows.json").write_text(json.dumps(rows, indent=1))
-    train_reports = [t.report for t in trained]
-    (out_dir / "training.json").write_text(json.dumps(train_reports, indent=1))
+    write_json(rows, out_dir / "rows.json")
+    write_json([t.report for t in trained], out_dir / "training.json")
     seconds = time.time() - t0
     summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"],
                "overrides": plan.get("overrides")}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    log_to_mlflow(preset, trained, records, tables, out_dir)
+    write_json(summary, out_dir / "summary.json")
+    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
 
     print(f"\n## Main table ({preset}; speedup = our AR baseline time per token / speculative, prefill excluded)\n")
     print(tables["main"]["markdown"])

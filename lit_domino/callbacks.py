@@ -13,7 +13,6 @@ acceptance curve, τ histogram) as run artifacts under ``spec_eval/``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -22,6 +21,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.engine import generate
 from lit_domino.decoding.metrics import summarize
+from lit_domino.study import POSITIONS, drafter_metrics
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +62,9 @@ def evaluate_speculative(
 
     Flat metric names: ``{domain}/tau``, ``{domain}/accepted_per_round``,
     ``{domain}/speedup``, ``{domain}/tpot_ms``, ``{domain}/acc_rate_pos_{k:02d}``,
-    and ``tau`` / ``speedup`` over all prompts.
+    and ``tau`` / ``speedup`` over all prompts (pooled, not a mean over domains); non-finite values left out.
     """
     prompts = _check_prompts(prompts)
-    flat: dict[str, float] = {}
     per_domain: dict[str, dict] = {}
     everything, everything_base = [], []
 
@@ -81,18 +80,14 @@ def evaluate_speculative(
     for domain, items in prompts.items():
         results = [run(drafter, p, i) for i, p in enumerate(items)]
         base = [run(None, p, i) for i, p in enumerate(items)] if measure_speedup else None
-        row = summarize(results, base)
-        per_domain[domain] = row
+        per_domain[domain] = summarize(results, base)
         everything += results
         everything_base += base or []
-        keys = ["tau", "accepted_per_round", "tpot_ms"] + (["speedup"] if measure_speedup else [])
-        keys += [k for k in row if k.startswith("acc_rate_pos_")]
-        flat.update({f"{domain}/{k}": float(row[k]) for k in keys})
     overall = summarize(everything, everything_base or None)
-    flat["tau"] = float(overall["tau"])
-    if measure_speedup:
-        flat["speedup"] = float(overall["speedup"])
-    return {k: v for k, v in flat.items() if not math.isnan(v)}, per_domain
+    rows = [{**row, "benchmark": domain} for domain, row in per_domain.items()]
+    metrics = drafter_metrics(rows, keys=("tau", "accepted_per_round", "tpot_ms", "speedup", POSITIONS),
+                              mean_keys=("tau", "speedup"), overall=overall)
+    return metrics, per_domain
 
 
 def plot_position_acceptance(per_domain: Mapping[str, dict], title: str = ""):

@@ -30,8 +30,6 @@ Tables:
 from __future__ import annotations
 
 import copy
-import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -40,10 +38,11 @@ import yaml
 
 from lit_domino import cache
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, set_dotted, train_variant
+from lit_domino.study import cached_rows, finite, log_metrics, pinned_threads, row_metrics, write_json
 from lit_domino.tracking import default_tracking_uri, project_root
 
 STUDY_FILE = CONFIG_DIR / "loop" / "study.yaml"
-DRAFTERS = ("backbone", "domino", "eagle3")
+DRAFTERS = ("backbone", "domino", "eagle3")  # kind-dispatch
 SETTINGS = ("plain", "loop only", "loop-aware training only", "both")
 LOOP_CLASS = "lit_domino.lit.loop.LoopModule"
 PUBLISHED = "DLoop papers: +5 % to +41 % speedup over each drafter (EAGLE-3, DFlash, Domino), τ +12 % to +102 %"
@@ -86,7 +85,7 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan = copy.deepcopy(study["presets"][preset])
     plan["preset"] = preset
     plan["drafters"] = list(drafters or study["drafters"])
-    bad = [d for d in plan["drafters"] if d not in DRAFTERS]
+    bad = [d for d in plan["drafters"] if d not in DRAFTERS]  # kind-dispatch
     if bad:
         raise ValueError(f"unknown drafters {bad}; DLoop's loop-aware training covers {list(DRAFTERS)}")
     plan["thresholds"] = [float(g) for g in (thresholds if thresholds is not None else study["thresholds"])]
@@ -135,10 +134,10 @@ def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stage
     base = dict(base_cfg["model"].get("init_args") or {})
     init = {k: base[k] for k in ("target", "block_size", "feature_layers", "gamma", "betas", "weight_decay",
                                  "min_lr_ratio") if k in base}
-    if kind == "domino":
+    if kind == "domino":  # kind-dispatch
         init["causal_inputs"] = base.get("causal_inputs", "teacher_forced")
         init["curriculum"] = {"kind": "none"}  # the base finished its λ schedule at 0
-    if kind == "eagle3":
+    if kind == "eagle3":  # kind-dispatch
         init["step_decay"] = base.get("step_decay", 0.8)
     init.update(copy.deepcopy(plan.get("loop") or {}))
     init.update(init_from=str(drafter_dir), detach_stage_context=bool(detach), seed=int(plan["seed"]))
@@ -156,17 +155,13 @@ def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stage
 # --------------------------------------------------------------------------- tables
 
 
-def _finite(x) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
-
-
 def _mean(values) -> float:
-    vals = [float(v) for v in values if _finite(v)]
+    vals = [float(v) for v in values if finite(v)]
     return statistics.fmean(vals) if vals else float("nan")
 
 
 def _f(x, digits=2, suffix="") -> str:
-    return f"{x:.{digits}f}{suffix}" if _finite(x) else "–"
+    return f"{x:.{digits}f}{suffix}" if finite(x) else "–"
 
 
 def fwd_per_token(row: dict) -> float:
@@ -246,7 +241,7 @@ def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
             if setting == "plain":
                 plain_avg = row["avg/speedup"]
             row["delta_speedup_pct"] = (100.0 * (row["avg/speedup"] / plain_avg - 1.0)
-                                        if _finite(plain_avg) and plain_avg and _finite(row["avg/speedup"]) else None)
+                                        if finite(plain_avg) and plain_avg and finite(row["avg/speedup"]) else None)
             out_rows.append(row)
             cells = [kind, setting] + [_f(row[f"{d}/tau"]) for d in cols]
             cells += [_f(row[f"{d}/speedup"], suffix="x") for d in cols]
@@ -289,25 +284,12 @@ def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> di
     for kind in plan["drafters"]:
         recs = {r["fine_tune"]: r for r in out if r["drafter"] == kind}
         a, b = recs.get("loop detach"), recs.get("loop grad")
-        if a and b and _finite(a["tau_gate"]) and _finite(b["tau_gate"]):
+        if a and b and finite(a["tau_gate"]) and finite(b["tau_gate"]):
             better = "detach" if a["tau_gate"] > b["tau_gate"] else "gradient" if b["tau_gate"] > a["tau_gate"] else "tie"
             verdicts.append(f"{kind}: τ with the gate {_f(a['tau_gate'])} (detach) vs {_f(b['tau_gate'])} "
                             f"(gradient) → {better}")
     lines += [""] + [f"- {v}" for v in verdicts]
     return {"name": "detach", "rows": out, "verdicts": verdicts, "markdown": "\n".join(lines)}
-
-
-def write_json(obj, path: Path) -> None:
-    def clean(x):
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    path.write_text(json.dumps(clean(obj), indent=1))
 
 
 # --------------------------------------------------------------------------- the study
@@ -351,8 +333,6 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
     """Decode on the eval prompts: the plain and primary loop-trained drafters over the whole grid (one
     interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
     table's gate (a second benchmark with its own AR baseline)."""
-    import torch
-
     from lit_domino.data.benchmarks import load_benchmark
     from lit_domino.decoding.dloop import DLoopConfig
     from lit_domino.decoding.metrics import benchmark
@@ -361,10 +341,8 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
     prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
     grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop")]
     extra_names = [n for n in trained if n not in grid_names]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(plan.get("threads") or threads))  # 1: tiny models, and far less timing jitter
     rows = []
-    try:
+    with pinned_threads(plan.get("threads") or None):  # 1: tiny models, and far less timing jitter
         for group, dloops in ((grid_names, dloop_settings(plan)),
                               (extra_names, [None, DLoopConfig(**plan["table_dloop"])])):
             if not group:
@@ -372,37 +350,34 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
             rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
                               hf_baseline=False, progress=progress, seed=int(plan["seed"]))
-    finally:
-        torch.set_num_threads(threads)
     return rows
 
 
-def log_to_mlflow(plan: dict, tables: dict, out_dir: Path, files: list[Path]) -> str:
+def table_metrics(tables: dict) -> dict[str, float]:
+    """Every finite cell of the DLoop table (``{drafter}.{setting}.{domain}.{tau|speedup}``) and of the grid
+    (``grid.{drafter}.{training}.{g<threshold>|off}.N{max_stages}.{domain}.{tau|fwd_per_token|speedup}``)."""
+    cells = [{"name": (r["drafter"], r["setting"].replace(" ", "_"), d), "tau": r.get(f"{d}/tau"),
+              "speedup": r.get(f"{d}/speedup")} for r in tables["dloop"]["rows"] for d in tables["dloop"]["columns"]]
+    metrics = row_metrics(cells, ("tau", "speedup"), by=lambda c: c["name"], sep=".")
+    metrics.update(row_metrics(tables["grid"]["records"], ("tau", "fwd_per_token", "speedup"), sep=".", by=lambda r: (
+        "grid", r["drafter"], r["training"], "off" if r["threshold"] is None else f"g{r['threshold']:g}",
+        f"N{r['max_stages']}", r["domain"])))
+    return metrics
+
+
+def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
     """A ``tables-<preset>`` run in experiment ``dloop-<preset>``: every table cell as a metric, files as artifacts."""
     import mlflow
+    from mlflow.tracking import MlflowClient
 
     from lit_domino.tracking import mlflow_run
 
     preset = plan["preset"]
-    metrics = {}
-    for r in tables["dloop"]["rows"]:
-        for key in ("tau", "speedup"):
-            for d in tables["dloop"]["columns"]:
-                v = r.get(f"{d}/{key}")
-                if _finite(v):
-                    metrics[f"{r['drafter']}.{r['setting'].replace(' ', '_')}.{d}.{key}"] = float(v)
-    for r in tables["grid"]["records"]:
-        g = "off" if r["threshold"] is None else f"g{r['threshold']:g}"
-        for key in ("tau", "fwd_per_token", "speedup"):
-            if _finite(r.get(key)):
-                metrics[f"grid.{r['drafter']}.{r['training']}.{g}.N{r['max_stages']}.{r['domain']}.{key}"] = float(r[key])
     with mlflow_run(f"dloop-{preset}", f"tables-{preset}", tags={"table": "dloop", "preset": preset}) as run:
         mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
                            "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
                            "table_dloop": f"{plan['table_dloop']['threshold']:g}:{plan['table_dloop']['max_stages']}"})
-        items = sorted(metrics.items())
-        for k in range(0, len(items), 500):
-            mlflow.log_metrics(dict(items[k:k + 500]))
+        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
         return run.info.run_id
@@ -428,23 +403,20 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
                                           "threads")}
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
                 "target": target.fingerprint()}
-    eval_dir = cache.artifact_dir("evals", eval_key, name=f"dloop-{preset}")
-    if cache.is_complete(eval_dir):
-        _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
-        rows = json.loads((eval_dir / "rows.json").read_text())
-    else:
+
+    def decode() -> list[dict]:
         n_grid = 2 * len(plan["drafters"])
         _log(f"stage 3/4 decode {n_grid} drafters x {len(dloop_settings(plan))} DLoop settings, "
              f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']}", t0)
-        rows = evaluate(target, trained, names, plan, progress)
-        eval_dir.mkdir(parents=True, exist_ok=True)
-        (eval_dir / "rows.json").write_text(json.dumps(rows, indent=1))
-        cache.mark_complete(eval_dir, eval_key)
+        return evaluate(target, trained, names, plan, progress)
+
+    rows = cached_rows(eval_key, f"dloop-{preset}", decode,
+                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
 
     _log("stage 4/4 tables", t0)
     tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),
               "detach": detach_table(rows, names, reports, plan)}
-    lossless = [r for r in rows if r.get("kind") == "drafter" and _finite(r.get("match_baseline"))
+    lossless = [r for r in rows if r.get("kind") == "drafter" and finite(r.get("match_baseline"))
                 and r["match_baseline"] < 1.0]
     files = []
     for name, table in tables.items():
@@ -459,7 +431,7 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     write_json(summary, out_dir / f"summary-{preset}.json")
     write_json(rows, out_dir / f"rows-{preset}.json")
     files += [out_dir / f"summary-{preset}.json"]
-    run_id = log_to_mlflow(plan, tables, out_dir, files) if mlflow_enabled else None
+    run_id = log_to_mlflow(plan, tables, files) if mlflow_enabled else None
 
     print(f"\n## DLoop table ({preset}; speedup = our AR time per token / speculative, prefill excluded)\n")
     print(tables["dloop"]["markdown"])

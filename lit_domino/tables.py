@@ -9,11 +9,12 @@ never as a win. Every table is written as Markdown (for people) and JSON (for co
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from lit_domino.study import write_json
 
 PUBLISHED = {
     # METHOD.md, Qwen3-8B, greedy, Transformers backend (speedup over AR); τ on GSM8K.
@@ -80,12 +81,13 @@ def compare(a: tuple[float, float], b: tuple[float, float]) -> str:
     return f"{'better' if diff > 0 else 'worse'} (Δ {diff:+.2f}, ratio {b[0] / a[0]:.2f})" if a[0] else f"Δ {diff:+.2f}"
 
 
-def main_table(records: list[dict], domains: list[str]) -> dict:
-    """Main comparison: τ and speedup per domain and on average, one row per drafter."""
+def main_table(records: list[dict], domains: list[str], variants: list[str] | tuple = MAIN_ROWS) -> dict:
+    """Main comparison: τ and speedup per domain and on average, one row per drafter of ``variants`` (in order;
+    the ablation passes its study file's ``variants.main``)."""
     tau, speed = aggregate(records, "tau"), aggregate(records, "speedup")
     cols = list(domains) + ["avg"]
     rows = []
-    for v in MAIN_ROWS:
+    for v in variants:
         if not any(k[0] == v for k in tau):
             continue
         row = {"variant": v, "label": LABELS.get(v, v), "published": PUBLISHED["main"].get(v, "")}
@@ -135,21 +137,18 @@ def ablation_table(records: list[dict]) -> dict:
     return {"name": "ablations", "rows": rows, "markdown": "\n".join(lines)}
 
 
-def _jsonable(obj):
+def _cell(obj):
+    """A (mean, spread) cell → ``{"mean", "spread"}`` in the JSON; anything else unchanged."""
     if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(x, float) for x in obj):
         return {"mean": obj[0], "spread": obj[1]}
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
     return obj
 
 
 def write_table(table: dict, directory: Path, stem: str) -> tuple[Path, Path]:
-    """``<stem>.md`` and ``<stem>.json`` in ``directory``."""
+    """``<stem>.md`` and ``<stem>.json`` (strict JSON: a NaN cell's mean/spread is null) in ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     md, js = directory / f"{stem}.md", directory / f"{stem}.json"
     md.write_text(table["markdown"] + "\n")
-    js.write_text(json.dumps(_jsonable({k: v for k, v in table.items() if k != "markdown"}), indent=2))
+    write_json({k: v for k, v in table.items() if k != "markdown"}, js, indent=2, convert=_cell)
     return md, js

@@ -26,6 +26,29 @@ def test_every_study_variant_has_a_config():
     assert len(plan["seeds"]) >= 2  # the default preset reports mean ± spread over seeds
 
 
+def test_table_membership_comes_from_the_study_file():
+    import yaml
+
+    from lit_domino.ablation import STUDY_FILE, eval_key
+
+    study = yaml.safe_load(STUDY_FILE.read_text())
+    plan = study_plan("smoke", variants=["domino"])
+    assert plan["tables"] == {"main": study["variants"]["main"], "ablations": study["variants"]["ablations"]}
+    assert plan["variants"] == ["domino"]  # membership is the study's, whatever subset runs
+
+    class Trained:
+        drafter_dir = "artifacts/drafters/domino-s0-abc"
+
+    class Target:
+        def fingerprint(self):
+            return "fp"
+
+    key = eval_key(plan, [Trained()], Target())
+    # the measured rows' cache key is what it was before the plan carried the table membership
+    old_plan = {**study["presets"]["smoke"], "variants": ["domino"], "seeds": [0]}
+    assert key == {"drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan, "target": "fp"}
+
+
 def test_overrides_and_links():
     cfg = load_config("domino", "smoke", seed=3, overrides={"model.rank": 7, "data.block_size": 4})
     init = cfg["model"]["init_args"]

@@ -125,3 +125,69 @@ def test_tables_have_the_papers_shape():
     assert any("domino" in v for v in det["verdicts"])
     assert ds.fwd_per_token({"kind": "ar"}) == 1.0 and math.isnan(ds.fwd_per_token({"kind": "drafter", "tokens": 0,
                                                                                      "rounds": 0}))
+
+
+def test_table_metrics_names():
+    plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
+    names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop": f"{k}/loop-detach"}
+             for k in plan["drafters"]}
+    rows = fake_rows(plan, names)
+    tables = {"grid": ds.grid_table(rows, names, plan), "dloop": ds.dloop_table(rows, names, plan)}
+    metrics = ds.table_metrics(tables)
+    assert metrics["domino.plain.embedded-math.tau"] == 2.0
+    assert metrics["domino.loop-aware_training_only.avg.speedup"] == pytest.approx(1.15)
+    assert metrics["grid.domino.plain.off.N1.embedded-code.fwd_per_token"] == pytest.approx(10 / (10 * 2.0))
+    assert metrics["grid.eagle3.loop-aware.g-0.5.N3.embedded-chat.tau"] == pytest.approx(2.7)
+    # "loop only"/"both" of the dloop table: gate -0.5:3 is in the grid; every value is finite
+    assert len([k for k in metrics if not k.startswith("grid.")]) == 3 * 4 * 4 * 2
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, monkeypatch):
+    """run_dloop_study with training and decoding faked: rows cached (a rerun reuses them), strict JSON, MLflow."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    import lit_domino.target
+    from lit_domino.tracking import default_tracking_uri
+
+    plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
+    names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop": f"{k}/loop-detach"}
+             for k in plan["drafters"]}
+
+    class Trained:
+        def __init__(self, name):
+            self.drafter_dir = tmp_path / name.replace("/", "-")
+
+    class Target:
+        def fingerprint(self):
+            return "fake-target"
+
+    trained = {n: Trained(n) for k in names.values() for v, n in k.items() if v != "loop"}
+    decoded = []
+
+    def evaluate(*args, **kwargs):
+        decoded.append(1)
+        rows = fake_rows(plan, names)
+        rows[0]["speedup"] = float("nan")  # a NaN cell must reach the JSON as null
+        return rows
+
+    monkeypatch.setattr(ds, "train_all", lambda *a, **k: (names, trained, {n: {} for n in trained}))
+    monkeypatch.setattr(ds, "evaluate", evaluate)
+    monkeypatch.setattr(lit_domino.target, "load_target", lambda spec: Target())
+    out = ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "out", progress=False)
+    again = ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "again", progress=False,
+                               mlflow_enabled=False)
+    assert decoded == [1] and json.dumps(again["rows"]) == json.dumps(out["rows"])  # reused, NaN kept
+    assert math.isnan(again["rows"][0]["speedup"])
+
+    def strict(path):
+        return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path.name}: bare {c}"))
+
+    for name in ("grid", "dloop", "detach", "summary", "rows"):
+        strict(tmp_path / "out" / f"{name}-smoke.json")
+    assert strict(tmp_path / "out" / "rows-smoke.json")[0]["speedup"] is None
+    run = MlflowClient(default_tracking_uri()).get_run(out["run_id"])
+    assert run.data.metrics == ds.table_metrics(out["tables"])
+    assert run.data.metrics["domino.both.avg.tau"] == pytest.approx(2.7)

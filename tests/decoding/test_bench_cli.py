@@ -48,8 +48,10 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
 
 
 def test_bench_cli_errors():
+    from lit_domino.study import load_drafters
+
     bench = bench_module()
     with pytest.raises(SystemExit, match="name=path"):
-        bench.load_drafters("oops", None, "cpu")
+        load_drafters("oops", None, "cpu")
     with pytest.raises(ValueError, match="never positive"):
         bench.main(["--target", "random", "--dloop", "0.5:2", "--benchmarks", "random:1", "--no-mlflow"])
