@@ -8,7 +8,7 @@
 Writes ``results/bench-<time>.md`` + ``.json`` and one MLflow run (experiment ``bench``;
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``). Everything runs in one
 process on the same prompts (see :func:`lit_domino.decoding.benchmark`; the command itself is
-:func:`lit_domino.study.run_bench`).
+:func:`lit_domino.bench.run_bench`).
 
 Smoke options (no trained artifacts): ``--target random`` (a random 8-layer, 192-wide,
 4096-vocabulary Qwen3), ``--drafters NAME=random:KIND`` (a randomly initialised drafter),
@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> list[dict]:
-    from lit_domino.study import run_bench
+    from lit_domino.bench import run_bench  # here, so that --help answers without importing torch
 
     return run_bench(parse_args(argv))
 

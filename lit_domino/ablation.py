@@ -18,17 +18,25 @@ Stages (each visible as it runs, each cached):
 
 from __future__ import annotations
 
-import copy
+import argparse
 import time
 from pathlib import Path
 
+import mlflow
 import yaml
+from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
+from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
+from lit_domino.data.benchmarks import load_benchmark
+from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, parse_override, train_variant
+from lit_domino.models import load_drafter
+from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
-from lit_domino.tables import main_table, ablation_table, write_table
-from lit_domino.tracking import ensure_experiment, default_tracking_uri, project_root
+from lit_domino.tables import ablation_table, aggregate, fmt, main_table, write_table
+from lit_domino.target import load_target
+from lit_domino.tracking import default_tracking_uri, ensure_experiment
 
 STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
 
@@ -69,31 +77,19 @@ def _eta(done: int, total: int, elapsed: float) -> str:
 
 
 def load_prompts(plan: dict) -> dict:
-    from lit_domino.data.benchmarks import load_benchmark
-
     return {name: load_benchmark(name, n) for name, n in plan["prompts"].items()}
-
-
-def backbone_view(drafter):
-    """The backbone inside a Domino drafter, decoded alone (head correction zeroed): did it collapse?"""
-    inner = copy.deepcopy(drafter)
-    inner.head.reset_up()
-    return inner
 
 
 def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[dict]:
     """Decode every drafter (and the peers) on every benchmark in this process → benchmark rows."""
-    from lit_domino.decoding.metrics import benchmark
-    from lit_domino.models.io import load_drafter
-
     drafters, assistant = {}, None
     for t in trained:
         d = load_drafter(t.drafter_dir, target=target)
         drafters[f"{t.variant}/s{t.seed}"] = d
-        if t.variant.startswith("domino"):  # kind-dispatch
-            drafters[f"{t.variant}/s{t.seed}/backbone"] = backbone_view(d)
-        if t.variant == "small_lm" and assistant is None:  # kind-dispatch
-            assistant = d.lm
+        inner = d.base_view()  # Domino's backbone decoded alone: did it collapse without the curriculum?
+        if inner is not None:
+            drafters[f"{t.variant}/s{t.seed}/backbone"] = inner
+        assistant = assistant or d.hf_model()  # the small LM is HF assisted generation's assistant
     peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]
     with pinned_threads(plan.get("threads")):
         return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
@@ -125,8 +121,6 @@ def records_from_rows(rows: list[dict]) -> list[dict]:
 
 def peer_table(records: list[dict], domains: list[str]) -> str:
     """Markdown: our drafters' speedups beside the two HF peers, per domain."""
-    from lit_domino.tables import aggregate, fmt
-
     speed = aggregate(records, "speedup")
     names = sorted({r["variant"] for r in records})
     lines = ["| method | " + " | ".join(domains + ["avg"]) + " |", "|---|" + "---|" * (len(domains) + 1)]
@@ -138,10 +132,7 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
 def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str]) -> None:
     """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
     ``main_variants``, the plan's ``tables["main"]``, else ``ablations``); a ``tables`` run with the tables."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
 
-    from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
 
     uri = default_tracking_uri()
     client = MlflowClient(uri)
@@ -179,7 +170,6 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 
     ``train_only``: stop after stage 2 (the drafters are cached); a later run without it decodes.
     Decoding is timed, so train on a busy machine (or seeds in parallel processes) and decode alone."""
-    from lit_domino.target import load_target
 
     t0 = time.time()
     plan = study_plan(preset, variants, seeds)
@@ -242,8 +232,6 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 
 def main(argv=None) -> dict:
     """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="ablation", description="Train every drafter variant, decode for real, "
                                      "print the papers' tables (cached under ./artifacts, runs in MLflow).")
     parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import MLFlowLogger
+from matplotlib.figure import Figure
 
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.engine import generate
@@ -92,8 +94,6 @@ def evaluate_speculative(
 
 def plot_position_acceptance(per_domain: Mapping[str, dict], title: str = ""):
     """Per-position conditional acceptance curves, one line per domain (a matplotlib ``Figure``, Agg)."""
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     for domain, row in per_domain.items():
@@ -111,8 +111,6 @@ def plot_position_acceptance(per_domain: Mapping[str, dict], title: str = ""):
 
 def plot_tau_histogram(per_domain: Mapping[str, dict], title: str = ""):
     """Histogram of tokens committed per round (τ), one bar group per domain."""
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     n = max(1, len(per_domain))
@@ -211,8 +209,6 @@ class SpeculativeEvalCallback(Callback):
         return metrics
 
     def _log_plots(self, trainer, per_domain) -> None:
-        from lightning.pytorch.loggers import MLFlowLogger
-
         for logger in trainer.loggers:
             if not isinstance(logger, MLFlowLogger):
                 continue

@@ -34,15 +34,23 @@ import statistics
 import time
 from pathlib import Path
 
+import mlflow
 import yaml
+from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
+from lit_domino.configs import available_variants, compose, module_class
+from lit_domino.data.benchmarks import load_benchmark
+from lit_domino.decoding.dloop import DLoopConfig, dloop_label
+from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, set_dotted, train_variant
+from lit_domino.models import load_drafter
+from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, finite, log_metrics, pinned_threads, row_metrics, write_json
-from lit_domino.tracking import default_tracking_uri, project_root
+from lit_domino.target import load_target
+from lit_domino.tracking import default_tracking_uri, mlflow_run
 
 STUDY_FILE = CONFIG_DIR / "loop" / "study.yaml"
-DRAFTERS = ("backbone", "domino", "eagle3")  # kind-dispatch
 SETTINGS = ("plain", "loop only", "loop-aware training only", "both")
 LOOP_CLASS = "lit_domino.lit.loop.LoopModule"
 PUBLISHED = "DLoop papers: +5 % to +41 % speedup over each drafter (EAGLE-3, DFlash, Domino), τ +12 % to +102 %"
@@ -65,8 +73,6 @@ def parse_list(text, cast=float) -> list:
 
 def check_grid(thresholds: list[float], stages: list[int]) -> None:
     """Every threshold must be a valid DLoop gate (g <= 0) and every cap N >= 1 (``DLoopConfig``'s rules)."""
-    from lit_domino.decoding.dloop import DLoopConfig
-
     if not thresholds or not stages:
         raise ValueError("the grid needs at least one threshold and one stage count")
     for g in thresholds:
@@ -74,6 +80,13 @@ def check_grid(thresholds: list[float], stages: list[int]) -> None:
     for n in stages:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"stage counts N must be integers >= 1 (1 = no loop), got {n!r}")
+
+
+def loop_trainable(variant: str) -> bool:
+    """Whether ``variant`` (a config name) trains a drafter whose method supports DLoop's loop-aware training."""
+    if variant not in available_variants():
+        return False
+    return module_class(compose(variant)).drafter_class.supports_loop_training
 
 
 def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_dloop=None,
@@ -85,9 +98,10 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan = copy.deepcopy(study["presets"][preset])
     plan["preset"] = preset
     plan["drafters"] = list(drafters or study["drafters"])
-    bad = [d for d in plan["drafters"] if d not in DRAFTERS]  # kind-dispatch
+    bad = [d for d in plan["drafters"] if not loop_trainable(d)]
     if bad:
-        raise ValueError(f"unknown drafters {bad}; DLoop's loop-aware training covers {list(DRAFTERS)}")
+        raise ValueError(f"drafters {bad} cannot be loop-trained; DLoop's loop-aware training covers the variants "
+                         f"whose method supports it: {[v for v in available_variants() if loop_trainable(v)]}")
     plan["thresholds"] = [float(g) for g in (thresholds if thresholds is not None else study["thresholds"])]
     plan["stages"] = [int(n) for n in (stages if stages is not None else study["stages"])]
     check_grid(plan["thresholds"], plan["stages"])
@@ -102,8 +116,6 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
 
 def dloop_settings(plan: dict) -> list:
     """The DLoop configurations decoded: off, the grid's (g, N > 1) and the table's gate."""
-    from lit_domino.decoding.dloop import DLoopConfig
-
     out = [None]
     for n in plan["stages"]:
         for g in plan["thresholds"]:
@@ -134,11 +146,9 @@ def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stage
     base = dict(base_cfg["model"].get("init_args") or {})
     init = {k: base[k] for k in ("target", "block_size", "feature_layers", "gamma", "betas", "weight_decay",
                                  "min_lr_ratio") if k in base}
-    if kind == "domino":  # kind-dispatch
-        init["causal_inputs"] = base.get("causal_inputs", "teacher_forced")
-        init["curriculum"] = {"kind": "none"}  # the base finished its λ schedule at 0
-    if kind == "eagle3":  # kind-dispatch
-        init["step_decay"] = base.get("step_decay", 0.8)
+    # the base's method-specific loss settings that the fine-tune shares (Domino's GRU inputs, EAGLE-3's step
+    # decay); λ is LoopModule's default, 0: the base finished its curriculum there
+    init.update({k: base[k] for k in ("causal_inputs", "step_decay") if k in base})
     init.update(copy.deepcopy(plan.get("loop") or {}))
     init.update(init_from=str(drafter_dir), detach_stage_context=bool(detach), seed=int(plan["seed"]))
     if max_stages is not None:
@@ -182,8 +192,6 @@ def cell_index(rows: list[dict]) -> dict:
 
 def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
     """The threshold × depth grid: per drafter (plain / loop-trained) × (g, N), per domain τ, fwd/token, speedup."""
-    from lit_domino.decoding.dloop import DLoopConfig, dloop_label
-
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     records, lines = [], []
@@ -216,8 +224,6 @@ def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
 
 def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
     """Each drafter × {plain, loop only, loop-aware training only, both}: τ and speedup per domain and on average."""
-    from lit_domino.decoding.dloop import DLoopConfig, dloop_label
-
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     gate = dloop_label(DLoopConfig(**plan["table_dloop"]))
@@ -255,8 +261,6 @@ def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
 
 def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> dict:
     """``detach_stage_context`` on/off and the no-loop control: validation loss per stage, τ and speedup."""
-    from lit_domino.decoding.dloop import DLoopConfig, dloop_label
-
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     gate = dloop_label(DLoopConfig(**plan["table_dloop"]))
@@ -333,10 +337,6 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
     """Decode on the eval prompts: the plain and primary loop-trained drafters over the whole grid (one
     interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
     table's gate (a second benchmark with its own AR baseline)."""
-    from lit_domino.data.benchmarks import load_benchmark
-    from lit_domino.decoding.dloop import DLoopConfig
-    from lit_domino.decoding.metrics import benchmark
-    from lit_domino.models.io import load_drafter
 
     prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
     grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop")]
@@ -367,11 +367,6 @@ def table_metrics(tables: dict) -> dict[str, float]:
 
 def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
     """A ``tables-<preset>`` run in experiment ``dloop-<preset>``: every table cell as a metric, files as artifacts."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.tracking import mlflow_run
-
     preset = plan["preset"]
     with mlflow_run(f"dloop-{preset}", f"tables-{preset}", tags={"table": "dloop", "preset": preset}) as run:
         mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
@@ -386,7 +381,6 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
 def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stages=None, table_dloop=None,
                     out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True) -> dict:
     """The whole study → ``{"tables", "rows", "names", "plan", "seconds"}`` (see the module docstring)."""
-    from lit_domino.target import load_target
 
     t0 = time.time()
     plan = study_plan(preset, drafters, thresholds, stages, table_dloop)

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from lit_domino.ablation import main, run_ablation, study_plan
-from lit_domino.experiment import available_variants, load_config, parse_override
+from lit_domino.configs import available_variants, load_config, parse_override
 
 
 def test_plan_and_config_errors():
@@ -49,11 +49,18 @@ def test_table_membership_comes_from_the_study_file():
     assert key == {"drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan, "target": "fp"}
 
 
-def test_overrides_and_links():
+def test_overrides_and_links(tmp_path):
+    """Overrides land in the composed config; the training parser (the one pipeline) links data to the model."""
+    from lit_domino.cli import DrafterCLI, cli_args
+
     cfg = load_config("domino", "smoke", seed=3, overrides={"model.rank": 7, "data.block_size": 4})
-    init = cfg["model"]["init_args"]
-    assert init["rank"] == 7 and init["block_size"] == 4 and init["target"] == cfg["data"]["target"]
-    assert cfg["data"]["seed"] == cfg["seed_everything"] == 3
+    assert cfg["model"]["init_args"]["rank"] == 7 and cfg["data"]["block_size"] == 4
+    cfg["tracking"]["enabled"] = False
+    cfg["trainer"]["default_root_dir"] = str(tmp_path)
+    cli = DrafterCLI(args=cli_args(cfg), run=False)
+    h = cli.model.hparams
+    assert h.rank == 7 and h.block_size == 4 and h.target == cfg["data"]["target"]
+    assert cli.datamodule.hparams.seed == cfg["seed_everything"] == 3
 
 
 def test_command_line_overrides_are_yaml(capsys):

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_domino.callbacks import SpeculativeEvalCallback, evaluate_speculative
-from lit_domino.models import DrafterConfig, build_drafter
+from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import random_target
 
 VOCAB = 96
@@ -29,7 +29,7 @@ class TinyModule(L.LightningModule):
                                     intermediate_size=64, seed=0)
         self.target.model.generation_config.eos_token_id = None
         torch.manual_seed(0)
-        cfg = DrafterConfig.from_target(self.target, "backbone", num_layers=1, block_size=4)
+        cfg = drafter_config("backbone", self.target, num_layers=1, block_size=4)
         self.drafter = build_drafter(cfg, self.target)
 
     def training_step(self, batch, batch_idx):

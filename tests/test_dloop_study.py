@@ -26,7 +26,7 @@ def test_plan_defaults_and_overrides():
     (dict(thresholds=[float("nan")]), "threshold"),
     (dict(stages=[0, 2]), "N must be integers >= 1"),
     (dict(stages=[]), "at least one"),
-    (dict(drafters=["small_lm"]), "unknown drafters"),
+    (dict(drafters=["small_lm"]), r"drafters \[.small_lm.\] cannot be loop-trained"),
     (dict(table_dloop={"threshold": -0.5, "max_stages": 1}), "max_stages >= 2"),
     (dict(table_dloop={"threshold": 0.5, "max_stages": 3}), "positive"),
 ])
@@ -58,8 +58,9 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
     init = a["model"]["init_args"]
     assert a["model"]["class_path"] == ds.LOOP_CLASS
     assert init["init_from"] == str(tmp_path / "base-a") and init["detach_stage_context"] is True
-    assert init["max_stages"] == 3 and init["curriculum"] == {"kind": "none"}
-    assert init["target"] == base["data"]["target"] and init["block_size"] == base["data"]["block_size"]
+    assert init["max_stages"] == 3 and init["causal_inputs"] == "teacher_forced"  # the base's GRU inputs
+    assert "curriculum" not in init  # LoopModule's default λ = 0: the base finished its curriculum there
+    assert "target" not in init and "block_size" not in init  # the training parser links them from data
     assert a["data"] == base["data"] and a["trainer"]["max_epochs"] == 1
     b = ds.loop_config(base, tmp_path / "base-a", plan, detach=False)
     c = ds.loop_config(base, tmp_path / "base-b", plan, detach=True)
@@ -69,7 +70,7 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
     assert len(paths) == 4 and drafter_artifact(a) == drafter_artifact(ds.loop_config(base, tmp_path / "base-a",
                                                                                      plan, detach=True))
     eagle = ds.base_config("eagle3", plan)
-    assert eagle["data"]["block_size"] == eagle["model"]["init_args"]["block_size"] == 4  # 3 chain steps per stage
+    assert eagle["data"]["block_size"] == 4  # 3 chain steps per stage
     # the fine-tune module accepts exactly these arguments
     import inspect
 

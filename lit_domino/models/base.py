@@ -345,6 +345,11 @@ class Drafter(nn.Module):
         None for methods that have no such part."""
         return None
 
+    def hf_model(self):
+        """A Hugging Face causal LM that HF assisted generation can take as its assistant; None for methods that
+        are no standalone LM."""
+        return None
+
     def new_session(self):
         """A fresh per-sequence decoding state (``lit_domino.models.sessions``)."""
         return self.session_class(self)

@@ -48,7 +48,7 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
 
 
 def test_bench_cli_errors():
-    from lit_domino.study import load_drafters
+    from lit_domino.bench import load_drafters
 
     bench = bench_module()
     with pytest.raises(SystemExit, match="name=path"):

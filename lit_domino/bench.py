@@ -1,0 +1,134 @@
+"""The benchmark command behind ``experiments/bench.py``: drafters x benchmarks x temperature x DLoop,
+decoded in one process against our AR baseline (and HF peers), written as Markdown + JSON and one MLflow run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import torch
+from mlflow.tracking import MlflowClient
+from transformers import AutoModelForCausalLM
+
+from lit_domino.data.benchmarks import load_benchmark, parse_benchmark_list
+from lit_domino.decoding import DLoopConfig, benchmark
+from lit_domino.decoding.metrics import markdown_table
+from lit_domino.models import build_drafter, drafter_config, load_drafter
+from lit_domino.study import POSITIONS, log_metrics, mlflow_name, pinned_threads, row_metrics, write_json
+from lit_domino.target import load_target
+from lit_domino.testing import random_target
+from lit_domino.tracking import default_tracking_uri, mlflow_run
+
+BENCH_KEYS = ("tau", "accepted_per_round", "speedup", "tpot_ms", "speedup_vs_hf_generate", "match_baseline",
+              POSITIONS)
+"""The bench run's metrics per ``{benchmark}/{method}/T{temperature}``."""
+BENCH_COLUMNS = ["benchmark", "method", "temperature", "block_size", "tau", "accepted_per_round", "speedup",
+                 "speedup_vs_hf_generate", "tpot_ms", "match_baseline"]
+
+
+def load_target_spec(spec: str, device: str, dtype: str):
+    """``random`` (a random 8-layer, 192-wide, 4096-vocabulary Qwen3) or anything :func:`load_target` takes."""
+    if spec == "random":
+        target = random_target(vocab_size=4096, hidden_size=192, num_layers=8, max_positions=4096)
+        target.model.generation_config.eos_token_id = None
+        return target
+    return load_target(spec, dtype=dtype, device=device)
+
+
+def load_drafters(spec: str, target, device: str) -> dict:
+    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised)."""
+    drafters = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--drafters: expected name=path, got {item!r}")
+        if path.startswith("random:"):
+            torch.manual_seed(0)
+            drafter = build_drafter(drafter_config(path.split(":", 1)[1], target), target)
+        else:
+            drafter = load_drafter(path, target=target, map_location=device)
+        drafters[name] = drafter.to(device).eval()
+    return drafters
+
+
+def load_prompts(spec: str, target, seed: int) -> dict:
+    """``name[:n],...`` of :mod:`lit_domino.data.benchmarks`, or ``random:N`` (N random 32-token prompts)."""
+    prompts = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        if item.startswith("random:"):
+            n = int(item.split(":", 1)[1])
+            g = torch.Generator().manual_seed(seed)
+            prompts[item] = [torch.randint(3, target.vocab_size - 1, (32,), generator=g).tolist() for _ in range(n)]
+            continue
+        for name, n in parse_benchmark_list(item):
+            prompts[name if n is None else f"{name}:{n}"] = load_benchmark(name, n, seed=seed)
+    if not prompts:
+        raise SystemExit("--benchmarks is empty")
+    return prompts
+
+
+def assistant_model(peers: str, assistant: str | None, drafters: dict, device: str):
+    """The HF model of the ``assisted`` peer: a small-LM drafter's ``.lm`` (by name) or an HF model directory."""
+    if "assisted" not in peers:
+        return None
+    if not assistant:
+        raise SystemExit("--peers assisted needs --assistant (a small_lm drafter name or an HF model directory)")
+    if assistant in drafters:
+        lm = drafters[assistant].hf_model()
+        if lm is None:
+            raise SystemExit(f"--assistant {assistant!r} is not a standalone LM drafter (e.g. small_lm)")
+        return lm
+    return AutoModelForCausalLM.from_pretrained(assistant).to(device).eval()
+
+
+def run_bench(options: Mapping | Any) -> list[dict]:
+    """The benchmark command: decode, write ``<out>/bench-<time>.md`` + ``.json``, log one MLflow run.
+
+    ``options``: the options of ``experiments/bench.py`` (an ``argparse.Namespace`` or a dict with the same
+    names); they are the run's params and the JSON's ``args``. Returns the benchmark rows.
+    """
+    args = dict(options if isinstance(options, Mapping) else vars(options))
+    with pinned_threads(args["threads"] or None):
+        temperatures = [float(t) for t in args["temperatures"].split(",") if t.strip()]
+        dloops = [DLoopConfig.parse(s) for s in args["dloop"].split(",") if s.strip()] or [None]
+        peers = [s.strip() for s in args["peers"].split(",") if s.strip()]
+        target = load_target_spec(args["target"], args["device"], args["dtype"])
+        drafters = load_drafters(args["drafters"], target, args["device"])
+        prompts = load_prompts(args["benchmarks"], target, args["seed"])
+        rows = benchmark(target, drafters, prompts, max_new_tokens=args["max_new_tokens"], temperatures=temperatures,
+                         dloops=dloops, block_size=args["block_size"], peers=peers,
+                         assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
+                         prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
+                         seed=args["seed"], progress=not args["no_progress"])
+        threads = torch.get_num_threads()
+    table = markdown_table(rows, BENCH_COLUMNS)
+    out = Path(args["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    md_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
+    header = (f"# Speculative decoding benchmark\n\ntarget `{args['target']}`, max_new_tokens {args['max_new_tokens']}, "
+              f"torch threads {threads}. speedup = mean TPOT of our AR baseline / mean TPOT "
+              "(prefill excluded, same process, same prompts); tau includes the bonus token.\n\n")
+    md_path.write_text(header + table + "\n")
+    write_json({"args": args, "rows": rows}, json_path, indent=2)
+    print(table)
+    print(f"\nwrote {md_path} and {json_path}")
+    if not args["no_mlflow"]:
+        print(f"MLflow run {_log_bench(args, rows, md_path, json_path)}")
+    return rows
+
+
+def _log_bench(args: dict, rows: list[dict], md_path: Path, json_path: Path) -> str:
+    """The bench's MLflow run: options as params, ``{benchmark}/{method}/T{t}/{key}`` metrics, both files."""
+    metrics = row_metrics(rows, BENCH_KEYS, by=lambda r: (r["benchmark"], r["method"], f"T{r['temperature']:g}"))
+    with mlflow_run(args["experiment"], run_name=f"bench-{time.strftime('%Y%m%d-%H%M%S')}",
+                    tags={"table": "bench", "target": args["target"]}) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in args.items()})
+        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id,
+                    {mlflow_name(k): v for k, v in metrics.items()})
+        mlflow.log_artifact(str(md_path))
+        mlflow.log_artifact(str(json_path))
+        return run.info.run_id
