@@ -4,17 +4,40 @@ Layout: ``<root>/<kind>/<name>-<hash>/`` where ``hash`` is a SHA-256 of the cano
 JSON of the config that made the artifact. A finished artifact holds ``artifact.json``
 (that config; not ``config.json``, which model directories use) and a ``.complete`` marker; anything without the marker is an interrupted build and
 is never reused as finished (builders may resume from its partial content).
+
+Sharing a machine and a cache:
+
+* **One builder per artifact.** :func:`building` holds a file lock beside the artifact
+  (``<root>/<kind>/.<name>-<hash>.lock``, an OS-level ``flock``: released by the kernel
+  when its process dies, so a killed build never blocks the next one). The first process
+  builds; the others wait on the lock, then find the finished artifact and reuse it.
+* **The marker promises what is there.** :func:`mark_complete` records every file with
+  its size (and a SHA-256 of the small ones); :func:`verify` / :func:`is_complete` check
+  it, so a deleted or truncated shard behind a marker reads as corrupt (with a warning
+  naming the folder) and is rebuilt rather than failing inside ``datasets``. Markers of
+  older versions (``ok``, no file list) are trusted as before.
+* **No stub folders.** Artifacts without resume state are built in :func:`staging`
+  (a temporary directory beside them, renamed into place when finished); a failed build
+  inside :func:`building` removes what it left unless that is resume state (checkpoints,
+  finished shards).
+* **Builds leave the caller's randomness alone.** :func:`building` runs its block in
+  :func:`isolated_rng`, so a cold cache (the artifact is built) and a warm one (it is read)
+  leave Python's, NumPy's and torch's global random states the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, TypeVar
 
 CACHE_ENV = "LIT_DOMINO_CACHE"
 """Environment variable that overrides the cache root (default ``./artifacts``)."""
@@ -22,6 +45,27 @@ CACHE_ENV = "LIT_DOMINO_CACHE"
 _COMPLETE = ".complete"
 ARTIFACT_CONFIG = "artifact.json"
 """The config that built an artifact (model directories keep their own ``config.json``)."""
+
+MARKER_FORMAT = 2
+"""``.complete`` markers of this format are JSON with the artifact's file list; format 1 was ``ok``."""
+CHECKSUM_MAX_BYTES = 1 << 16
+"""Files up to this size get a SHA-256 in the marker (configs, reports, tokenizer metadata)."""
+TRANSIENT = ("ckpt",)
+"""Top-level entries not recorded in a marker: resume state, deleted once an artifact is finished."""
+RESUME_STATE = ("ckpt/*.ckpt", "*/.complete")
+"""What a failed build keeps (patterns inside the artifact): checkpoints and finished shards."""
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class CorruptArtifact(RuntimeError):
+    """A cached artifact that cannot be read back; the message names the folder to delete."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path = Path(path)
+        super().__init__(f"the cached artifact {self.path} is corrupt ({reason}); delete that folder "
+                         f"(rm -r '{self.path}') and rerun to rebuild it")
 
 
 def cache_root() -> Path:
@@ -54,19 +98,307 @@ def artifact_dir(kind: str, config: Any, name: str | None = None, root: Path | N
     return (root or cache_root()) / kind / tag
 
 
-def is_complete(path: Path) -> bool:
-    """True when ``path`` holds a finished artifact."""
-    return (Path(path) / _COMPLETE).is_file()
+# --------------------------------------------------------------------------- markers and integrity
 
 
-def mark_complete(path: Path, config: Any) -> None:
-    """Write the artifact's config next to it and mark it finished (last step of a build)."""
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _inventory(path: Path, exclude: tuple[str, ...], checksums: bool) -> dict[str, dict]:
+    files = {}
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if rel.parts[0] in exclude or str(rel) == _COMPLETE or not f.is_file():
+            continue
+        size = f.stat().st_size
+        entry: dict[str, Any] = {"size": size}
+        if checksums and size <= CHECKSUM_MAX_BYTES:
+            entry["sha256"] = _sha256(f)
+        files[rel.as_posix()] = entry
+    return files
+
+
+def _read_marker(path: Path) -> dict | None:
+    """The marker's promise: None without a marker, ``{}`` for an old ``ok`` marker (trusted)."""
+    marker = Path(path) / _COMPLETE
+    try:
+        text = marker.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}  # format 1 ("ok"): no file list, trusted as before
+    return data if isinstance(data, dict) else {}
+
+
+def mark_complete(path: Path, config: Any, *, checksums: bool = True, exclude: tuple[str, ...] = TRANSIENT) -> None:
+    """Write the artifact's config next to it and mark it finished (last step of a build).
+
+    The marker lists every file under ``path`` (except the top-level entries in ``exclude``:
+    resume state that is deleted afterwards) with its size, and a SHA-256 of files up to
+    :data:`CHECKSUM_MAX_BYTES` when ``checksums``; :func:`verify` checks that promise.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / ARTIFACT_CONFIG).write_text(json.dumps(to_jsonable(config), indent=2, sort_keys=True))
-    (path / _COMPLETE).write_text("ok\n")
+    marker = {"format": MARKER_FORMAT, "files": _inventory(path, tuple(exclude), checksums)}
+    tmp = path / f"{_COMPLETE}.tmp"
+    tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
+    os.replace(tmp, path / _COMPLETE)  # the marker appears whole or not at all
+
+
+def verify(path: Path) -> list[str]:
+    """What is wrong with the finished artifact ``path`` (empty: intact, or an old marker without a file list).
+
+    Checks the files the marker promises: present, the recorded size, the recorded checksum.
+    Files added after the marker (caches written by readers) are not a problem.
+    """
+    path = Path(path)
+    marker = _read_marker(path)
+    if marker is None:
+        return [f"no {_COMPLETE} marker"]
+    problems = []
+    for rel, entry in (marker.get("files") or {}).items():
+        f = path / rel
+        try:
+            size = f.stat().st_size
+        except OSError:
+            problems.append(f"{rel} is missing")
+            continue
+        if size != entry.get("size", size):
+            problems.append(f"{rel} has {size} bytes, the marker promises {entry['size']}")
+        elif "sha256" in entry and _sha256(f) != entry["sha256"]:
+            problems.append(f"{rel} changed (checksum)")
+    return problems
+
+
+def is_complete(path: Path, *, warn: bool = True) -> bool:
+    """True when ``path`` holds a finished, intact artifact.
+
+    A marker whose files are missing, truncated or changed reads as not complete, with a
+    warning naming the folder (``warn``): the caller rebuilds it (builders overwrite it).
+    """
+    path = Path(path)
+    if not (path / _COMPLETE).is_file():
+        return False
+    problems = verify(path)
+    if problems and warn:
+        log.warning("cached artifact %s is corrupt (%s); it will be rebuilt", path, "; ".join(problems[:3])
+                    + (f"; {len(problems) - 3} more" if len(problems) > 3 else ""))
+    return not problems
+
+
+def invalidate(path: Path) -> None:
+    """Remove the marker of ``path`` (a corrupt artifact): it reads as an interrupted build from then on."""
+    with contextlib.suppress(FileNotFoundError):
+        (Path(path) / _COMPLETE).unlink()
+
+
+def write_metadata(path: Path, name: str, text: str) -> None:
+    """Rewrite a small file of a finished artifact (``report.json``, a run id) and update its marker entry.
+
+    Files rewritten behind the marker's back read as corrupt; this keeps the promise true.
+    """
+    path = Path(path)
+    target = path / name
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+    marker = _read_marker(path)
+    if marker and "files" in marker:
+        size = target.stat().st_size
+        entry: dict[str, Any] = {"size": size}
+        if size <= CHECKSUM_MAX_BYTES:
+            entry["sha256"] = _sha256(target)
+        marker["files"][Path(name).as_posix()] = entry
+        mtmp = path / f"{_COMPLETE}.tmp"
+        mtmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
+        os.replace(mtmp, path / _COMPLETE)
 
 
 def clear(path: Path) -> None:
     """Remove a (possibly partial) artifact."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- locks and builds
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of the artifact ``path``: beside it (``.<name>.lock``), so clearing the artifact keeps it."""
+    path = Path(path)
+    return path.parent / f".{path.name}.lock"
+
+
+def build_lock(path: Path, timeout: float = -1):
+    """A ``filelock.FileLock`` on the artifact ``path`` (not acquired; ``timeout`` -1 waits forever).
+
+    An OS-level lock (``flock``): the kernel releases it when the holding process exits or
+    is killed, so a stale lock never blocks a later build.
+    """
+    from filelock import FileLock
+
+    lp = lock_path(path)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(lp), timeout=timeout)
+
+
+def _has_resume_state(path: Path, keep: tuple[str, ...]) -> bool:
+    return any(next(path.glob(pattern), None) is not None for pattern in keep)
+
+
+def _remove_stale_staging(path: Path) -> None:
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def building(path: Path, *, timeout: float | None = None, keep: tuple[str, ...] = RESUME_STATE,
+             isolate_rng: bool = True) -> Iterator[Path]:
+    """Hold the build lock of the artifact ``path`` for the block: build once, the others wait and reuse.
+
+    Use it around "reuse if complete, else build"; re-check :func:`is_complete` inside the
+    block, since another process may have finished the artifact while this one waited::
+
+        with cache.building(path):
+            if cache.is_complete(path):
+                return load(path)
+            build(path)          # ends with cache.mark_complete(path, config)
+
+    ``timeout``: seconds to wait for another builder (None: as long as it takes; then
+    ``TimeoutError``). On an exception inside the block, an unfinished ``path`` is removed
+    unless it holds resume state (``keep``: glob patterns inside it), so failed builds leave
+    no stub folders. With ``isolate_rng`` the block runs in :func:`isolated_rng`.
+    Not reentrant for one ``path`` within a process (nest different artifacts freely).
+    """
+    from filelock import Timeout
+
+    path = Path(path)
+    lock = build_lock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("waiting for another process to finish building %s", path)
+        try:
+            lock.acquire(timeout=-1 if timeout is None else timeout)
+        except Timeout:
+            raise TimeoutError(f"{path} is still being built by another process after {timeout} s "
+                               f"(lock {lock_path(path)})") from None
+    try:
+        _remove_stale_staging(path)  # leftovers of killed builds: nobody else builds path now
+        rng = isolated_rng() if isolate_rng else contextlib.nullcontext()
+        try:
+            with rng:
+                yield path
+        except BaseException:
+            if path.is_dir() and not (path / _COMPLETE).is_file() and not _has_resume_state(path, keep):
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def staging(path: Path) -> Iterator[Path]:
+    """Build the directory ``path`` in a fresh temporary directory beside it, renamed to ``path`` at the end.
+
+    Readers see the old ``path`` (removed just before the rename) or the new one, never a
+    half-written one; a failure removes the temporary directory. Call it while holding
+    :func:`building` of ``path`` (or of the artifact that contains it).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def reuse_or_build(path: Path, load: Callable[[Path], T], build: Callable[[Path], Any], **building_kwargs) -> T:
+    """``load(path)`` of the cached artifact, else ``build(path)`` (which ends with :func:`mark_complete`)
+    under the build lock, then ``load(path)``.
+
+    A corrupt cached artifact (:func:`verify` fails, or ``load`` raises) is rebuilt with a
+    warning naming the folder; one that cannot be read even after a fresh build raises
+    :class:`CorruptArtifact`, naming the folder to delete.
+    """
+    path = Path(path)
+
+    def try_load():
+        try:
+            return True, load(path)
+        except Exception as err:  # noqa: BLE001 (a library's error for unreadable files)
+            log.warning("cached artifact %s could not be read (%s: %s); rebuilding it", path,
+                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            return False, None
+
+    if is_complete(path):
+        ok, value = try_load()
+        if ok:
+            return value
+    with building(path, **building_kwargs):
+        if is_complete(path, warn=False):
+            ok, value = try_load()
+            if ok:
+                return value
+        invalidate(path)
+        build(path)
+        if not is_complete(path, warn=False):
+            raise CorruptArtifact(path, "its build finished without a valid .complete marker")
+        try:
+            return load(path)
+        except Exception as err:  # noqa: BLE001
+            raise CorruptArtifact(path, f"freshly built, still unreadable: {type(err).__name__}: {err}") from err
+
+
+# --------------------------------------------------------------------------- randomness
+
+
+@contextlib.contextmanager
+def isolated_rng(seed: int | None = None) -> Iterator[None]:
+    """Run a block without touching the caller's global random state.
+
+    Python's ``random``, NumPy's and torch's global generators (CPU, and CUDA when
+    initialised), and Lightning's ``PL_GLOBAL_SEED``/``PL_SEED_WORKERS`` variables, are
+    saved and restored; with ``seed`` they are all seeded inside (as ``seed_everything``
+    would). Builders use it so that results never depend on whether the cache was warm.
+    Modules not imported yet cannot be disturbed and are left alone.
+    """
+    import random
+
+    if seed is not None:  # seeding: every generator is captured (and restored) first
+        import numpy  # noqa: F401
+        import torch  # noqa: F401
+    env = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    py_state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    torch = sys.modules.get("torch")
+    stack = contextlib.ExitStack()
+    if torch is not None:
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        stack.enter_context(torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []))
+    try:
+        with stack:
+            if seed is not None:
+                random.seed(seed)
+                np.random.seed(seed % 2**32)
+                torch.manual_seed(seed)
+            yield
+    finally:
+        random.setstate(py_state)
+        if np_state is not None:
+            np.random.set_state(np_state)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

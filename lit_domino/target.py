@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,11 +218,59 @@ def _is_local(path_or_id: str) -> bool:
     return p.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") > 1
 
 
+OFFLINE_HINT = ('Offline, use the embedded default target: load_target("embedded:default") '
+                "(a tiny Qwen3 trained here, no network needed).")
+HUB_CHECK_SECONDS = 3.0
+"""How long the one connectivity check before a hub download may take."""
+
+
+def hub_offline() -> bool | None:
+    """``HF_HUB_OFFLINE``: True (1/true/yes/on: hub ids load from the local cache only), False
+    (0/false/no/off: online, no connectivity check), None (unset: checked once, :func:`hub_reachable`)."""
+    value = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def hub_reachable(endpoint: str | None = None, timeout: float = HUB_CHECK_SECONDS) -> bool:
+    """Whether the hub (``$HF_ENDPOINT``, else https://huggingface.co) answers one HTTP request
+    within ``timeout`` seconds (proxies as configured in the environment; any HTTP status counts).
+
+    Checked once per process and endpoint before a hub id is loaded, so that an offline
+    machine fails in seconds instead of after ~45 s of download retries."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    url = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/") + "/"
+    result = []
+
+    def probe():  # in a thread: name resolution has no timeout of its own
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+            result.append(True)
+        except urllib.error.HTTPError:  # the server answered (an error status is still an answer)
+            result.append(True)
+        except Exception:  # noqa: BLE001 (no route, refused, DNS, TLS, timeout)
+            result.append(False)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(result and result[0])
+
+
 @functools.lru_cache(maxsize=4)
 def _load_cached(path_or_id: str, dtype: torch.dtype, device: str) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if _is_local(path_or_id):
+    local = _is_local(path_or_id)
+    kwargs = {}
+    if local:
         path = Path(path_or_id).expanduser()
         if not path.is_dir():
             raise TargetError(f"target directory {path} does not exist; build the embedded default with "
@@ -231,15 +280,24 @@ def _load_cached(path_or_id: str, dtype: torch.dtype, device: str) -> Target:
         source = str(path)
     else:
         source = path_or_id
+        offline = hub_offline()
+        unreachable = offline is None and not hub_reachable()
+        if offline or unreachable:
+            kwargs["local_files_only"] = True  # the local Hugging Face cache only: no retries
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except OSError as err:
-        where = "directory" if _is_local(path_or_id) else "hub id (is the hub reachable?)"
-        raise TargetError(
-            f"could not load target {path_or_id!r} as a {where}: {err}. Offline, use the embedded default "
-            "target (lit_domino.tiny_target.build_tiny_target)."
-        ) from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if local:  # a local directory: missing weights or tokenizer files, nothing to do with the network
+            raise TargetError(f"could not load the target directory {source}: {first} (expected the output "
+                              "of save_pretrained: config.json, weights, tokenizer files)") from err
+        if kwargs:
+            why = ("HF_HUB_OFFLINE is set" if offline else f"the hub is unreachable (no answer within "
+                   f"{HUB_CHECK_SECONDS:g} s; HF_HUB_OFFLINE=0 skips this check)")
+            raise TargetError(f"could not load target {path_or_id!r}: {why} and it is not in the local Hugging Face "
+                              f"cache ({first}). {OFFLINE_HINT}") from None
+        raise TargetError(f"could not load target {path_or_id!r} from the Hugging Face hub: {first}") from err
     except Exception as err:  # corrupt weights, wrong format, ...
         raise TargetError(f"target {path_or_id!r} is corrupt or unreadable: {type(err).__name__}: {err}") from err
     model.to(device).eval().requires_grad_(False)

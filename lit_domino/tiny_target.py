@@ -129,19 +129,20 @@ def render(example) -> str:
 
 
 def build_tokenizer(cfg: TinyTargetConfig, root: Path | None = None):
-    """Train (or reuse from the cache) the embedded BPE tokenizer."""
+    """Train (or reuse from the cache) the embedded BPE tokenizer (one process trains it, others wait)."""
     from transformers import AutoTokenizer
 
-    from lit_domino.tokenizer import train_tokenizer
-
     path = cache.artifact_dir("tokenizer", cfg.tokenizer_config(), name=f"bpe{cfg.vocab_size}", root=root)
-    if cache.is_complete(path):
-        return AutoTokenizer.from_pretrained(path)
-    texts = [render(e) for e in corpus_examples(cfg)]
-    tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
-    tok.save_pretrained(path)
-    cache.mark_complete(path, cfg.tokenizer_config())
-    return AutoTokenizer.from_pretrained(path)
+
+    def build(p: Path):
+        from lit_domino.tokenizer import train_tokenizer
+
+        with cache.staging(p) as tmp:  # whole or absent: a killed build leaves no stub
+            texts = [render(e) for e in corpus_examples(cfg)]
+            train_tokenizer(texts, vocab_size=cfg.vocab_size).save_pretrained(tmp)
+            cache.mark_complete(tmp, cfg.tokenizer_config())
+
+    return cache.reuse_or_build(path, AutoTokenizer.from_pretrained, build)
 
 
 def pack_windows(token_lists: list[list[int]], seq_len: int, separator: int) -> torch.Tensor:
@@ -181,22 +182,107 @@ def qwen3_config(cfg: TinyTargetConfig, tokenizer):
     )
 
 
-def _lm_module(cfg: TinyTargetConfig, model):
+class EpochSampler(torch.utils.data.Sampler):
+    """The order of ``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))``,
+    epoch by epoch, recomputed from ``(seed, epoch)`` so that a resumed build sees it too.
+
+    That loader's generator draws the iterator's base seed, then a permutation, once per
+    epoch; epoch ``e`` is the ``e + 1``-th permutation of that stream (so builds made before
+    this sampler existed train on the same batches). :meth:`resume` skips the samples a
+    checkpointed epoch had already consumed.
+    """
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this at every epoch start
+        self.epoch = epoch
+
+    def resume(self, epoch: int, skip: int) -> None:
+        """Start in ``epoch`` after its first ``skip`` samples (once; later epochs start at 0)."""
+        self.epoch, self._resume = epoch, (epoch, skip)
+
+    def order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed)
+        for _ in range(epoch + 1):
+            torch.empty((), dtype=torch.int64).random_(generator=g)  # the DataLoader iterator's base seed
+            perm = torch.randperm(self.n, generator=g)
+        return perm.tolist()
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        skip = 0
+        if self._resume is not None:
+            if self._resume[0] == self.epoch:
+                skip = self._resume[1]
+            self._resume = None
+        return iter(self.order(self.epoch)[skip:])
+
+
+class ResumableLoader(torch.utils.data.DataLoader):
+    """Batches of whole windows in :class:`EpochSampler` order whose position is saved in checkpoints.
+
+    It implements ``state_dict``/``load_state_dict`` (Lightning's ``_Stateful`` loaders):
+    the fit loop stores ``{"epoch", "batches"}`` and hands it back on resume, and the
+    resumed epoch continues with its first unseen batch instead of replaying the epoch.
+    ``batches`` (consumed in the current epoch) is set by the training step.
+    """
+
+    def __init__(self, dataset, batch_size: int, seed: int):
+        super().__init__(dataset, batch_size=batch_size, sampler=EpochSampler(len(dataset), seed), drop_last=True,
+                         generator=torch.Generator().manual_seed(seed))  # no draw from the global generator
+        self.consumed = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.sampler.epoch, "batches": self.consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if batches >= len(self):  # saved at an epoch's last batch: the next epoch starts afresh
+            epoch, batches = epoch + 1, 0
+        self.consumed = batches
+        self.sampler.resume(epoch, batches * self.batch_size)
+
+
+def _lm_module(cfg: TinyTargetConfig, model, loader: ResumableLoader | None = None):
     import lightning as L
 
     class TinyTargetLM(L.LightningModule):
-        """Next-token training of the tiny target on packed windows (all tokens are labels)."""
+        """Next-token training of the tiny target on packed windows (all tokens are labels).
+
+        Training time is carried in the checkpoints, so ``train_seconds`` sums the segments
+        of a build that was interrupted and resumed."""
 
         def __init__(self):
             super().__init__()
             self.model = model
+            self.seconds_before, self.segments_before, self._t0 = 0.0, 0, None
 
-        def training_step(self, batch, _):
+        def training_step(self, batch, batch_idx):
+            if loader is not None:
+                loader.consumed = batch_idx + 1  # the position a checkpoint saved after this step resumes from
             x = batch[0]
             logits = self.model(input_ids=x[:, :-1]).logits
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
             self.log("train/loss", loss, prog_bar=True)
             return loss
+
+        def on_train_start(self):
+            self._t0 = time.perf_counter()
+
+        def train_seconds(self) -> float:
+            return self.seconds_before + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["lit_domino"] = {"train_seconds": self.train_seconds(), "segments": self.segments_before + 1}
+
+        def on_load_checkpoint(self, checkpoint):
+            state = checkpoint.get("lit_domino", {})
+            self.seconds_before = float(state.get("train_seconds", 0.0))
+            self.segments_before = int(state.get("segments", 0))
 
         def configure_optimizers(self):
             opt = torch.optim.AdamW(self.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -213,46 +299,52 @@ def _lm_module(cfg: TinyTargetConfig, model):
     return TinyTargetLM()
 
 
-def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool = True):
-    """Train the tiny Qwen3 on the packed corpora; resumes from ``workdir/ckpt/last.ckpt``."""
+def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool = True, *,
+                checkpoint_every: int = 100, callbacks=()):
+    """Train the tiny Qwen3 on the packed corpora; resumes exactly from ``workdir/ckpt/last.ckpt``.
+
+    A checkpoint every ``checkpoint_every`` optimizer steps holds the weights, optimizer,
+    schedule and the loader's position, so an interrupted build, resumed, ends with the
+    weights of an uninterrupted one. Seeded inside :func:`lit_domino.cache.isolated_rng`:
+    the caller's random state is left as it was. ``callbacks``: extra Lightning callbacks.
+    """
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import TensorDataset
     from transformers import Qwen3ForCausalLM
 
-    L.seed_everything(cfg.seed, verbose=False)
-    docs = [tokenizer(render(e), add_special_tokens=False)["input_ids"] for e in corpus_examples(cfg)]
-    windows = pack_windows(docs, cfg.seq_len, tokenizer.bos_token_id)
-    model = Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
-    module = _lm_module(cfg, model)
-    loader = DataLoader(
-        TensorDataset(windows),
-        batch_size=cfg.batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
-    ckpt_dir = workdir / "ckpt"
-    trainer = L.Trainer(
-        max_steps=cfg.max_steps,
-        accelerator="cpu",
-        precision="32-true",  # bf16 is ~25x slower on CPUs without AMX
-        logger=False,
-        gradient_clip_val=1.0,
-        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=100, save_top_k=0,
-                                   # always last.ckpt: a resumed run from a moved or copied
-                                   # checkpoint would otherwise write last-v1.ckpt, and the
-                                   # next resume would read the stale last.ckpt
-                                   enable_version_counter=False)],
-        enable_progress_bar=progress,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    last = ckpt_dir / "last.ckpt"
-    t0 = time.time()
-    trainer.fit(module, loader, ckpt_path=str(last) if last.exists() else None)
+    with cache.isolated_rng(cfg.seed):
+        L.seed_everything(cfg.seed, verbose=False)
+        docs = [tokenizer(render(e), add_special_tokens=False)["input_ids"] for e in corpus_examples(cfg)]
+        windows = pack_windows(docs, cfg.seq_len, tokenizer.bos_token_id)
+        model = Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
+        loader = ResumableLoader(TensorDataset(windows), cfg.batch_size, cfg.seed)
+        module = _lm_module(cfg, model, loader)
+        ckpt_dir = workdir / "ckpt"
+        trainer = L.Trainer(
+            max_steps=cfg.max_steps,
+            accelerator="cpu",
+            precision="32-true",  # bf16 is ~25x slower on CPUs without AMX
+            logger=False,
+            gradient_clip_val=1.0,
+            callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=checkpoint_every,
+                                       save_top_k=0,
+                                       # always last.ckpt: a resumed run from a moved or copied
+                                       # checkpoint would otherwise write last-v1.ckpt, and the
+                                       # next resume would read the stale last.ckpt
+                                       enable_version_counter=False),
+                       *callbacks],
+            enable_progress_bar=progress,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
+        last = ckpt_dir / "last.ckpt"
+        trainer.fit(module, loader, ckpt_path=str(last) if last.exists() else None)
+    if trainer.interrupted:
+        raise KeyboardInterrupt("the embedded target's training was interrupted; rerun to resume it")
     stats = {
-        "train_seconds": round(time.time() - t0, 1),
+        "train_seconds": round(module.train_seconds(), 1),
+        "train_segments": module.segments_before + 1,
         "train_tokens": cfg.max_steps * cfg.batch_size * cfg.seq_len,
         "corpus_tokens": int(sum(len(d) + 1 for d in docs)),
         "final_train_loss": float(trainer.callback_metrics.get("train/loss", float("nan"))),
@@ -334,29 +426,38 @@ def target_dir(cfg: TinyTargetConfig, root: Path | None = None) -> Path:
 
 
 def build_tiny_target(cfg: TinyTargetConfig | str = "default", root: Path | None = None, progress: bool = True) -> Path:
-    """Build (or reuse) the embedded target; returns its ``save_pretrained`` directory."""
+    """Build (or reuse) the embedded target; returns its ``save_pretrained`` directory.
+
+    One process builds it (others wait on its lock, then reuse it); an interrupted build
+    resumes exactly from its last checkpoint; a failure before the first checkpoint
+    leaves no folder behind; the caller's random state is left as it was.
+    """
     if isinstance(cfg, str):
         cfg = preset_config(cfg)
     path = target_dir(cfg, root)
     if cache.is_complete(path):
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    tokenizer = build_tokenizer(cfg, root)
-    model, stats = train_model(cfg, tokenizer, path, progress=progress)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    report = {
-        "parameters": sum(p.numel() for p in model.parameters()),
-        **stats,
-        **evaluate(cfg, model, tokenizer),
-        "build_seconds": round(time.time() - t0, 1),
-    }
-    (path / "report.json").write_text(json.dumps(report, indent=2))
-    cache.mark_complete(path, asdict(cfg))
-    shutil.rmtree(path / "ckpt", ignore_errors=True)  # resume state, useless once finished
+    with cache.building(path):
+        if cache.is_complete(path, warn=False):  # built by another process meanwhile
+            return path
+        cache.invalidate(path)  # a corrupt one is rebuilt (its resume state, if any, is kept)
+        path.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        tokenizer = build_tokenizer(cfg, root)
+        model, stats = train_model(cfg, tokenizer, path, progress=progress)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        report = {
+            "parameters": sum(p.numel() for p in model.parameters()),
+            **stats,
+            **evaluate(cfg, model, tokenizer),
+            "build_seconds": round(time.time() - t0, 1),
+        }
+        (path / "report.json").write_text(json.dumps(report, indent=2))
+        cache.mark_complete(path, asdict(cfg))  # ckpt/ is not recorded: it goes next
+        shutil.rmtree(path / "ckpt", ignore_errors=True)  # resume state, useless once finished
     return path
 
 

@@ -9,10 +9,21 @@
   (``model.lr``, ``data.batch_size``, ... — ``init_args`` levels dropped) and the
   YAML as an artifact.
 * :func:`mark_failed_on_error` (context manager) and :class:`MarkFailedOnError`
-  (callback) — an exception ends the run as ``FAILED`` (``KILLED`` for Ctrl-C),
-  never leaving it ``RUNNING``. Lightning's Trainer already finalizes its loggers
-  with ``"failed"`` on an exception inside ``fit``; these cover everything around
-  it (building classes, exporting, plain ``mlflow.start_run`` runs).
+  (callback) — an exception ends the run as ``FAILED`` (``KILLED`` for Ctrl-C, with a
+  one-line hint that rerunning the same command resumes), never leaving it ``RUNNING``.
+  Lightning's Trainer finalizes its loggers with ``"failed"`` on any exception inside
+  ``fit``, Ctrl-C included; the callback turns that into ``KILLED`` for an interrupt,
+  and the context manager covers everything around ``fit`` (building classes,
+  exporting, plain ``mlflow.start_run`` runs).
+* :func:`ensure_store` — a SQLite store is created (its schema migrated) once, under a
+  file lock beside the database, so parallel workers on a fresh store do not race in
+  MLflow's migrations; every helper here calls it first.
+* :func:`ensure_run` — a run id that the current store does not know (a deleted
+  ``mlflow.db``, another ``MLFLOW_TRACKING_URI``) is replaced by a recreated run, with a
+  warning, instead of failing with ``MlflowException: Run ... not found``.
+
+Importing this module is cheap (no Lightning, no MLflow until a helper needs them):
+worker processes import it first.
 """
 
 from __future__ import annotations
@@ -21,13 +32,12 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from typing import Any, Iterable, Iterator, Mapping, Optional
-
-from lightning.pytorch.callbacks import Callback
 
 from lit_domino.paths import project_root  # noqa: F401  (re-exported)
 
@@ -84,18 +94,119 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     return (db.resolve().parent / "mlruns" / safe).as_uri()
 
 
-def ensure_experiment(name: str = DEFAULT_EXPERIMENT, tracking_uri: str | None = None) -> str:
-    """The id of experiment ``name`` (created, with the default artifact location, if missing)."""
+_READY_STORES: set[str] = set()
+
+
+def _store_lock(tracking_uri: str):
+    """A file lock beside a SQLite store (``<db>.lock``); a no-op for other stores."""
+    db = _sqlite_path(tracking_uri)
+    if db is None:
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    db = db.expanduser()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db) + ".lock")
+
+
+def ensure_store(tracking_uri: str | None = None) -> str:
+    """Create (migrate) the tracking store once, under a file lock; returns its URI.
+
+    Two processes opening a fresh SQLite store at once both run MLflow's schema
+    migrations and one of them crashes (``alembic ... CommandError``); under the lock the
+    first creates the schema and the others find it made. Call it in a parent before
+    starting parallel workers, or let each worker call it (every helper here does).
+    """
+    uri = tracking_uri or default_tracking_uri()
+    if uri in _READY_STORES:
+        return uri
     from mlflow.tracking import MlflowClient
 
-    tracking_uri = tracking_uri or default_tracking_uri()
+    with _store_lock(uri):
+        MlflowClient(uri).search_experiments(max_results=1)  # creates or verifies the schema
+    _READY_STORES.add(uri)
+    return uri
+
+
+def ensure_experiment(name: str = DEFAULT_EXPERIMENT, tracking_uri: str | None = None) -> str:
+    """The id of experiment ``name`` (created, with the default artifact location, if missing).
+
+    Safe with parallel workers: on a SQLite store it is created under the store's lock,
+    elsewhere a concurrent creation is read back."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    tracking_uri = ensure_store(tracking_uri)
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        return exp.experiment_id
-    return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri, name))
+    with _store_lock(tracking_uri):
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                client.restore_experiment(exp.experiment_id)
+            return exp.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri, name))
+        except MlflowException:  # created by another process meanwhile (a server store)
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+def ensure_run(run_id: str | None, experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None, *,
+               tags: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None,
+               metrics: Mapping[str, float] | None = None, tracking_uri: str | None = None) -> str:
+    """``run_id`` if the store has it, else the id of a run recreated in its place (with a warning).
+
+    A cached artifact remembers the MLflow run that trained it; after ``mlflow.db`` is
+    deleted, or with another ``MLFLOW_TRACKING_URI``, that run is gone and logging into
+    it would raise ``MlflowException: Run ... not found``. The replacement run is made in
+    ``experiment`` (named ``run_name``, tagged ``tags`` and ``recreated_from=<run_id>``,
+    with ``params`` and ``metrics`` — what the artifact's report says — logged) and left
+    FINISHED; a later call for the same missing id reuses it, so reruns do not multiply
+    runs. A deleted (trashed) run is restored. ``run_id`` None: a new run is made.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = ensure_store(tracking_uri)
+    client = MlflowClient(uri)
+    exp_id = ensure_experiment(experiment, uri)
+    if run_id:
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as err:
+            if getattr(err, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+        else:
+            if run.info.lifecycle_stage == "deleted":
+                client.restore_run(run_id)
+            return run_id
+        with _store_lock(uri):
+            found = client.search_runs([exp_id], filter_string=f"tags.recreated_from = '{run_id}'", max_results=1)
+            if found:
+                new_id = found[0].info.run_id
+                log.warning("MLflow run %s is not in %s; logging into run %s, which replaced it earlier",
+                            run_id, uri, new_id)
+                return new_id
+            new_id = _create_run(client, exp_id, run_name, {**dict(tags or {}), "recreated_from": run_id},
+                                 params, metrics)
+        log.warning("MLflow run %s is not in %s (deleted store, or another MLFLOW_TRACKING_URI?); "
+                    "recreated it as run %s of experiment %r", run_id, uri, new_id, experiment)
+        return new_id
+    return _create_run(client, exp_id, run_name, dict(tags or {}), params, metrics)
+
+
+def _create_run(client, exp_id: str, run_name: str | None, tags: Mapping[str, Any], params, metrics) -> str:
+    run = client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()})
+    new_id = run.info.run_id
+    if params:
+        log_params(client, new_id, {k: str(v) for k, v in params.items()})
+    for key, value in (metrics or {}).items():
+        if value is not None:
+            client.log_metric(new_id, key, float(value))
+    client.set_terminated(new_id, "FINISHED")
+    return new_id
 
 
 def run_tags(variant: str | None = None, preset: str | None = None, seed: int | None = None,
@@ -123,7 +234,7 @@ def make_mlflow_logger(
     """
     from lightning.pytorch.loggers import MLFlowLogger
 
-    tracking_uri = tracking_uri or default_tracking_uri()
+    tracking_uri = ensure_store(tracking_uri)
     if run_id is None:
         ensure_experiment(experiment, tracking_uri)
     return MLFlowLogger(
@@ -181,23 +292,65 @@ def log_config(logger, config: Mapping[str, Any], yaml_text: str | None = None,
 # --------------------------------------------------------------------------- failures
 
 
+RESUME_HINT = "Interrupted: rerun the same command to resume (finished artifacts are reused, trainings continue " \
+              "from their last checkpoint)."
+"""The one line printed when Ctrl-C ends a run."""
+
+
+def _interrupt_of(exc: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt behind ``exc``: itself, or the one Lightning turned into ``SystemExit(1)``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _status_for(exc: BaseException) -> str:
-    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+    return "KILLED" if _interrupt_of(exc) is not None else "FAILED"
+
+
+def hint_resume(exc: BaseException) -> None:
+    """Print :data:`RESUME_HINT` to stderr once per interrupt (nothing for other exceptions)."""
+    interrupt = _interrupt_of(exc)
+    if interrupt is not None and not getattr(interrupt, "_lit_domino_hinted", False):
+        interrupt._lit_domino_hinted = True
+        print(RESUME_HINT, file=sys.stderr, flush=True)
 
 
 def end_loggers(loggers: Iterable, exc: BaseException) -> None:
-    """Mark every started MLflow run of ``loggers`` FAILED (KILLED for Ctrl-C)."""
+    """Mark every started MLflow run of ``loggers`` FAILED (KILLED for Ctrl-C).
+
+    A run Lightning already ended FAILED during this interrupt is corrected to KILLED."""
     from lightning.pytorch.loggers import MLFlowLogger
 
+    status = _status_for(exc)
     for logger in loggers or ():
         if isinstance(logger, MLFlowLogger) and getattr(logger, "_initialized", False):
             try:
                 client = logger.experiment
                 run = client.get_run(logger.run_id)
-                if run.info.status == "RUNNING":
-                    client.set_terminated(logger.run_id, _status_for(exc))
+                if run.info.status == "RUNNING" or (status == "KILLED" and run.info.status == "FAILED"):
+                    client.set_terminated(logger.run_id, status)
             except Exception as err:  # never mask the original exception
                 log.warning("could not mark MLflow run %s failed: %s", getattr(logger, "_run_id", None), err)
+
+
+def _finalize_as_killed(logger) -> None:
+    """Make the logger's next ``finalize("failed")`` (Lightning's, after ``on_exception``) end the run KILLED."""
+    if getattr(logger, "_lit_domino_killed", False):
+        return
+    original = logger.finalize
+    logger._lit_domino_killed = True
+
+    def finalize(status: str = "success") -> None:
+        logger.finalize = original
+        logger._lit_domino_killed = False
+        return original("KILLED" if status == "failed" else status)
+
+    logger.finalize = finalize
 
 
 @contextlib.contextmanager
@@ -206,6 +359,7 @@ def mark_failed_on_error(loggers: Iterable | None = None) -> Iterator[None]:
 
     Covers the given Lightning loggers (or a callable returning them, resolved at
     failure time) and any active plain ``mlflow`` run (``mlflow.end_run(status="FAILED")``).
+    Ctrl-C also prints :data:`RESUME_HINT` (once).
     """
     try:
         yield
@@ -213,12 +367,12 @@ def mark_failed_on_error(loggers: Iterable | None = None) -> Iterator[None]:
         current = loggers() if callable(loggers) else loggers
         end_loggers(current or (), exc)
         try:
-            import mlflow
-
-            if mlflow.active_run() is not None:
+            mlflow = sys.modules.get("mlflow")
+            if mlflow is not None and mlflow.active_run() is not None:
                 mlflow.end_run(status=_status_for(exc))
         except Exception as err:
             log.warning("could not end the active MLflow run: %s", err)
+        hint_resume(exc)
         raise
 
 
@@ -228,7 +382,7 @@ def mlflow_run(experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None
     """A plain ``mlflow.start_run`` on the suite's store: FINISHED on success, FAILED on an exception."""
     import mlflow
 
-    tracking_uri = tracking_uri or default_tracking_uri()
+    tracking_uri = ensure_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     exp_id = ensure_experiment(experiment, tracking_uri)
     with mark_failed_on_error():
@@ -238,8 +392,33 @@ def mlflow_run(experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None
         mlflow.end_run(status="FINISHED")
 
 
-class MarkFailedOnError(Callback):
-    """Callback: on any exception in a Trainer stage, the trainer's MLflow runs end FAILED (KILLED for Ctrl-C)."""
+def _mark_failed_callback_class():
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import MLFlowLogger
 
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        end_loggers(trainer.loggers, exception)
+    class MarkFailedOnError(Callback):
+        """Callback: on any exception in a Trainer stage, the trainer's MLflow runs end FAILED (KILLED for Ctrl-C).
+
+        For Ctrl-C, Lightning then finalizes its loggers with ``"failed"`` and exits with
+        ``SystemExit(1)``; this callback makes that finalization read KILLED and prints
+        :data:`RESUME_HINT`."""
+
+        def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+            end_loggers(trainer.loggers, exception)
+            if _interrupt_of(exception) is not None:
+                for logger in trainer.loggers:
+                    if isinstance(logger, MLFlowLogger):
+                        _finalize_as_killed(logger)
+                hint_resume(exception)
+
+    MarkFailedOnError.__module__, MarkFailedOnError.__qualname__ = __name__, "MarkFailedOnError"
+    return MarkFailedOnError
+
+
+def __getattr__(name: str):
+    # MarkFailedOnError subclasses Lightning's Callback: defined on first use, so that importing
+    # this module does not import Lightning (seconds on a busy machine)
+    if name == "MarkFailedOnError":
+        cls = globals()["MarkFailedOnError"] = _mark_failed_callback_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -99,3 +99,62 @@ def test_mask_added_when_missing_and_row_exists():
 def test_mask_added_beyond_embedding_errors():
     with pytest.raises(TargetError, match="no row"):
         resolve_mask_token(_word_tokenizer(), embedding_rows=3)
+
+
+# --------------------------------------------------------------------------- offline hub ids, local errors
+
+
+def test_offline_hub_id_fails_fast_with_the_embedded_hint(monkeypatch):
+    import time
+
+    import lit_domino.target as target_mod
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # no offline flag: the connectivity check decides
+    monkeypatch.setattr(target_mod, "hub_reachable", lambda *a, **k: False)
+    seen = {}
+    from transformers import AutoTokenizer
+
+    real = AutoTokenizer.from_pretrained
+
+    def spy(source, *args, **kwargs):
+        seen.update(kwargs)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", spy)
+    t0 = time.time()
+    with pytest.raises(TargetError) as info:
+        load_target("Qwen/Qwen3-8B-definitely-not-cached")
+    assert time.time() - t0 < 10
+    assert seen.get("local_files_only") is True  # no download attempt, hence no retries
+    msg = str(info.value)
+    assert 'load_target("embedded:default")' in msg and "unreachable" in msg
+
+
+def test_hub_id_with_offline_flag_names_the_embedded_target(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TargetError, match=r'HF_HUB_OFFLINE is set.*load_target\("embedded:default"\)'):
+        load_target("Qwen/Qwen3-8B-definitely-not-cached")
+
+
+def test_hub_reachable_is_bounded(monkeypatch):
+    import time
+
+    from lit_domino.target import hub_reachable
+
+    for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    t0 = time.time()
+    assert hub_reachable("http://127.0.0.1:9", timeout=1.0) is False  # refused at once
+    assert hub_reachable("https://10.255.255.1:81", timeout=0.5) is False  # no TLS answer: the timeout decides
+    assert hub_reachable("https://nonexistent.invalid", timeout=0.5) is False  # no such name
+    assert time.time() - t0 < 5
+
+
+def test_local_directory_without_weights_gets_no_offline_hint(tiny_target, tmp_path):
+    tiny_target.model.config.save_pretrained(tmp_path)  # config.json, no weights
+    tiny_target.tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(TargetError) as info:
+        load_target(tmp_path)
+    msg = str(info.value)
+    assert str(tmp_path) in msg
+    assert "Offline" not in msg and "embedded" not in msg and "hub" not in msg

@@ -13,6 +13,7 @@ so an interrupted regeneration resumes at the first missing shard.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import torch
 
 from lit_domino import cache
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,18 +93,22 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, temper
     for r, p in enumerate(prompts):
         ids[r, width - len(p) :] = torch.tensor(p)
         attn[r, width - len(p) :] = 1
-    torch.manual_seed(generator_seed)  # HF sampling uses the global generator
-    out = target.model.generate(
-        input_ids=ids.to(target.device),
-        attention_mask=attn.to(target.device),
-        max_new_tokens=max_new_tokens,
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
-        top_p=None,
-        top_k=None,
-        eos_token_id=target.eos_token_ids,
-        pad_token_id=pad,
-    )[:, width:].tolist()
+    device = torch.device(target.device)
+    # HF sampling draws from the global generator: seed it inside a fork, so the caller's random
+    # state is the same whether this ran (cold cache) or not (warm cache)
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(generator_seed)
+        out = target.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=target.eos_token_ids,
+            pad_token_id=pad,
+        )[:, width:].tolist()
     eos = set(target.eos_token_ids)
     answers = []
     for row in out:
@@ -131,14 +138,42 @@ def _work_items(target, cfg: RegenConfig):
     return items, skipped
 
 
+def _load_dataset(path: Path):
+    import datasets
+
+    return datasets.load_from_disk(str(path / "dataset"))
+
+
+def _load_shard(shard_path: Path):
+    """A finished shard, or None (not finished, or unreadable: then it is regenerated, with a warning)."""
+    import datasets
+
+    if not cache.is_complete(shard_path):
+        return None
+    try:
+        return datasets.load_from_disk(str(shard_path))
+    except Exception as err:  # noqa: BLE001 (datasets' FileNotFoundError/OSError for damaged files)
+        log.warning("regenerated shard %s could not be read (%s: %s); regenerating it", shard_path,
+                    type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        cache.invalidate(shard_path)
+        return None
+
+
 def regenerate(target, cfg: RegenConfig, root: Path | None = None, progress: bool = True):
-    """Build (or reuse, or resume) the regenerated dataset; returns a ``datasets.Dataset``."""
+    """Build (or reuse, or resume) the regenerated dataset; returns a ``datasets.Dataset``.
+
+    One process builds it while others wait and reuse it (:func:`lit_domino.cache.building`);
+    a corrupt cached dataset is rebuilt (finished shards that are intact are kept); the
+    caller's random state is left as it was (same batches from a cold or a warm cache).
+    """
+    path = regen_dir(target, cfg, root)
+    return cache.reuse_or_build(path, _load_dataset, lambda p: _build(target, cfg, p, progress))
+
+
+def _build(target, cfg: RegenConfig, path: Path, progress: bool) -> None:
     import datasets
     from tqdm.auto import tqdm
 
-    path = regen_dir(target, cfg, root)
-    if cache.is_complete(path):
-        return datasets.load_from_disk(str(path / "dataset"))
     if target.tokenizer is None:
         raise ValueError("regeneration needs a target with a tokenizer (chat template)")
     items, skipped = _work_items(target, cfg)
@@ -148,22 +183,24 @@ def regenerate(target, cfg: RegenConfig, root: Path | None = None, progress: boo
             f"{skipped} prompts, all longer than max_prompt_tokens={cfg.max_prompt_tokens}"
         )
     shards = [items[i : i + cfg.shard_size] for i in range(0, len(items), cfg.shard_size)]
-    done = sum((path / f"shard_{k:05d}" / ".complete").exists() for k in range(len(shards)))
+    done = sum(cache.is_complete(path / f"shard_{k:05d}", warn=False) for k in range(len(shards)))
     bar = tqdm(total=len(items), desc=f"regenerate {cfg.split}", disable=not progress, initial=done * cfg.shard_size)
-    t0, new_tokens = time.time(), 0
+    t0, new_tokens, parts = time.time(), 0, []
     for k, shard in enumerate(shards):
         shard_path = path / f"shard_{k:05d}"
-        if cache.is_complete(shard_path):
-            continue
-        rows, new_tokens = _regenerate_shard(target, cfg, shard, k, bar, new_tokens)
-        datasets.Dataset.from_list(rows).save_to_disk(str(shard_path))
-        cache.mark_complete(shard_path, {"shard": k})
+        part = _load_shard(shard_path)
+        if part is None:
+            rows, new_tokens = _regenerate_shard(target, cfg, shard, k, bar, new_tokens)
+            with cache.staging(shard_path) as tmp:  # a shard is whole or absent
+                datasets.Dataset.from_list(rows).save_to_disk(str(tmp))
+                cache.mark_complete(tmp, {"shard": k})
+            part = datasets.load_from_disk(str(shard_path))
+        parts.append(part)
     bar.close()
     elapsed = time.time() - t0
-    ds = datasets.concatenate_datasets(
-        [datasets.load_from_disk(str(path / f"shard_{k:05d}")) for k in range(len(shards))]
-    )
-    ds.save_to_disk(str(path / "dataset"))
+    ds = datasets.concatenate_datasets(parts)
+    with cache.staging(path / "dataset") as tmp:
+        ds.save_to_disk(str(tmp))
     report = {
         "sequences": len(ds),
         "prompts": len(items),
@@ -174,7 +211,6 @@ def regenerate(target, cfg: RegenConfig, root: Path | None = None, progress: boo
     }
     (path / "report.json").write_text(json.dumps(report, indent=2))
     cache.mark_complete(path, {"target": target.fingerprint(), "regen": asdict(cfg)})
-    return datasets.load_from_disk(str(path / "dataset"))
 
 
 def _regenerate_shard(target, cfg: RegenConfig, shard, shard_index: int, bar, new_tokens: int):
