@@ -36,7 +36,7 @@ from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
 from lit_domino.tables import ablation_table, aggregate, fmt, main_table, write_table
 from lit_domino.target import load_target
-from lit_domino.tracking import default_tracking_uri, ensure_experiment
+from lit_domino.tracking import default_tracking_uri, ensure_experiment, ensure_run, run_tags
 
 STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
 
@@ -131,14 +131,21 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
 
 def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str]) -> None:
     """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
-    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``); a ``tables`` run with the tables."""
+    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``); a ``tables`` run with the tables.
 
-
+    A cached drafter whose training run is not in the current store (a deleted ``mlflow.db``, another
+    ``MLFLOW_TRACKING_URI``) gets a run recreated from its report (``tracking.ensure_run``), with a warning."""
     uri = default_tracking_uri()
     client = MlflowClient(uri)
     for t in trained:
         if not t.run_id:
             continue
+        t.run_id = ensure_run(
+            t.run_id, f"ablation-{preset}", f"{t.variant}-{preset}-s{t.seed}",
+            tags=run_tags(t.variant, preset, t.seed, extra={"drafter_dir": str(t.drafter_dir)}),
+            metrics={f"train/{k}": t.report[k] for k in ("drafter_parameters", "train_seconds", "train_tokens_per_s",
+                                                           "peak_rss_mb") if t.report.get(k) is not None},
+            tracking_uri=uri)
         mine = [r for r in records if r["variant"] == t.variant and r["seed"] == t.seed and r["temperature"] == 0]
         if not mine:
             continue

@@ -50,9 +50,10 @@ MARKER_FORMAT = 2
 """``.complete`` markers of this format are JSON with the artifact's file list; format 1 was ``ok``."""
 CHECKSUM_MAX_BYTES = 1 << 16
 """Files up to this size get a SHA-256 in the marker (configs, reports, tokenizer metadata)."""
-TRANSIENT = ("ckpt",)
-"""Top-level entries not recorded in a marker: resume state, deleted once an artifact is finished."""
-RESUME_STATE = ("ckpt/*.ckpt", "*/.complete")
+TRANSIENT = ("ckpt", "checkpoints")
+"""Top-level entries not recorded in a marker: resume state, deleted once an artifact is finished (the target
+build's ``ckpt/``, a drafter training's ``checkpoints/``)."""
+RESUME_STATE = ("ckpt/*.ckpt", "checkpoints/*.ckpt", "*/.complete")
 """What a failed build keeps (patterns inside the artifact): checkpoints and finished shards."""
 
 log = logging.getLogger(__name__)

@@ -98,45 +98,46 @@ def train_variant(
     t = cfg["tracking"]
     variant, preset, seed = t["variant"], t.get("preset"), int(cfg["seed_everything"])
     path = drafter_artifact(cfg, root)
-    if cache.is_complete(path):
-        report = json.loads((path / "report.json").read_text())
-        return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, report.get("run_id"), True)
-    path.mkdir(parents=True, exist_ok=True)
-    args = cli_args(cfg)
-    args["tracking"] = {**args.get("tracking", {}), "experiment": experiment,
-                        "run_name": run_name or f"{variant}-{preset}-s{seed}", "table": table}
-    args["trainer"] = {**args.get("trainer", {}), "default_root_dir": str(path)}
-    args["trainer"]["enable_progress_bar"] = progress and args["trainer"].get("enable_progress_bar", True)
-    args["trainer"].setdefault("enable_model_summary", False)
-    args["checkpoint"] = {**args.get("checkpoint", {}), "dirpath": str(path / CHECKPOINT_DIR)}
-    args["export"] = {**args.get("export", {}), "dirpath": str(path / EXPORT_DIR)}
-    stats = TrainStats()
-    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
-    last = path / CHECKPOINT_DIR / "last.ckpt"
-    cli = DrafterCLI(args=args, run=False, resume=last.exists(), logger_tags=tags, callbacks=[stats, *callbacks])
-    logger = cli.trainer.logger
-    with mark_failed_on_error([logger]):
-        trainer = cli.trainer
-        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
-        if trainer.interrupted:
-            raise KeyboardInterrupt(f"training of {variant} was interrupted")
-        report = {
-            "variant": variant, "preset": preset, "seed": seed, "run_id": logger.run_id,
-            "drafter_parameters": int(cli.model.drafter.num_parameters()),
-            "train_seconds": round(stats.seconds, 1),
-            "train_tokens_per_s": round(stats.tokens / stats.seconds, 1) if stats.seconds else None,
-            "peak_rss_mb": round(stats.peak_rss_mb, 1),
-            "optimizer_steps": int(trainer.global_step),
-            **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
-        }
-        for key in ("drafter_parameters", "train_seconds", "train_tokens_per_s", "peak_rss_mb"):
-            if report[key] is not None:
-                logger.experiment.log_metric(logger.run_id, f"train/{key}", report[key])
-    (path / "report.json").write_text(json.dumps(report, indent=2))
-    cache.mark_complete(path, training_key(cfg))
-    for ckpt in (path / CHECKPOINT_DIR).glob("*.ckpt"):  # resume state, useless once finished
-        os.remove(ckpt)
-    return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, logger.run_id, False)
+    with cache.building(path):  # one training per drafter: a concurrent caller waits, then reuses it
+        if cache.is_complete(path):
+            report = json.loads((path / "report.json").read_text())
+            return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, report.get("run_id"), True)
+        path.mkdir(parents=True, exist_ok=True)
+        args = cli_args(cfg)
+        args["tracking"] = {**args.get("tracking", {}), "experiment": experiment,
+                            "run_name": run_name or f"{variant}-{preset}-s{seed}", "table": table}
+        args["trainer"] = {**args.get("trainer", {}), "default_root_dir": str(path)}
+        args["trainer"]["enable_progress_bar"] = progress and args["trainer"].get("enable_progress_bar", True)
+        args["trainer"].setdefault("enable_model_summary", False)
+        args["checkpoint"] = {**args.get("checkpoint", {}), "dirpath": str(path / CHECKPOINT_DIR)}
+        args["export"] = {**args.get("export", {}), "dirpath": str(path / EXPORT_DIR)}
+        stats = TrainStats()
+        tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+        last = path / CHECKPOINT_DIR / "last.ckpt"
+        cli = DrafterCLI(args=args, run=False, resume=last.exists(), logger_tags=tags, callbacks=[stats, *callbacks])
+        logger = cli.trainer.logger
+        with mark_failed_on_error([logger]):
+            trainer = cli.trainer
+            trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
+            if trainer.interrupted:
+                raise KeyboardInterrupt(f"training of {variant} was interrupted")
+            report = {
+                "variant": variant, "preset": preset, "seed": seed, "run_id": logger.run_id,
+                "drafter_parameters": int(cli.model.drafter.num_parameters()),
+                "train_seconds": round(stats.seconds, 1),
+                "train_tokens_per_s": round(stats.tokens / stats.seconds, 1) if stats.seconds else None,
+                "peak_rss_mb": round(stats.peak_rss_mb, 1),
+                "optimizer_steps": int(trainer.global_step),
+                **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
+            }
+            for key in ("drafter_parameters", "train_seconds", "train_tokens_per_s", "peak_rss_mb"):
+                if report[key] is not None:
+                    logger.experiment.log_metric(logger.run_id, f"train/{key}", report[key])
+        (path / "report.json").write_text(json.dumps(report, indent=2))
+        cache.mark_complete(path, training_key(cfg))
+        for ckpt in (path / CHECKPOINT_DIR).glob("*.ckpt"):  # resume state, useless once finished
+            os.remove(ckpt)
+        return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, logger.run_id, False)
 
 
 __all__ = ["CONFIG_DIR", "PRESETS", "RUN_ID_FILE", "TrainStats", "TrainedDrafter", "drafter_artifact", "load_config",
