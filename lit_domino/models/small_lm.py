@@ -34,41 +34,36 @@ class SmallLMConfig(DrafterConfig):
 
     feature_rule: ClassVar[str | None] = None
 
-    @classmethod
-    def target_values(cls, target) -> dict:
-        """Two layers, half the target's width (rounded to the target's head width, at least one head),
-        the target's head width and MLP ratio; the target's vocabulary, RoPE and position limit."""
-        values = super().target_values(target)
+    @staticmethod
+    def shape_for(hidden_size: int, target) -> dict:
+        """Heads and MLP width of an LM ``hidden_size`` wide: the target's head width (at least one head)
+        and the target's MLP ratio."""
         hf = target.config
-        head_dim = values["head_dim"]
-        hidden_size = max(head_dim, (target.hidden_size // 2) // head_dim * head_dim)
+        head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
         num_heads = max(1, hidden_size // head_dim)
-        values.update(
-            num_layers=2,
+        return dict(
             hidden_size=hidden_size,
             num_heads=num_heads,
             num_kv_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
             head_dim=head_dim if num_heads * head_dim == hidden_size else hidden_size // num_heads,
             intermediate_size=max(1, int(round(hidden_size * hf.intermediate_size / hf.hidden_size))),
         )
-        return values
+
+    @classmethod
+    def target_values(cls, target) -> dict:
+        """Two layers, half the target's width rounded to its head width (``shape_for``); the target's
+        vocabulary, RoPE and position limit."""
+        values = super().target_values(target)
+        head_dim = values["head_dim"]
+        half = max(head_dim, (target.hidden_size // 2) // head_dim * head_dim)
+        return {**values, "num_layers": 2, **cls.shape_for(half, target)}
 
     @classmethod
     def from_target(cls, target, **overrides) -> "SmallLMConfig":
         """As ``DrafterConfig.from_target``; a ``hidden_size`` override re-derives the heads and MLP width
-        from it (the target's head width, its MLP ratio) unless those are overridden too."""
+        from it (``shape_for``) unless those are overridden too."""
         if "hidden_size" in overrides:
-            head_dim = cls.target_values(target)["head_dim"]
-            hidden_size = int(overrides["hidden_size"])
-            num_heads = max(1, hidden_size // head_dim)
-            derived = dict(
-                num_heads=num_heads,
-                num_kv_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
-                head_dim=head_dim if num_heads * head_dim == hidden_size else hidden_size // num_heads,
-                intermediate_size=max(1, int(round(hidden_size * target.config.intermediate_size
-                                                   / target.config.hidden_size))),
-            )
-            overrides = {**derived, **overrides}
+            overrides = {**cls.shape_for(int(overrides["hidden_size"]), target), **overrides}
         return super().from_target(target, **overrides)
 
     def qwen3_config(self) -> Qwen3Config:
