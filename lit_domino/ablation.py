@@ -30,15 +30,14 @@ from lit_domino import cache
 from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.metrics import benchmark
-from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, parse_override, train_variant
+from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
 from lit_domino.models import load_drafter
 from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
-from lit_domino.tables import ablation_table, aggregate, fmt, main_table, write_table
+from lit_domino.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
 from lit_domino.target import load_target
 from lit_domino.tracking import default_tracking_uri, ensure_experiment, ensure_run, run_tags
 
-STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
 
 
 def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] | None = None) -> dict:
@@ -212,8 +211,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     records = records_from_rows(rows)
     domains = list(plan["prompts"])
     drafter_records = [r for r in records if r["kind"] == "drafter"]
-    tables = {"main": main_table(drafter_records, domains, variants=plan["tables"]["main"]),
-              "ablations": ablation_table(drafter_records)}
+    spec = load_spec(STUDY_FILE)
+    tables = {"main": main_table(drafter_records, domains, spec), "ablations": ablation_table(drafter_records, spec)}
     for name, table in tables.items():
         write_table(table, out_dir, name)
     peers = peer_table(records, domains)

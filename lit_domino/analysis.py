@@ -32,11 +32,13 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from lit_domino.paths import project_root
-from lit_domino.tables import LABELS, MAIN_ROWS, ablation_table, main_table
+from lit_domino.tables import ablation_table, load_spec, main_table
 
 TAG_COLUMNS = ("variant", "preset", "seed", "table", "sweep")
 BASE_COLUMNS = ("run_id", "experiment", "run_name", "status", "start_time", *TAG_COLUMNS)
-VARIANT_ORDER = (*MAIN_ROWS, "domino_ttt", "domino_nocurriculum")
+SPEC = load_spec()
+"""The ablation study's table spec (row order, labels): ``experiments/configs/studies/ablation.yaml``."""
+VARIANT_ORDER = SPEC.variants
 _POS = re.compile(r"^acc_rate_pos_(\d+)$")
 _NON_DOMAINS = {"train", "val", "sweep", "importance", "optuna"}
 
@@ -216,7 +218,7 @@ def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
                                      "speedup_mean", "speedup_std"])
     out = []
     for (preset, variant), g in runs.groupby(["preset", "variant"], dropna=False, sort=False):
-        row = {"preset": preset, "variant": variant, "label": LABELS.get(variant, variant), "runs": len(g),
+        row = {"preset": preset, "variant": variant, "label": SPEC.label(variant), "runs": len(g),
                "seeds": ",".join(str(s) for s in sorted(g["seed"].unique()))}
         for m in ("tau", "speedup"):
             vals = g[m].dropna() if m in g else pd.Series(dtype=float)
@@ -332,7 +334,7 @@ def plot_acceptance_curves(df: pd.DataFrame, preset: str | None = None, title: s
     fig, (ax,) = _figure()
     for v in _variants(curves) if not curves.empty else []:
         c = curves[curves["variant"] == v].sort_values("position")
-        ax.errorbar(c["position"], c["rate"], yerr=c["std"], marker="o", capsize=3, label=LABELS.get(v, v))
+        ax.errorbar(c["position"], c["rate"], yerr=c["std"], marker="o", capsize=3, label=SPEC.label(v))
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(k accepted | positions < k accepted)")
     ax.set_ylim(0, 1.02)
@@ -370,11 +372,11 @@ def plot_tau_histograms(df: pd.DataFrame, hist: pd.DataFrame | None = None, pres
             ax.bar(h["tau"], h["rounds"] / total, color=color)
             mean = float((h["tau"] * h["rounds"]).sum() / total)
             ax.axvline(mean, color="black", lw=1, ls="--")
-            ax.set_title(f"{LABELS.get(v, v)}\nmean τ/round {mean:.2f}", fontsize=9)
+            ax.set_title(f"{SPEC.label(v)}\nmean τ/round {mean:.2f}", fontsize=9)
         else:
             vals = recs.loc[recs["variant"] == v, "tau"].to_numpy()
             ax.hist(vals, bins=8, color=color)
-            ax.set_title(f"{LABELS.get(v, v)}\n{len(vals)} (seed, benchmark) values", fontsize=9)
+            ax.set_title(f"{SPEC.label(v)}\n{len(vals)} (seed, benchmark) values", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     xlabel = "τ (tokens committed per round, bonus included)" if per_round else "mean τ of a (seed, benchmark)"
     ylabel = "fraction of rounds" if per_round else "count"
@@ -408,7 +410,7 @@ def plot_speedup_bars(df: pd.DataFrame, preset: str | None = None, metric: str =
         means, stds = sub.mean(), sub.std(ddof=1).fillna(0.0)
         xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(doms))]
         ax.bar(xs, [means.get(d, float("nan")) for d in doms], width=width,
-               yerr=[stds.get(d, 0.0) for d in doms], capsize=2, label=LABELS.get(v, v))
+               yerr=[stds.get(d, 0.0) for d in doms], capsize=2, label=SPEC.label(v))
     ax.set_xticks(range(len(doms)), doms)
     if metric == "speedup":
         ax.axhline(1.0, color="grey", lw=1, ls="--")

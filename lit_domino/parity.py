@@ -1,6 +1,6 @@
 """Behaviour snapshots: prove that a refactor changed nothing a researcher can see.
 
-:func:`capture` trains every ablation variant of a preset (seed 0, through ``train_variant``, in the
+:func:`capture` trains every variant of the ablation study under a preset (seed 0, through ``train_variant``, in the
 current cache) and records what the suite's users see: the logged ``train/loss`` curve, the final
 validation metrics, and for every evaluation prompt the tokens, τ and accepted-per-round of greedy
 speculative decoding, of T = 1 sampling with a fixed seed, and with a DLoop gate. :func:`compare`
@@ -27,10 +27,10 @@ from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.experiment import train_variant
 from lit_domino.models import load_drafter
 from lit_domino.study import pinned_threads, write_json
+from lit_domino.tables import load_spec
 from lit_domino.target import load_target
 from lit_domino.tracking import default_tracking_uri
 
-VARIANTS = ("backbone", "domino", "domino_ttt", "domino_nocurriculum", "eagle3", "small_lm")
 BENCHMARKS = ("embedded-math", "embedded-code", "embedded-chat")
 GATE = DLoopConfig(threshold=-1.0, max_stages=3)
 """A loose gate, so later stages are really drafted on the smoke drafters."""
@@ -41,7 +41,7 @@ def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_to
     client = MlflowClient(default_tracking_uri())
     snapshot = {}
     with pinned_threads(1):
-        for variant in VARIANTS:
+        for variant in load_spec().variants:  # the ablation study's variants
             trained = train_variant(load_config(variant, preset, 0), experiment=f"parity-{preset}", progress=False)
             target = load_target(load_config(variant, preset, 0)["data"]["target"])
             history = sorted(client.get_metric_history(trained.run_id, "train/loss"), key=lambda m: m.step)

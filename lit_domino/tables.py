@@ -12,35 +12,42 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from lit_domino.configs import CONFIG_DIR
 from lit_domino.study import write_json
 
-PUBLISHED = {
-    # METHOD.md, Qwen3-8B, greedy, Transformers backend (speedup over AR); τ on GSM8K.
-    "main": {
-        "eagle3": "2.26x",
-        "backbone": "4.66x (GSM8K τ 6.59)",
-        "domino": "5.49x (GSM8K τ 10.03)",
-        "small_lm": "n/a",
-    },
-    "ablations": {
-        "head": "3.31x with head vs 2.84x without",
-        "causal_inputs": "τ 3.80 (TTT) vs 3.96 (TF)",
-        "curriculum": "τ 3.96 without vs 4.19 with",
-    },
-}
-"""Published figures printed beside ours so readers compare shapes (who wins, by what ratio)."""
+STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
 
-MAIN_ROWS = ("eagle3", "small_lm", "backbone", "domino")
-LABELS = {
-    "eagle3": "EAGLE-3-style (AR chain)",
-    "small_lm": "small draft LM",
-    "backbone": "backbone-only (DFlash)",
-    "domino": "Domino (TF + curriculum)",
-    "domino_ttt": "Domino, training-time test",
-    "domino_nocurriculum": "Domino, no curriculum",
-}
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What the tables show, from the study file (``experiments/configs/studies/ablation.yaml``)."""
+
+    main: tuple[str, ...]
+    """The main table's rows, in order (``variants.main``)."""
+    variants: tuple[str, ...]
+    """Every variant of the study, in order: the main rows, then the ablations (``variants``)."""
+    labels: dict
+    """Variant → the name tables, plots and the notebook print (``labels``)."""
+    published: dict
+    """Variant → the papers' figure printed beside its row (``published``)."""
+    ablations: tuple[dict, ...]
+    """The ablation rows: ``{study, metric, from, to, label, published[, inner_backbone]}`` (``ablations``)."""
+
+    def label(self, variant: str) -> str:
+        return self.labels.get(variant, variant)
+
+
+def load_spec(path: Path = STUDY_FILE) -> TableSpec:
+    """The table spec of a study file."""
+    study = yaml.safe_load(Path(path).read_text())
+    main = tuple(study["variants"]["main"])
+    return TableSpec(main, main + tuple(study["variants"].get("ablations") or ()), dict(study.get("labels") or {}),
+                     dict(study.get("published") or {}), tuple(study.get("ablations") or ()))
 
 
 def mean_spread(values: list[float]) -> tuple[float, float]:
@@ -81,16 +88,16 @@ def compare(a: tuple[float, float], b: tuple[float, float]) -> str:
     return f"{'better' if diff > 0 else 'worse'} (Δ {diff:+.2f}, ratio {b[0] / a[0]:.2f})" if a[0] else f"Δ {diff:+.2f}"
 
 
-def main_table(records: list[dict], domains: list[str], variants: list[str] | tuple = MAIN_ROWS) -> dict:
-    """Main comparison: τ and speedup per domain and on average, one row per drafter of ``variants`` (in order;
-    the ablation passes its study file's ``variants.main``)."""
+def main_table(records: list[dict], domains: list[str], spec: TableSpec | None = None) -> dict:
+    """Main comparison: τ and speedup per domain and on average, one row per drafter of ``spec.main`` (in order)."""
+    spec = spec or load_spec()
     tau, speed = aggregate(records, "tau"), aggregate(records, "speedup")
     cols = list(domains) + ["avg"]
     rows = []
-    for v in variants:
+    for v in spec.main:
         if not any(k[0] == v for k in tau):
             continue
-        row = {"variant": v, "label": LABELS.get(v, v), "published": PUBLISHED["main"].get(v, "")}
+        row = {"variant": v, "label": spec.label(v), "published": spec.published.get(v, "")}
         for d in cols:
             row[f"{d}/tau"] = tau.get((v, d))
             row[f"{d}/speedup"] = speed.get((v, d))
@@ -104,24 +111,20 @@ def main_table(records: list[dict], domains: list[str], variants: list[str] | tu
     return {"name": "main", "columns": cols, "rows": rows, "markdown": "\n".join(lines)}
 
 
-def ablation_table(records: list[dict]) -> dict:
-    """Domino ablations (averages over domains): head, causal inputs, curriculum."""
-    tau, speed = aggregate(records, "tau"), aggregate(records, "speedup")
+def ablation_table(records: list[dict], spec: TableSpec | None = None) -> dict:
+    """The ablations of ``spec.ablations`` (averages over domains; the paper's: head, causal inputs, curriculum)."""
+    spec = spec or load_spec()
+    tables = {"tau": aggregate(records, "tau"), "speedup": aggregate(records, "speedup")}
     base_tau = aggregate(records, "backbone_tau")  # the backbone's own τ inside a Domino drafter
-    studies = [
-        ("head", "speedup", "backbone", "domino", speed, "without head → with head"),
-        ("causal_inputs", "tau", "domino_ttt", "domino", tau, "training-time test → teacher forcing"),
-        ("curriculum", "tau", "domino_nocurriculum", "domino", tau, "no curriculum → base-anchored curriculum"),
-    ]
     rows = []
-    for name, metric, a, b, table, label in studies:
+    for ab in spec.ablations:
+        a, b, table = ab["from"], ab["to"], tables[ab["metric"]]
         ca, cb = table.get((a, "avg")), table.get((b, "avg"))
         if ca is None and cb is None:
             continue
-        row = {"study": name, "label": label, "metric": metric, "from": a, "to": b,
-               "from_value": ca, "to_value": cb, "verdict": compare(ca, cb),
-               "published": PUBLISHED["ablations"][name]}
-        if name == "curriculum":
+        row = {"study": ab["study"], "label": ab["label"], "metric": ab["metric"], "from": a, "to": b,
+               "from_value": ca, "to_value": cb, "verdict": compare(ca, cb), "published": ab.get("published", "")}
+        if ab.get("inner_backbone"):
             row["backbone_tau_from"] = base_tau.get((a, "avg"))
             row["backbone_tau_to"] = base_tau.get((b, "avg"))
         rows.append(row)
@@ -130,7 +133,7 @@ def ablation_table(records: list[dict]) -> dict:
     for r in rows:
         suffix = "x" if r["metric"] == "speedup" else ""
         inner = (f"{fmt(r.get('backbone_tau_from'))} → {fmt(r.get('backbone_tau_to'))}"
-                 if r["study"] == "curriculum" else "")
+                 if "backbone_tau_from" in r else "")
         lines.append("| " + " | ".join([r["label"], r["metric"], fmt(r["from_value"], suffix=suffix),
                                          fmt(r["to_value"], suffix=suffix), r["verdict"], inner,
                                          r["published"]]) + " |")
