@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
 from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
+from lit_domino.cli import ConfigError, check_config
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
@@ -184,6 +185,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     out_dir = Path(out_dir or project_root() / "results" / f"ablation-{preset}")
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = [load_config(v, preset, s, overrides) for v in plan["variants"] for s in plan["seeds"]]
+    for cfg in configs:  # a mistyped --set key fails here, before any training or cache reuse
+        check_config(cfg)
 
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']})", t0)
     _log(f"stage 1/4 target {configs[0]['data']['target']}", t0)
@@ -251,13 +254,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--train-only", action="store_true",
                         help="train (or find cached) every drafter, then stop; rerun without it to decode and tabulate")
     args = parser.parse_args(argv)
-    return run_ablation(
-        args.preset,
-        variants=args.variants.split(",") if args.variants else None,
-        seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
-        out_dir=args.out,
-        progress=not args.no_progress,
-        overrides=dict(args.set),
-        train_only=args.train_only,
-    )
+    try:
+        return run_ablation(
+            args.preset,
+            variants=args.variants.split(",") if args.variants else None,
+            seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
+            out_dir=args.out,
+            progress=not args.no_progress,
+            overrides=dict(args.set),
+            train_only=args.train_only,
+        )
+    except ConfigError as err:  # a mistyped --set key: one line, no traceback
+        parser.error(str(err))
 

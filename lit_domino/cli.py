@@ -19,16 +19,24 @@ every training parses, links, instantiates and lays out its run directory the sa
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import importlib
+import inspect
+import re
 import sys
+import typing
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
+from lit_domino import configs
 from lit_domino.configs import load_config, parse_override
 from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
@@ -202,6 +210,71 @@ def main(argv: list[str] | None = None, run: bool = True) -> DrafterCLI:
     """``experiments/train.py``: the CLI, after ``--variant/--preset`` composition."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return DrafterCLI(args=expand_variant_args(argv), run=run)
+
+
+class ConfigError(ValueError):
+    """A composed config the training parser refuses (an unknown or mistyped key, a bad value)."""
+
+
+SECTIONS = ("seed_everything", "model", "data", "trainer", "tracking", "checkpoint", "export")
+"""The top-level keys of a training config."""
+
+
+def _params(*fns) -> dict[str, inspect.Parameter]:
+    out = {}
+    for fn in fns:
+        out.update({n: p for n, p in inspect.signature(fn).parameters.items() if n not in ("self", "args", "kwargs")})
+    return out
+
+
+def _known_keys(cfg: dict, section: str) -> list[str]:
+    """The keys the training parser accepts in ``section`` (``model.curriculum`` too): for close-match hints."""
+    module = configs.module_class(cfg)
+    model = _params(*(c.__init__ for c in reversed(module.__mro__)
+                      if "__init__" in c.__dict__ and isinstance(c, type) and issubclass(c, DrafterModule)))
+    top = {"model": model, "data": _params(DrafterDataModule.__init__), "trainer": _params(L.Trainer.__init__),
+           "tracking": _params(TrackingConfig), "checkpoint": _params(ModelCheckpoint.__init__),
+           "export": _params(ExportDrafter.__init__)}
+    head, _, group = section.partition(".")
+    if not group:
+        return list(top.get(head, {}))
+    kind = top.get(head, {}).get(group)
+    annotation = typing.get_type_hints(type(model[group].default)).keys() if kind is not None and dataclasses.is_dataclass(
+        kind.default) else ()
+    return list(annotation)
+
+
+def check_config(cfg: dict[str, Any]) -> None:
+    """Parse a composed config with the training parser before anything is trained or reused from the cache:
+    an unknown or mistyped key (``--set model.rnak=3``, ``trainer.max_step``) raises :class:`ConfigError`
+    naming it and its close matches."""
+    unknown = [k for k in cfg if k not in SECTIONS]
+    if unknown:
+        close = {k: difflib.get_close_matches(k, SECTIONS, n=1) for k in unknown}
+        raise ConfigError("unknown config section(s) " + ", ".join(
+            f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+            + f"; a training config has {', '.join(SECTIONS)}")
+    args = cli_args(cfg)
+    args["tracking"] = {**args.get("tracking", {}), "enabled": False}
+    try:
+        DrafterCLI(args=args, run=False, parser_kwargs={"exit_on_error": False})
+    except ArgumentError as err:
+        text = str(err)
+        in_model = text.startswith('Parser key "model"')
+        group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", text)
+        option = re.search(r"Option '([\w.]+)' is not accepted", text)
+        if group:
+            section, key = (f"model.{group.group(1)}" if in_model else group.group(1)), group.group(2)
+        elif option:
+            section, key = "model", option.group(1)
+        else:
+            lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+            raise ConfigError(f"the training parser refuses this config: {lines[0]} {lines[-1]}") from None
+        known = _known_keys(cfg, section)
+        close = difflib.get_close_matches(key, known, n=3)
+        hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
+                else f"; {section} takes {', '.join(sorted(known))}" if known else "")
+        raise ConfigError(f"unknown config key {section}.{key}{hint}") from None
 
 
 def cli_args(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -20,13 +20,14 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 
 from lit_domino import cache
-from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, DrafterCLI, cli_args
+from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, DrafterCLI, check_config, cli_args
 from lit_domino.configs import CONFIG_DIR, PRESETS, load_config, parse_override, set_dotted  # noqa: F401 (the API)
 from lit_domino.target import target_identity
 from lit_domino.tracking import mark_failed_on_error
 
-TRAINER_KEYS = ("max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val")
-"""The trainer settings that change a trained drafter (and so its cache key)."""
+TRAINER_COSMETIC = ("enable_progress_bar", "enable_model_summary", "log_every_n_steps", "default_root_dir", "logger",
+                    "callbacks", "num_sanity_val_steps")
+"""Trainer settings that cannot change a trained drafter; every other one is in its cache key."""
 
 
 def training_key(cfg: dict) -> dict:
@@ -37,7 +38,7 @@ def training_key(cfg: dict) -> dict:
         "seed": cfg.get("seed_everything"),
         "model": cfg.get("model"),
         "data": cfg.get("data"),
-        "trainer": {k: trainer.get(k) for k in TRAINER_KEYS},
+        "trainer": {k: v for k, v in sorted(trainer.items()) if k not in TRAINER_COSMETIC},
     }
 
 
@@ -94,7 +95,10 @@ def train_variant(
     progress: bool = True,
     root: Path | None = None,
 ) -> TrainedDrafter:
-    """Train the variant of ``cfg`` (or reuse the cached drafter); the drafter is exported with ``save_pretrained``."""
+    """Train the variant of ``cfg`` (or reuse the cached drafter); the drafter is exported with ``save_pretrained``.
+
+    The config is parsed first (``cli.check_config``): a mistyped key is an error, never a reused drafter."""
+    check_config(cfg)
     t = cfg["tracking"]
     variant, preset, seed = t["variant"], t.get("preset"), int(cfg["seed_everything"])
     path = drafter_artifact(cfg, root)
