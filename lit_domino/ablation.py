@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
 from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
-from lit_domino.cli import ConfigError, check_config
+from lit_domino.cli import CHECKPOINT_DIR, ConfigError, check_config
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
@@ -195,8 +195,10 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     trained, t_train = [], time.time()
     for i, cfg in enumerate(configs):
         name = f"{cfg['tracking']['variant']} seed {cfg['seed_everything']}"
-        cached = cache.is_complete(drafter_artifact(cfg))
-        _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{' (cached)' if cached else ''}; "
+        path = drafter_artifact(cfg)
+        state = (" (cached)" if cache.is_complete(path, warn=False) else
+                 " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else "")
+        _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{state}; "
              f"{_eta(i, len(configs), time.time() - t_train)}", t0)
         trained.append(train_variant(cfg, experiment=f"ablation-{preset}", progress=progress))
     if train_only:
@@ -239,13 +241,23 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
 
 
+def seed_list(text: str) -> list[int]:
+    """``"0,1"`` → ``[0, 1]``: the argparse type of ``--seeds`` (an error at parse time names the bad item)."""
+    seeds = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item.isdigit():
+            raise argparse.ArgumentTypeError(f"seeds are integers >= 0 separated by commas, got {item!r} in {text!r}")
+        seeds.append(int(item))
+    return seeds
+
+
 def main(argv=None) -> dict:
     """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script)."""
     parser = argparse.ArgumentParser(prog="ablation", description="Train every drafter variant, decode for real, "
                                      "print the papers' tables (cached under ./artifacts, runs in MLflow).")
     parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")
     parser.add_argument("--variants", default=None, help="comma-separated subset (default: all of the study)")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
+    parser.add_argument("--seeds", default=None, type=seed_list, help="comma-separated seeds >= 0 (default: the preset's)")
     parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
@@ -258,7 +270,7 @@ def main(argv=None) -> dict:
         return run_ablation(
             args.preset,
             variants=args.variants.split(",") if args.variants else None,
-            seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
+            seeds=args.seeds,
             out_dir=args.out,
             progress=not args.no_progress,
             overrides=dict(args.set),

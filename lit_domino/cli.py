@@ -258,6 +258,10 @@ def check_config(cfg: dict[str, Any]) -> None:
     args["tracking"] = {**args.get("tracking", {}), "enabled": False}
     try:
         DrafterCLI(args=args, run=False, parser_kwargs={"exit_on_error": False})
+    except ValueError as err:  # a module or DataModule refused a value: its own message, not jsonargparse's wrapping
+        text = str(err)
+        reason = re.search(r"Errors:\s*\n\s*- ([^\n]+)", text)
+        raise ConfigError(reason.group(1) if reason else text.strip().splitlines()[0]) from None
     except ArgumentError as err:
         text = str(err)
         in_model = text.startswith('Parser key "model"')

@@ -45,3 +45,17 @@ def test_every_trainer_setting_that_can_change_a_drafter_is_in_its_cache_key():
         assert training_key(load_config("backbone", "smoke", 0, setting)) != key, setting
     for cosmetic in ({"trainer.enable_progress_bar": False}, {"trainer.log_every_n_steps": 7}):
         assert training_key(load_config("backbone", "smoke", 0, cosmetic)) == key, cosmetic
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "abc"], "seeds are integers >= 0"),
+    (["--seeds", "0,-1"], "got '-1'"),
+    (["--preset", "smoke", "--variants", "domino", "--set", "model.rnak=3"], "unknown config key model.rnak; did you mean model.rank?"),
+    (["--preset", "smoke", "--variants", "domino", "--set", "model.rank=0"], "rank must be a positive integer, got 0"),
+])
+def test_the_ablation_command_line_fails_in_one_line(argv, message, capsys):
+    from lit_domino.ablation import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
