@@ -258,6 +258,7 @@ def make_objective(study: optuna.Study, settings: SweepSettings, space: SearchSp
         client, _ = mlflow_client()
         if history:  # a live worker may have failed the previous attempt (stale heartbeat): its run ends FAILED
             mark_run_failed(client, get_trial(study, history[-1]).user_attrs.get("mlflow_run_id"))
+            trial.set_user_attr("mlflow_run_id", None)  # copied from the attempt; this trial records its own run
         cfg = trial_config(settings, space, params)
         ctx = TrialContext(trial, settings, space, params, cfg, experiment, parent_run_id,
                            f"{settings.study_name}-t{trial.number:03d}")

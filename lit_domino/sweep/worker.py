@@ -80,7 +80,8 @@ def recover_study(study: optuna.Study, settings: SweepSettings, echo: Callable[[
     running = _running(study)
     grace = 2 * settings.heartbeat
     if running and has_heartbeat(settings.storage_url(), settings.heartbeat):
-        deadline = time.monotonic() + (grace + 1.5 if wait else 0.0)  # +1.5: the storage clock ticks in seconds
+        # a trial dead now is stale within grace + 1 s (SQLite/MySQL store heartbeats in whole seconds)
+        deadline = time.monotonic() + (grace + 1.25 if wait else 0.0)
         if wait:
             echo(f"resume: checking the heartbeats of RUNNING trials {running} (a dead worker's trial is failed "
                  f"{grace}s after its last heartbeat; waiting at most {grace + 2}s)")

@@ -6,6 +6,7 @@ import importlib.util
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 from lit_domino import sweep
@@ -26,8 +27,17 @@ def fake_evaluator(ctx: sweep.TrialContext) -> sweep.TrialOutcome:
 
     ``$SWEEP_TEST_CRASH = kill|raise:<trial number>:<marker file>`` kills the worker process
     (SIGKILL: the trial stays RUNNING, its heartbeat stops) or raises in that trial, once (the
-    marker file remembers).
+    marker file remembers). ``$SWEEP_TEST_WORKERS = <folder>:<n>``: a trial waits until ``n``
+    processes have started one (each leaves its pid in the folder), so every worker runs a trial
+    however slowly it starts.
     """
+    workers = os.environ.get("SWEEP_TEST_WORKERS")
+    if workers:
+        folder, n = workers.rsplit(":", 1)
+        (Path(folder) / str(os.getpid())).touch()
+        give_up = time.monotonic() + 120
+        while len(list(Path(folder).iterdir())) < int(n) and time.monotonic() < give_up:
+            time.sleep(0.05)
     ctx.start_run()
     p = ctx.params
     value = (1.0 + math.log2(p["rank"]) / 9 + 0.3 * p["lambda_start"] - 0.2 * abs(p["lambda_ratio"] - 1.0)

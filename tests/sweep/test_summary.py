@@ -26,8 +26,11 @@ def test_summary_prints_best_and_writes_plots(tmp_path, capsys):
 
 
 def test_summary_with_too_few_trials(tmp_path, capsys):
-    settings = fake_settings(tmp_path, "one", n_trials=1)
-    study = sweep.run_worker(settings, sweep.load_space(), echo=lambda *_: None)
+    space, settings = sweep.load_space(), fake_settings(tmp_path, "one", n_trials=1)
+    study = sweep.create_or_load_study(settings, space)
+    trial = study.ask()
+    space.suggest(trial)
+    study.tell(trial, 1.5)
     result = sweep.summarize(study, tmp_path / "p", log_to_mlflow=False)
     assert "need at least 2 completed trials (have 1)" in capsys.readouterr().out
     assert result["importances"] is None and result["best"]["number"] == 0

@@ -23,13 +23,16 @@ def test_kill_a_worker_then_resume(tmp_path, importable_tests, monkeypatch, caps
     """Two worker processes on one study; the one running trial 2 is SIGKILLed (its heartbeat stops); --resume
     fails that trial once its heartbeat is stale, retries its configuration and finishes the study.
 
-    Trial 2 is the last one the target lets start, so no live worker asks for another trial (and fails the
-    stale one itself, as Optuna's optimize does) before the launcher returns."""
+    Both workers run a trial (the first trials wait for each other), and trial 2 is the last one the target
+    lets start, so no live worker asks for another trial (and fails the stale one itself, as Optuna's
+    optimize does) before the launcher returns."""
     main = cli().main
     storage = f"sqlite:///{tmp_path / 'kill.db'}"
     args = ["run", "--study-name", "kill", "--storage", storage, "--preset", "smoke", "--n-trials", "3",
             "--evaluator", "sweep_fakes:fake_evaluator", "--sampler-seed", "0", "--heartbeat", "1"]
     monkeypatch.setenv("SWEEP_TEST_CRASH", f"kill:2:{tmp_path / 'killed'}")
+    (tmp_path / "workers").mkdir()
+    monkeypatch.setenv("SWEEP_TEST_WORKERS", f"{tmp_path / 'workers'}:2")
     assert main(args + ["--workers", "2"]) == 1  # a worker died
     assert "failed; rerun with --resume" in capsys.readouterr().err
     study = optuna.load_study(study_name="kill", storage=storage)
@@ -123,11 +126,9 @@ def test_heartbeat_recovery_of_a_dead_workers_trial(tmp_path):
     finally:
         release.set()
         worker.join()
-    # retried once: resuming again adds no second copy; the resumed worker runs the copy and finishes
+    # retried once: resuming again adds no second copy (test_kill_a_worker_then_resume runs the copy)
     assert sweep.recover_study(study, settings, echo=lambda *_: None) == {"failed": [], "retried": []}
-    study = sweep.run_worker(settings, space, resume=True, echo=lambda *_: None)
-    assert states(study) == {"COMPLETE": 2, "FAIL": 1}
-    assert study.trials[2].state == TrialState.COMPLETE and study.trials[2].params == study.trials[1].params
+    assert states(study) == {"COMPLETE": 1, "FAIL": 1, "WAITING": 1}
 
 
 @pytest.mark.parametrize("storage", ["sqlite", "journal"])
@@ -159,8 +160,9 @@ def test_a_retry_ends_the_failed_attempts_run(tmp_path):
     study.tell(trial, state=TrialState.FAIL)  # what fail_stale_trials does to a stale trial ...
     retry_callback(settings.max_retries)(study, study.trials[0])  # ... and then the storage's callback
     lines: list[str] = []
-    study = sweep.run_worker(settings, space, echo=lines.append)
+    study.optimize(sweep.make_objective(study, settings, space, None, lines.append), n_trials=1)
     assert states(study) == {"FAIL": 1, "COMPLETE": 1} and study.trials[1].params == study.trials[0].params
     assert any("(retry of trial 0)" in line for line in lines)
+    assert study.trials[1].user_attrs["mlflow_run_id"] not in (None, run_id)  # the retry's own run
     run = MlflowClient(default_tracking_uri()).get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["optuna.state"] == "FAIL"
