@@ -22,6 +22,19 @@ def cli():
     return mod
 
 
+def fake_value(p: dict) -> float:
+    """The fake objective of sampled params ``p``."""
+    return (1.0 + math.log2(p["rank"]) / 9 + 0.3 * p["lambda_start"] - 0.2 * abs(p["lambda_ratio"] - 1.0)
+            + 0.2 * (p["lambda_kind"] == "linear") + 0.05 * math.log2(p["gru_hidden"]) / 8)
+
+
+def add_trials(study, space, n: int) -> None:
+    """``n`` finished trials of the fake objective, told directly (no worker, no MLflow runs)."""
+    for _ in range(n):
+        trial = study.ask()
+        study.tell(trial, fake_value(space.suggest(trial)))
+
+
 def fake_evaluator(ctx: sweep.TrialContext) -> sweep.TrialOutcome:
     """A deterministic objective of the sampled params, with the sweep's MLflow and pruning plumbing.
 
@@ -39,9 +52,7 @@ def fake_evaluator(ctx: sweep.TrialContext) -> sweep.TrialOutcome:
         while len(list(Path(folder).iterdir())) < int(n) and time.monotonic() < give_up:
             time.sleep(0.05)
     ctx.start_run()
-    p = ctx.params
-    value = (1.0 + math.log2(p["rank"]) / 9 + 0.3 * p["lambda_start"] - 0.2 * abs(p["lambda_ratio"] - 1.0)
-             + 0.2 * (p["lambda_kind"] == "linear") + 0.05 * math.log2(p["gru_hidden"]) / 8)
+    value = fake_value(ctx.params)
     for step in range(2):
         ctx.report(value * (0.8 + 0.2 * step), step)
     crash = os.environ.get("SWEEP_TEST_CRASH")

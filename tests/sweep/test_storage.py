@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from sweep_fakes import cli, fake_settings, states
+from sweep_fakes import add_trials, cli, fake_settings, states
 
 from lit_domino import sweep
 
@@ -43,7 +43,7 @@ def test_storage_error_from_the_cli(tmp_path, capsys):
 def test_different_space_or_objective_is_an_error(tmp_path):
     space = sweep.load_space()
     settings = fake_settings(tmp_path, "mismatch", n_trials=1)
-    sweep.run_worker(settings, space, echo=lambda *_: None)
+    add_trials(sweep.create_or_load_study(settings, space), space, 1)
     data = space.to_dict()
     data["params"]["rank"]["high"] = 256
     other = sweep.parse_space(data)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import optuna
 from mlflow.tracking import MlflowClient
-from sweep_fakes import cli, fake_settings
+from sweep_fakes import add_trials, cli, fake_settings
 
 from lit_domino import sweep
 from lit_domino.tracking import default_tracking_uri
 
 
 def test_summary_prints_best_and_writes_plots(tmp_path, capsys):
-    settings = fake_settings(tmp_path, "summ", n_trials=4)
-    sweep.run_worker(settings, sweep.load_space(), echo=lambda *_: None)
+    space, settings = sweep.load_space(), fake_settings(tmp_path, "summ", n_trials=4)
+    study = sweep.create_or_load_study(settings, space)
+    sweep.ensure_study_run(study, settings, space)
+    add_trials(study, space, 4)
     out = tmp_path / "plots"
     assert cli().main(["summary", "--study-name", "summ", "--storage", settings.storage, "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -28,9 +30,7 @@ def test_summary_prints_best_and_writes_plots(tmp_path, capsys):
 def test_summary_with_too_few_trials(tmp_path, capsys):
     space, settings = sweep.load_space(), fake_settings(tmp_path, "one", n_trials=1)
     study = sweep.create_or_load_study(settings, space)
-    trial = study.ask()
-    space.suggest(trial)
-    study.tell(trial, 1.5)
+    add_trials(study, space, 1)
     result = sweep.summarize(study, tmp_path / "p", log_to_mlflow=False)
     assert "need at least 2 completed trials (have 1)" in capsys.readouterr().out
     assert result["importances"] is None and result["best"]["number"] == 0
