@@ -13,17 +13,14 @@ Storage: ``sqlite:///sweeps/<study>.db`` by default; ``--storage journal:path.jo
 Optuna journal file, or any RDB URL (``postgresql://...``). ``--n-trials`` is the study's total
 of finished trials over all workers. Quick look on the smoke preset:
 ``--preset smoke --max-steps 20 --prompts-per-domain 2 --max-new-tokens 32``.
-The library behind this file is ``lit_domino.sweep``; the search space is ``sweeps/space.yaml``.
+The library behind this file is the ``lit_domino.sweep`` package; the search space is ``sweeps/space.yaml``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=d.seed, help="training seed of every trial")
     run.add_argument("--workers", type=int, default=1, help="worker processes to spawn on this study")
     run.add_argument("--resume", action="store_true",
-                     help="continue after a crash: fail trials of dead workers, retry failed trials once")
+                     help="continue after a crash: fail trials of dead workers (Optuna heartbeat; without one, "
+                          "every RUNNING trial), retry failed trials once")
     run.add_argument("--max-steps", type=int, default=None, help="optimizer steps per trial (default: preset epochs)")
     run.add_argument("--val-check-interval", type=_interval, default=None,
                      help="validate/report val/tau_sim every N steps (int) or fraction of an epoch (float)")
@@ -88,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="reports of a trial before it may be pruned (default %(default)s)")
     run.add_argument("--sampler-seed", type=int, default=None, help="TPE seed (worker i uses seed + i)")
     run.add_argument("--heartbeat", type=int, default=d.heartbeat,
-                     help="RDB heartbeat seconds (stale trials fail after 2 beats); 0 = off (default %(default)s)")
+                     help="Optuna RDB heartbeat seconds (a trial whose worker stopped beating fails after 2 "
+                          "beats and is retried); 0 = off (default %(default)s)")
     run.add_argument("--max-retries", type=int, default=d.max_retries, help="retries of a crashed trial")
     run.add_argument("--evaluator", default=None, help="advanced: module:function evaluating a trial "
                                                       "(default: train_variant + real decoding)")
@@ -145,43 +144,6 @@ def worker_argv(args, settings: sweep.SweepSettings, index: int) -> list[str]:
     return argv
 
 
-def launch_workers(args, settings: sweep.SweepSettings, space: sweep.SearchSpace) -> int:
-    """Create/recover the study once, prepare shared artifacts, then run ``--workers`` processes on it."""
-    study = sweep.create_or_load_study(settings, space)
-    if args.resume:
-        sweep.recover_study(study, settings)
-    parent = sweep.ensure_study_run(study, settings, space)
-    print(f"preparing shared artifacts (target, regenerated data) before {args.workers} workers start ...",
-          flush=True)
-    sweep.prepare_shared_artifacts(settings, space)
-    procs = []
-    try:
-        for i in range(args.workers):
-            procs.append(subprocess.Popen(worker_argv(args, settings, i)))
-            time.sleep(0.5)  # stagger the first storage writes
-        codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        raise
-    client, _ = sweep._client(settings)
-    study = sweep.create_or_load_study(settings, space)
-    sweep._finish_study_run(study, settings, client, parent)
-    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
-    counts = {k: v for k, v in sweep._counts(study).items() if v}
-    print(f"workers done; study {settings.study_name!r}: {counts}")
-    if bad:
-        print(f"workers {bad} (index, exit code) failed; rerun with --resume to retry their trials", file=sys.stderr)
-        return 1
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -193,14 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             raise sweep.SweepError(f"--workers must be >= 1, got {args.workers}")
         settings = settings_from(args).check()
         space = sweep.load_space(args.space)
-        if args.workers > 1:
-            rc = launch_workers(args, settings, space)
-        else:
-            sweep.run_worker(settings, space, resume=args.resume)
-            rc = 0
-        if args.summary and args.worker_index is None:
-            sweep.summarize(sweep.load_existing_study(settings.study_name, settings.storage_url()))
-        return rc
+        return sweep.run_sweep(settings, space, workers=args.workers, resume=args.resume,
+                               worker_command=lambda i: worker_argv(args, settings, i),
+                               summary=args.summary and args.worker_index is None)
     except sweep.SweepError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

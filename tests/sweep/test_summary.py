@@ -1,0 +1,37 @@
+"""lit_domino.sweep.summary: best trial, importances and plots, on disk and in the study's MLflow run."""
+
+from __future__ import annotations
+
+import optuna
+from mlflow.tracking import MlflowClient
+from sweep_fakes import add_trials, cli, fake_settings
+
+from lit_domino import sweep
+from lit_domino.tracking import default_tracking_uri
+
+
+def test_summary_prints_best_and_writes_plots(tmp_path, capsys):
+    space, settings = sweep.load_space(), fake_settings(tmp_path, "summ", n_trials=4)
+    study = sweep.create_or_load_study(settings, space)
+    sweep.ensure_study_run(study, settings, space)
+    add_trials(study, space, 4)
+    out = tmp_path / "plots"
+    assert cli().main(["summary", "--study-name", "summ", "--storage", settings.storage, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "best trial #" in text and "parameter importances:" in text and "rank" in text
+    for name in ("history", "importances", "slice"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    study = optuna.load_study(study_name="summ", storage=settings.storage)
+    client = MlflowClient(default_tracking_uri())
+    logged = {f.path for f in client.list_artifacts(study.user_attrs[sweep.RUN_ATTR], "optuna")}
+    assert {"optuna/history.png", "optuna/importances.png", "optuna/slice.png"} <= logged
+
+
+def test_summary_with_too_few_trials(tmp_path, capsys):
+    space, settings = sweep.load_space(), fake_settings(tmp_path, "one", n_trials=1)
+    study = sweep.create_or_load_study(settings, space)
+    add_trials(study, space, 1)
+    result = sweep.summarize(study, tmp_path / "p", log_to_mlflow=False)
+    assert "need at least 2 completed trials (have 1)" in capsys.readouterr().out
+    assert result["importances"] is None and result["best"]["number"] == 0
+    assert (tmp_path / "p" / "history.png").exists() and not (tmp_path / "p" / "importances.png").exists()
