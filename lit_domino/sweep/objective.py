@@ -35,7 +35,8 @@ from optuna_integration import PyTorchLightningPruningCallback
 from lit_domino.data.benchmarks import BENCHMARKS, load_benchmark
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import load_config, train_variant
-from lit_domino.models.io import load_drafter
+from lit_domino.models import load_drafter
+from lit_domino.study import drafter_metrics
 from lit_domino.objectives import LambdaSchedule
 from lit_domino.sweep.settings import SweepSettings, parse_prompt_spec
 from lit_domino.sweep.space import SearchSpace, SweepError, config_key
@@ -193,18 +194,7 @@ def decode_metrics(drafter_dir: str | Path, target_spec, settings: SweepSettings
     rows = benchmark(target, {"drafter": drafter}, validation_prompts(settings), max_new_tokens=settings.max_new_tokens,
                      temperatures=(settings.temperature,), hf_baseline=False, progress=settings.progress,
                      seed=settings.seed)
-    mine = [r for r in rows if r["kind"] == "drafter"]
-    metrics: dict[str, float] = {}
-    per_key: dict[str, list[float]] = {}
-    for r in mine:
-        d = r["benchmark"]
-        for key, value in r.items():
-            if key in ("tau", "speedup", "accepted_per_round", "tpot_ms") or key.startswith("acc_rate_pos_"):
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    metrics[f"{d}/{key}"] = float(value)
-                    per_key.setdefault(key, []).append(float(value))
-    for key, values in per_key.items():
-        metrics[key] = sum(values) / len(values)
+    metrics = drafter_metrics([r for r in rows if r["kind"] == "drafter"])  # the study layer's names and means
     return metrics, rows
 
 

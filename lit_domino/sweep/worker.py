@@ -25,7 +25,7 @@ import torch
 from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
-from lit_domino.experiment import instantiate
+from lit_domino.cli import DrafterCLI, check_config, cli_args
 from lit_domino.sweep.objective import make_objective, trial_config, validation_prompts
 from lit_domino.sweep.settings import SweepSettings
 from lit_domino.sweep.space import SearchSpace, SweepError
@@ -132,14 +132,22 @@ def _first_values(space: SearchSpace) -> dict:
     return out
 
 
+def check_trial_config(settings: SweepSettings, space: SearchSpace) -> dict:
+    """The first trial's training config, parsed by the training parser before any trial runs: a mistyped
+    target key in the space (``model.rnak``) is a :class:`~lit_domino.cli.ConfigError` naming it."""
+    cfg = trial_config(settings, space, _first_values(space))
+    check_config(cfg)
+    return cfg
+
+
 def prepare_shared_artifacts(settings: SweepSettings, space: SearchSpace) -> None:
-    """Build the target, the regenerated data and the prompt set once, before several workers start
-    (the artifact cache has no cross-process lock)."""
+    """Build the target, the regenerated data and the prompt set once, before several workers start (the
+    build locks would make the workers wait for one another anyway; this way the waiting is visible)."""
     if settings.evaluator is not None:
         return
-    cfg = trial_config(settings, space, _first_values(space))
-    dm = instantiate({"class_path": "lit_domino.data.datamodule.DrafterDataModule", "init_args": cfg["data"]})
-    dm.prepare_data()
+    cfg = check_trial_config(settings, space)
+    cfg["tracking"]["enabled"] = False
+    DrafterCLI(args=cli_args(cfg), run=False).datamodule.prepare_data()  # the training pipeline's DataModule
     validation_prompts(settings)
 
 
@@ -230,6 +238,8 @@ def run_sweep(settings: SweepSettings, space: SearchSpace, *, workers: int = 1,
     then the :func:`~lit_domino.sweep.summary.summarize` output with ``summary``. Returns the exit code."""
     if workers < 1:
         raise SweepError(f"--workers must be >= 1, got {workers}")
+    if settings.evaluator is None:  # the space's target keys, checked before any trial
+        check_trial_config(settings, space)
     if workers > 1:
         if worker_command is None:
             raise SweepError("several workers need the command line of a worker process")

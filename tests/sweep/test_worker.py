@@ -166,3 +166,16 @@ def test_a_retry_ends_the_failed_attempts_run(tmp_path):
     assert study.trials[1].user_attrs["mlflow_run_id"] not in (None, run_id)  # the retry's own run
     run = MlflowClient(default_tracking_uri()).get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["optuna.state"] == "FAIL"
+
+
+def test_a_mistyped_target_key_fails_before_any_trial(tmp_path):
+    """A space target key the training parser does not know (``model.rnak``) is a ConfigError naming it and its
+    close match, raised before the study runs a trial (no training, no storage written)."""
+    from lit_domino.cli import ConfigError
+
+    settings = fake_settings(tmp_path, "typo", evaluator=None, n_trials=1)
+    space = sweep.parse_space({"variant": "domino", "params": {
+        "rank": {"type": "int", "low": 16, "high": 64, "target": "model.rnak"}}})
+    with pytest.raises(ConfigError, match="model.rnak; did you mean model.rank"):
+        sweep.run_sweep(settings, space)
+    assert not (tmp_path / "typo.db").exists()
