@@ -33,11 +33,14 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+
+from filelock import FileLock, Timeout
 
 CACHE_ENV = "LIT_DOMINO_CACHE"
 """Environment variable that overrides the cache root (default ``./artifacts``)."""
@@ -239,7 +242,6 @@ def build_lock(path: Path, timeout: float = -1):
     An OS-level lock (``flock``): the kernel releases it when the holding process exits or
     is killed, so a stale lock never blocks a later build.
     """
-    from filelock import FileLock
 
     lp = lock_path(path)
     lp.parent.mkdir(parents=True, exist_ok=True)
@@ -274,7 +276,6 @@ def building(path: Path, *, timeout: float | None = None, keep: tuple[str, ...] 
     no stub folders. With ``isolate_rng`` the block runs in :func:`isolated_rng`.
     Not reentrant for one ``path`` within a process (nest different artifacts freely).
     """
-    from filelock import Timeout
 
     path = Path(path)
     lock = build_lock(path)
@@ -373,8 +374,6 @@ def isolated_rng(seed: int | None = None) -> Iterator[None]:
     would). Builders use it so that results never depend on whether the cache was warm.
     Modules not imported yet cannot be disturbed and are left alone.
     """
-    import random
-
     if seed is not None:  # seeding: every generator is captured (and restored) first
         import numpy  # noqa: F401
         import torch  # noqa: F401

@@ -11,11 +11,15 @@ import functools
 import hashlib
 import json
 import os
+import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MASK_TOKEN = "<|MASK|>"
 """The MASK token added when a tokenizer has none (DFlash drafts block positions from it)."""
@@ -242,9 +246,6 @@ def hub_reachable(endpoint: str | None = None, timeout: float = HUB_CHECK_SECOND
 
     Checked once per process and endpoint before a hub id is loaded, so that an offline
     machine fails in seconds instead of after ~45 s of download retries."""
-    import threading
-    import urllib.error
-    import urllib.request
 
     url = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/") + "/"
     result = []
@@ -266,8 +267,6 @@ def hub_reachable(endpoint: str | None = None, timeout: float = HUB_CHECK_SECOND
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(path_or_id: str, dtype: torch.dtype, device: str) -> Target:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     local = _is_local(path_or_id)
     kwargs = {}
     if local:
@@ -314,7 +313,7 @@ def target_identity(spec: str | Path) -> str:
     (it encodes the hash of its recipe), a local directory's absolute path, or the hub id."""
     spec = str(spec)
     if spec.startswith(EMBEDDED_PREFIX):
-        from lit_domino.tiny_target import preset_config, target_dir
+        from lit_domino.tiny_target import preset_config, target_dir  # the recipe pulls in Lightning and the corpora
 
         return EMBEDDED_PREFIX + target_dir(preset_config(spec[len(EMBEDDED_PREFIX) :])).name
     return str(Path(spec).expanduser().resolve()) if _is_local(spec) else spec
@@ -332,7 +331,7 @@ def load_target(path_or_hub_id: str | Path, dtype: torch.dtype | str = torch.flo
         device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = str(path_or_hub_id)
     if spec.startswith(EMBEDDED_PREFIX):  # "embedded:default": build or reuse the tiny target
-        from lit_domino.tiny_target import build_tiny_target
+        from lit_domino.tiny_target import build_tiny_target  # only the embedded target needs its recipe
 
         spec = str(build_tiny_target(spec[len(EMBEDDED_PREFIX) :]))
     return _load_cached(spec, dtype, str(device))

@@ -25,8 +25,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import TensorDataset
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from lit_domino import cache
+from lit_domino.data.corpora import build_corpus
+from lit_domino.data.regenerate import encode_conversation
+from lit_domino.tokenizer import train_tokenizer
 
 
 @dataclass(frozen=True)
@@ -112,8 +119,6 @@ def preset_config(name: str) -> TinyTargetConfig:
 
 
 def corpus_examples(cfg: TinyTargetConfig, split: str = "train", n_override: int | None = None):
-    from lit_domino.data.corpora import build_corpus
-
     out = []
     for domain, n in cfg.examples_per_domain:
         out.extend(build_corpus(domain, split, n if n_override is None else n_override, seed=cfg.corpus_seed))
@@ -130,13 +135,9 @@ def render(example) -> str:
 
 def build_tokenizer(cfg: TinyTargetConfig, root: Path | None = None):
     """Train (or reuse from the cache) the embedded BPE tokenizer (one process trains it, others wait)."""
-    from transformers import AutoTokenizer
-
     path = cache.artifact_dir("tokenizer", cfg.tokenizer_config(), name=f"bpe{cfg.vocab_size}", root=root)
 
     def build(p: Path):
-        from lit_domino.tokenizer import train_tokenizer
-
         with cache.staging(p) as tmp:  # whole or absent: a killed build leaves no stub
             texts = [render(e) for e in corpus_examples(cfg)]
             train_tokenizer(texts, vocab_size=cfg.vocab_size).save_pretrained(tmp)
@@ -163,8 +164,6 @@ def pack_windows(token_lists: list[list[int]], seq_len: int, separator: int) -> 
 
 
 def qwen3_config(cfg: TinyTargetConfig, tokenizer):
-    from transformers import Qwen3Config
-
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -248,8 +247,6 @@ class ResumableLoader(torch.utils.data.DataLoader):
 
 
 def _lm_module(cfg: TinyTargetConfig, model, loader: ResumableLoader | None = None):
-    import lightning as L
-
     class TinyTargetLM(L.LightningModule):
         """Next-token training of the tiny target on packed windows (all tokens are labels).
 
@@ -308,10 +305,6 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
     weights of an uninterrupted one. Seeded inside :func:`lit_domino.cache.isolated_rng`:
     the caller's random state is left as it was. ``callbacks``: extra Lightning callbacks.
     """
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from torch.utils.data import TensorDataset
-    from transformers import Qwen3ForCausalLM
 
     with cache.isolated_rng(cfg.seed):
         L.seed_everything(cfg.seed, verbose=False)
@@ -366,8 +359,6 @@ def extract_answer(text: str) -> str | None:
 @torch.no_grad()
 def response_perplexity(model, tokenizer, examples, batch_size: int = 16) -> float:
     """exp(mean NLL) over assistant tokens of ``examples`` (teacher-forced)."""
-    from lit_domino.data.regenerate import encode_conversation
-
     nll, count = 0.0, 0
     for i in range(0, len(examples), batch_size):
         encs = [encode_conversation(tokenizer, e.messages) for e in examples[i : i + batch_size]]
@@ -408,8 +399,6 @@ def math_accuracy(model, tokenizer, examples, max_new_tokens: int = 192, batch_s
 
 def evaluate(cfg: TinyTargetConfig, model, tokenizer) -> dict:
     """Held-out perplexity per domain (response tokens) and math exact-match accuracy."""
-    from lit_domino.data.corpora import build_corpus
-
     report = {}
     for domain, _ in cfg.examples_per_domain:
         held_out = build_corpus(domain, "eval", cfg.eval_examples, seed=cfg.corpus_seed)

@@ -150,7 +150,6 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
 
     from mlflow.tracking import MlflowClient
 
-    import lit_domino.target
     from lit_domino.tracking import default_tracking_uri
 
     plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
@@ -176,7 +175,7 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
 
     monkeypatch.setattr(ds, "train_all", lambda *a, **k: (names, trained, {n: {} for n in trained}))
     monkeypatch.setattr(ds, "evaluate", evaluate)
-    monkeypatch.setattr(lit_domino.target, "load_target", lambda spec: Target())
+    monkeypatch.setattr(ds, "load_target", lambda spec: Target())
     out = ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "out", progress=False)
     again = ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "again", progress=False,
                                mlflow_enabled=False)

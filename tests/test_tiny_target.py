@@ -102,16 +102,14 @@ def test_failed_build_leaves_no_stub_folder(tmp_path, monkeypatch, tokenizer):
 
 def test_tokenizer_is_trained_once_by_concurrent_builders(tmp_path, monkeypatch):
     """Two builders of one tokenizer at once: one trains it, the other waits and reuses it."""
-    import lit_domino.tokenizer as tokmod
-
-    real, calls = tokmod.train_tokenizer, []
+    real, calls = tt.train_tokenizer, []
 
     def slow(*args, **kwargs):
         calls.append(1)
         time.sleep(0.5)  # both builders would be inside without the lock
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tokmod, "train_tokenizer", slow)
+    monkeypatch.setattr(tt, "train_tokenizer", slow)
     cfg = tt.with_overrides(CFG, examples_per_domain=(("math", 3),))
     out = []
     threads = [threading.Thread(target=lambda: out.append(tt.build_tokenizer(cfg, root=tmp_path))) for _ in range(2)]

@@ -19,8 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import datasets
+from tqdm.auto import tqdm
 
 from lit_domino import cache
+from lit_domino.data.corpora import build_corpus
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +127,6 @@ def regen_dir(target, cfg: RegenConfig, root: Path | None = None) -> Path:
 
 def _work_items(target, cfg: RegenConfig):
     """(uid, domain, turns) for every prompt, sorted by prompt length (stable), plus the skip count."""
-    from lit_domino.data.corpora import build_corpus
-
     items, skipped = [], 0
     for domain, n in cfg.domains:
         for ex in build_corpus(domain, cfg.split, n, seed=cfg.corpus_seed):
@@ -139,15 +140,11 @@ def _work_items(target, cfg: RegenConfig):
 
 
 def _load_dataset(path: Path):
-    import datasets
-
     return datasets.load_from_disk(str(path / "dataset"))
 
 
 def _load_shard(shard_path: Path):
     """A finished shard, or None (not finished, or unreadable: then it is regenerated, with a warning)."""
-    import datasets
-
     if not cache.is_complete(shard_path):
         return None
     try:
@@ -171,9 +168,6 @@ def regenerate(target, cfg: RegenConfig, root: Path | None = None, progress: boo
 
 
 def _build(target, cfg: RegenConfig, path: Path, progress: bool) -> None:
-    import datasets
-    from tqdm.auto import tqdm
-
     if target.tokenizer is None:
         raise ValueError("regeneration needs a target with a tokenizer (chat template)")
     items, skipped = _work_items(target, cfg)
