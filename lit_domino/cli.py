@@ -36,7 +36,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from lit_domino import configs
+from lit_domino import cache, configs
 from lit_domino.configs import load_config, parse_override
 from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
@@ -244,10 +244,17 @@ def _known_keys(cfg: dict, section: str) -> list[str]:
     return list(annotation)
 
 
+_CHECKED: set[str] = set()
+"""Hashes of the configs :func:`check_config` accepted in this process."""
+
+
 def check_config(cfg: dict[str, Any]) -> None:
     """Parse a composed config with the training parser before anything is trained or reused from the cache:
     an unknown or mistyped key (``--set model.rnak=3``, ``trainer.max_step``) raises :class:`ConfigError`
     naming it and its close matches."""
+    digest = cache.config_hash(cfg)
+    if digest in _CHECKED:  # parsed already in this process (the ablation checks every config up front)
+        return
     unknown = [k for k in cfg if k not in SECTIONS]
     if unknown:
         close = {k: difflib.get_close_matches(k, SECTIONS, n=1) for k in unknown}
@@ -279,6 +286,7 @@ def check_config(cfg: dict[str, Any]) -> None:
         hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
                 else f"; {section} takes {', '.join(sorted(known))}" if known else "")
         raise ConfigError(f"unknown config key {section}.{key}{hint}") from None
+    _CHECKED.add(digest)
 
 
 def cli_args(cfg: dict[str, Any]) -> dict[str, Any]:
