@@ -271,7 +271,7 @@ class Drafter(nn.Module):
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
-        if not isinstance(config, self.config_class):
+        if type(config) is not self.config_class:  # a DominoConfig builds a Domino drafter, never a bare backbone
             raise ValueError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
         config.validate()
         self.config = config

@@ -59,6 +59,14 @@ def test_registry_names_every_method_once():
         registry.register("domino")(type("Other", (), {}))
 
 
+def test_a_drafter_takes_exactly_its_own_config(target):
+    """A DominoConfig (a BackboneConfig subclass) must not build a bare backbone: it would save as 'domino'."""
+    from lit_domino.models import ParallelDrafter
+
+    with pytest.raises(ValueError, match="ParallelDrafter needs a BackboneConfig, got DominoConfig"):
+        ParallelDrafter(drafter_config("domino", target))
+
+
 def test_config_from_target_and_json_round_trip(target):
     cfg = drafter_config("domino", target, head={"rank": 8})
     hf = target.config
