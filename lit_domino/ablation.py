@@ -19,6 +19,7 @@ Stages (each visible as it runs, each cached):
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
 from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
-from lit_domino.cli import CHECKPOINT_DIR, ConfigError, check_config
+from lit_domino.cli import CHECKPOINT_DIR, RUN_ID_FILE, ConfigError, check_config
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
@@ -64,6 +65,32 @@ def eval_key(plan: dict, trained: list, target) -> dict:
     """The measured rows' cache key: every drafter, the evaluation plan (table membership aside) and the target."""
     return {"drafters": [str(t.drafter_dir) for t in trained],
             "plan": {k: v for k, v in plan.items() if k != "tables"}, "target": target.fingerprint()}
+
+
+def default_out_dir(preset: str, plan: dict) -> Path:
+    """``results/ablation-<preset>`` for the whole study; a subset (other variants, seeds or ``--set``
+    overrides) gets its own folder beside it, so it never replaces the full study's tables."""
+    full = study_plan(preset)
+    parts = []
+    if plan["variants"] != full["variants"]:
+        parts.append("+".join(plan["variants"]))
+    if plan["seeds"] != full["seeds"]:
+        parts.append("s" + "-".join(str(s) for s in plan["seeds"]))
+    if plan.get("overrides"):
+        parts.append("set-" + cache.config_hash(plan["overrides"], 8))
+    return project_root() / "results" / "-".join([f"ablation-{preset}", *parts])
+
+
+def _warn_if_replacing(out_dir: Path, plan: dict, t0: float) -> None:
+    """Say so when ``out_dir`` holds the tables of another plan (they are about to be replaced)."""
+    try:
+        before = json.loads((out_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return
+    now = {"variants": plan["variants"], "seeds": plan["seeds"], "overrides": plan.get("overrides")}
+    was = {k: before.get(k) for k in now}
+    if was != now:
+        _log(f"note: {out_dir} holds the results of another run ({was}); this run ({now}) replaces them", t0)
 
 
 def _log(msg: str, t0: float) -> None:
@@ -182,7 +209,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     plan = study_plan(preset, variants, seeds)
     if overrides:
         plan["overrides"] = dict(overrides)
-    out_dir = Path(out_dir or project_root() / "results" / f"ablation-{preset}")
+    out_dir = Path(out_dir or default_out_dir(preset, plan))
+    _warn_if_replacing(out_dir, plan, t0)
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = [load_config(v, preset, s, overrides) for v in plan["variants"] for s in plan["seeds"]]
     for cfg in configs:  # a mistyped --set key fails here, before any training or cache reuse
@@ -197,7 +225,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
         name = f"{cfg['tracking']['variant']} seed {cfg['seed_everything']}"
         path = drafter_artifact(cfg)
         state = (" (cached)" if cache.is_complete(path, warn=False) else
-                 " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else "")
+                 " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else
+                 " (restarting its interrupted MLflow run)" if (path / CHECKPOINT_DIR / RUN_ID_FILE).exists() else "")
         _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{state}; "
              f"{_eta(i, len(configs), time.time() - t_train)}", t0)
         trained.append(train_variant(cfg, experiment=f"ablation-{preset}", progress=progress))
@@ -258,7 +287,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")
     parser.add_argument("--variants", default=None, help="comma-separated subset (default: all of the study)")
     parser.add_argument("--seeds", default=None, type=seed_list, help="comma-separated seeds >= 0 (default: the preset's)")
-    parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>)")
+    parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>, with the "
+                        "subset appended for --variants/--seeds/--set runs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                         help="override a training config key for every variant, VALUE in YAML, e.g. "

@@ -56,8 +56,9 @@ CHECKSUM_MAX_BYTES = 1 << 16
 TRANSIENT = ("ckpt", "checkpoints")
 """Top-level entries not recorded in a marker: resume state, deleted once an artifact is finished (the target
 build's ``ckpt/``, a drafter training's ``checkpoints/``)."""
-RESUME_STATE = ("ckpt/*.ckpt", "checkpoints/*.ckpt", "*/.complete")
-"""What a failed build keeps (patterns inside the artifact): checkpoints and finished shards."""
+RESUME_STATE = ("ckpt/*.ckpt", "checkpoints/*.ckpt", "checkpoints/mlflow_run_id", "*/.complete")
+"""What a failed build keeps (patterns inside the artifact): checkpoints, the MLflow run a rerun continues
+(even one interrupted before its first checkpoint) and finished shards."""
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -11,7 +11,7 @@ every training parses, links, instantiates and lays out its run directory the sa
 * an MLflow logger by default (``tracking:`` section; runs tagged variant/preset/seed/table),
   the flattened config as params and the YAML as an artifact;
 * the run directory (``trainer.default_root_dir``, default ``<project>/results/train/<run name>``)
-  holds ``config.yaml``, ``checkpoints/`` (``last.ckpt`` every epoch, and ``mlflow_run_id`` so a
+  holds ``config.yaml``, ``checkpoints/`` (``last.ckpt`` every epoch and every 50 steps, and ``mlflow_run_id`` so a
   resumed run continues the same MLflow run) and ``drafter/`` (the ``save_pretrained`` export);
 * any exception marks the MLflow run FAILED (KILLED for Ctrl-C).
 """
@@ -80,6 +80,29 @@ class MLflowConfig(SaveConfigCallback):
                     (Path(ckpt.dirpath) / RUN_ID_FILE).write_text(logger.run_id)
 
 
+class ResumableCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` that also refreshes ``last.ckpt`` every ``resume_every_n_steps``
+    optimizer steps (Lightning makes step and epoch intervals exclusive; a resume wants both). The
+    train loader is resumable, so a resume from a mid-epoch checkpoint continues with the next unseen
+    batch and an interrupted training ends with the weights of an uninterrupted one.
+
+    Args:
+        resume_every_n_steps: steps between refreshes of ``last.ckpt`` (None or 0: epoch checkpoints only).
+    """
+
+    def __init__(self, *args, resume_every_n_steps: int | None = 50, **kwargs):
+        super().__init__(*args, **kwargs)
+        if resume_every_n_steps is not None and (isinstance(resume_every_n_steps, bool) or resume_every_n_steps < 0):
+            raise ValueError(f"checkpoint.resume_every_n_steps must be >= 0 or null, got {resume_every_n_steps!r}")
+        self.resume_every_n_steps = resume_every_n_steps
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        n = self.resume_every_n_steps
+        if self.save_last and n and trainer.global_step % n == 0 and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
 class DrafterCLI(LightningCLI):
     """LightningCLI for ``DrafterModule`` subclasses on the one ``DrafterDataModule``.
 
@@ -110,9 +133,9 @@ class DrafterCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_class_arguments(TrackingConfig, "tracking")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        # last.ckpt every epoch, always the newest (no last-v1.ckpt); save_top_k=1, not 0: Lightning writes
-        # last.ckpt only in a step that saved a top-k checkpoint
+        parser.add_lightning_class_args(ResumableCheckpoint, "checkpoint")
+        # last.ckpt every epoch and every 50 steps, always the newest (no last-v1.ckpt); save_top_k=1,
+        # not 0: Lightning writes last.ckpt only in a step that saved a top-k checkpoint
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.every_n_epochs": 1,
                              "checkpoint.save_top_k": 1, "checkpoint.enable_version_counter": False})
         parser.add_lightning_class_args(ExportDrafter, "export")
@@ -233,7 +256,7 @@ def _known_keys(cfg: dict, section: str) -> list[str]:
     model = _params(*(c.__init__ for c in reversed(module.__mro__)
                       if "__init__" in c.__dict__ and isinstance(c, type) and issubclass(c, DrafterModule)))
     top = {"model": model, "data": _params(DrafterDataModule.__init__), "trainer": _params(L.Trainer.__init__),
-           "tracking": _params(TrackingConfig), "checkpoint": _params(ModelCheckpoint.__init__),
+           "tracking": _params(TrackingConfig), "checkpoint": {**_params(ModelCheckpoint.__init__), **_params(ResumableCheckpoint.__init__)},
            "export": _params(ExportDrafter.__init__)}
     head, _, group = section.partition(".")
     if not group:

@@ -118,7 +118,10 @@ def train_variant(
         stats = TrainStats()
         tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
         last = path / CHECKPOINT_DIR / "last.ckpt"
-        cli = DrafterCLI(args=args, run=False, resume=last.exists(), logger_tags=tags, callbacks=[stats, *callbacks])
+        # an interrupted training continues its MLflow run (one run per artifact), from its last
+        # checkpoint when it has one, else from scratch
+        resume = last.exists() or (path / CHECKPOINT_DIR / RUN_ID_FILE).is_file()
+        cli = DrafterCLI(args=args, run=False, resume=resume, logger_tags=tags, callbacks=[stats, *callbacks])
         logger = cli.trainer.logger
         with mark_failed_on_error([logger]):
             trainer = cli.trainer

@@ -92,7 +92,9 @@ class Target:
     """A frozen target LM with what drafters need from it.
 
     ``model`` is any Hugging Face causal LM in eval mode with gradients off;
-    ``tokenizer`` may be None for unit tests on random models.
+    ``tokenizer`` may be None for unit tests on random models; ``name`` is the target's
+    identity in cache keys (:func:`target_identity`: a hub id, a local directory's absolute
+    path, or ``embedded:<recipe directory>``, which does not depend on where the cache lives).
     """
 
     model: nn.Module
@@ -266,7 +268,7 @@ def hub_reachable(endpoint: str | None = None, timeout: float = HUB_CHECK_SECOND
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(path_or_id: str, dtype: torch.dtype, device: str) -> Target:
+def _load_cached(path_or_id: str, dtype: torch.dtype, device: str, name: str) -> Target:
     local = _is_local(path_or_id)
     kwargs = {}
     if local:
@@ -301,7 +303,7 @@ def _load_cached(path_or_id: str, dtype: torch.dtype, device: str) -> Target:
         raise TargetError(f"target {path_or_id!r} is corrupt or unreadable: {type(err).__name__}: {err}") from err
     model.to(device).eval().requires_grad_(False)
     mask_id = resolve_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
-    return Target(model=model, tokenizer=tokenizer, mask_token_id=mask_id, name=path_or_id)
+    return Target(model=model, tokenizer=tokenizer, mask_token_id=mask_id, name=name)
 
 
 EMBEDDED_PREFIX = "embedded:"
@@ -330,8 +332,12 @@ def load_target(path_or_hub_id: str | Path, dtype: torch.dtype | str = torch.flo
     if device == "auto":  # the GPU when there is one
         device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = str(path_or_hub_id)
+    # The target's name is its identity (cache keys of regenerated data and features use it):
+    # for the embedded target that is its recipe hash, not where the cache lives, so a moved
+    # cache is reused whole.
+    name = target_identity(spec)
     if spec.startswith(EMBEDDED_PREFIX):  # "embedded:default": build or reuse the tiny target
         from lit_domino.tiny_target import build_tiny_target  # only the embedded target needs its recipe
 
         spec = str(build_tiny_target(spec[len(EMBEDDED_PREFIX) :]))
-    return _load_cached(spec, dtype, str(device))
+    return _load_cached(spec, dtype, str(device), name)

@@ -109,3 +109,20 @@ def test_smoke_ablation_end_to_end(tmp_path):
     again = run_ablation("smoke", out_dir=tmp_path / "again", progress=False)
     assert all(t.from_cache for t in again["trained"])
     assert json.dumps(again["rows"]) == json.dumps(out["rows"])  # (NaN != NaN, so compare as JSON)
+
+
+def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeypatch, capsys):
+    from lit_domino import ablation
+
+    full = study_plan("smoke")
+    assert ablation.default_out_dir("smoke", full).name == "ablation-smoke"
+    subset = study_plan("smoke", variants=["backbone", "domino"], seeds=[1])
+    assert ablation.default_out_dir("smoke", subset).name == "ablation-smoke-backbone+domino-s1"
+    tuned = {**full, "overrides": {"model.rank": 8}}
+    assert ablation.default_out_dir("smoke", tuned).name.startswith("ablation-smoke-set-")
+    # an explicit --out that holds another plan's tables is replaced with a note, not silently
+    (tmp_path / "summary.json").write_text(json.dumps({"variants": ["domino"], "seeds": [0], "overrides": None}))
+    ablation._warn_if_replacing(tmp_path, subset, 0.0)
+    assert "replaces them" in capsys.readouterr().out
+    ablation._warn_if_replacing(tmp_path, {"variants": ["domino"], "seeds": [0]}, 0.0)
+    assert capsys.readouterr().out == ""

@@ -53,3 +53,27 @@ def test_crashed_training_resumes_from_its_checkpoint(tiny_target_dir, tmp_path,
     assert done.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
     assert not list((path / "checkpoints").glob("*.ckpt"))  # resume state is dropped once the drafter is exported
     assert json.loads((path / "report.json").read_text())["optimizer_steps"] == steps
+
+
+def test_training_interrupted_before_its_first_checkpoint_continues_its_mlflow_run(tiny_target_dir, tmp_path,
+                                                                                    one_thread):
+    """One MLflow run per trained artifact: a rerun after a crash at step 0 reuses the run, it does not add one."""
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.tracking import default_tracking_uri
+
+    cfg = experiment.load_config("backbone", "smoke", overrides={
+        "data.target": str(tiny_target_dir), "data.train_examples": {"math": 4, "code": 2, "chat": 2},
+        "data.val_examples": {"math": 2, "code": 1, "chat": 1}, "data.max_new_tokens": 16, "data.batch_size": 4,
+        "data.num_anchors": 4, "data.max_length": 128, "trainer.max_epochs": 1})
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        experiment.train_variant(cfg, experiment="interrupted-early", callbacks=[_Crash(epoch=0)], progress=False,
+                                 root=tmp_path)
+    path = experiment.drafter_artifact(cfg, root=tmp_path)
+    assert not (path / "checkpoints" / "last.ckpt").exists()
+    run_id = (path / "checkpoints" / "mlflow_run_id").read_text().strip()
+    done = experiment.train_variant(cfg, experiment="interrupted-early", progress=False, root=tmp_path)
+    client = MlflowClient(default_tracking_uri())
+    assert done.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
+    exp = client.get_experiment_by_name("interrupted-early")
+    assert [r.info.run_id for r in client.search_runs([exp.experiment_id])] == [run_id]

@@ -158,3 +158,20 @@ def test_local_directory_without_weights_gets_no_offline_hint(tiny_target, tmp_p
     msg = str(info.value)
     assert str(tmp_path) in msg
     assert "Offline" not in msg and "embedded" not in msg and "hub" not in msg
+
+
+def test_embedded_target_identity_does_not_depend_on_where_the_cache_lives(tmp_path, monkeypatch):
+    """Regenerated data and features are keyed by the target's name: a moved cache must reuse them."""
+    from lit_domino.target import target_identity
+
+    monkeypatch.setenv("LIT_DOMINO_CACHE", str(tmp_path / "a"))
+    here = target_identity("embedded:smoke")
+    monkeypatch.setenv("LIT_DOMINO_CACHE", str(tmp_path / "elsewhere" / "b"))
+    assert target_identity("embedded:smoke") == here
+    assert here.startswith("embedded:") and str(tmp_path) not in here
+
+
+def test_a_loaded_targets_name_is_its_identity(tiny_target_dir):
+    from lit_domino.target import load_target, target_identity
+
+    assert load_target(tiny_target_dir).name == target_identity(tiny_target_dir)
