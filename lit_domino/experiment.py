@@ -43,13 +43,26 @@ def training_key(cfg: dict) -> dict:
 
 
 class TrainStats(Callback):
-    """Tokens/s over the fit and the process's peak resident memory."""
+    """Tokens/s over the fit and the process's peak resident memory.
+
+    Tokens and seconds are carried in checkpoints, so a training that was interrupted and resumed
+    reports the sums over its segments (the time of steps replayed after the last checkpoint aside)."""
 
     def __init__(self):
         self.tokens, self.seconds, self.peak_rss_mb = 0, 0.0, 0.0
+        self._t0 = None
 
     def _rss(self):
         self.peak_rss_mb = max(self.peak_rss_mb, psutil.Process().memory_info().rss / 2**20)
+
+    def _elapsed(self) -> float:
+        return self.seconds + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+
+    def state_dict(self) -> dict:
+        return {"tokens": self.tokens, "seconds": self._elapsed()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tokens, self.seconds = int(state["tokens"]), float(state["seconds"])
 
     def on_train_start(self, trainer, pl_module):
         self._t0 = time.perf_counter()
@@ -61,7 +74,7 @@ class TrainStats(Callback):
             self._rss()
 
     def on_train_end(self, trainer, pl_module):
-        self.seconds = time.perf_counter() - self._t0
+        self.seconds, self._t0 = self._elapsed(), None
         self._rss()
 
 
@@ -128,8 +141,9 @@ def train_variant(
             trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
             if trainer.interrupted:
                 raise KeyboardInterrupt(f"training of {variant} was interrupted")
+            run_id = getattr(logger, "run_id", None)  # None: tracking disabled
             report = {
-                "variant": variant, "preset": preset, "seed": seed, "run_id": logger.run_id,
+                "variant": variant, "preset": preset, "seed": seed, "run_id": run_id,
                 "drafter_parameters": int(cli.model.drafter.num_parameters()),
                 "train_seconds": round(stats.seconds, 1),
                 "train_tokens_per_s": round(stats.tokens / stats.seconds, 1) if stats.seconds else None,
@@ -138,13 +152,13 @@ def train_variant(
                 **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
             }
             for key in ("drafter_parameters", "train_seconds", "train_tokens_per_s", "peak_rss_mb"):
-                if report[key] is not None:
-                    logger.experiment.log_metric(logger.run_id, f"train/{key}", report[key])
+                if report[key] is not None and run_id is not None:
+                    logger.experiment.log_metric(run_id, f"train/{key}", report[key])
         (path / "report.json").write_text(json.dumps(report, indent=2))
         cache.mark_complete(path, training_key(cfg))
         for ckpt in (path / CHECKPOINT_DIR).glob("*.ckpt"):  # resume state, useless once finished
             os.remove(ckpt)
-        return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, logger.run_id, False)
+        return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, run_id, False)
 
 
 __all__ = ["CONFIG_DIR", "PRESETS", "RUN_ID_FILE", "TrainStats", "TrainedDrafter", "drafter_artifact", "load_config",
