@@ -300,7 +300,9 @@ class DrafterDataModule(L.LightningDataModule):
 
     def _build(self, split: str):
         target = self.load_target()
-        ds = regenerate(target, self.regen_config(split))
+        # regeneration bars follow the trainer's (`--no-progress`, enable_progress_bar: false)
+        progress = self.trainer is None or self.trainer.progress_bar_callback is not None
+        ds = regenerate(target, self.regen_config(split), progress=progress)
         if len(ds) == 0:
             raise ValueError(f"the regenerated {split} set is empty; raise train_examples/val_examples")
         feats = offsets = None

@@ -157,3 +157,29 @@ def test_failed_feature_build_leaves_no_stub_folder(tiny_target_dir, tiny_target
         dm.prepare_data()
     left = [p.name for p in (tmp_path / "features").iterdir() if not p.name.startswith(".")]
     assert left == []  # no stub folder (only the hidden lock file beside where it would be)
+
+
+def test_regeneration_bars_follow_the_trainers_progress_setting(tiny_target_dir, monkeypatch):
+    """`--no-progress` (a trainer without a progress bar) also silences the regeneration bars."""
+    from lit_domino.data import datamodule as dm_module
+
+    seen = []
+
+    def fake_regenerate(target, cfg, progress=True):
+        seen.append(progress)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(dm_module, "regenerate", fake_regenerate)
+    dm = DrafterDataModule(target=str(tiny_target_dir), train_examples={"math": 2}, val_examples={"math": 1},
+                           block_size=4, feature_layers=[1, 3])
+
+    class Trainer:
+        progress_bar_callback = None
+
+    dm.trainer = Trainer()
+    with pytest.raises(RuntimeError, match="stop here"):
+        dm.prepare_data()
+    dm.trainer = None
+    with pytest.raises(RuntimeError, match="stop here"):
+        dm.prepare_data()
+    assert seen == [False, True]
