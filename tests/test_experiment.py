@@ -3,6 +3,7 @@
 import json
 
 import lightning as L
+import torch
 import pytest
 
 from lit_domino import experiment
@@ -77,3 +78,34 @@ def test_training_interrupted_before_its_first_checkpoint_continues_its_mlflow_r
     assert done.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
     exp = client.get_experiment_by_name("interrupted-early")
     assert [r.info.run_id for r in client.search_runs([exp.experiment_id])] == [run_id]
+
+
+class _CrashAtStep(L.Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+def test_training_interrupted_mid_epoch_resumes_to_the_uninterrupted_weights(tiny_target_dir, tmp_path, one_thread):
+    """last.ckpt every 2 steps, a crash at step 3 of a 4-step epoch: the resumed training continues with the
+    next unseen batch (it does not replay the epoch) and ends with the weights of an uninterrupted one."""
+    from safetensors.torch import load_file
+
+    cfg = experiment.load_config("backbone", "smoke", overrides={
+        "data.target": str(tiny_target_dir), "data.train_examples": {"math": 8, "code": 4, "chat": 4},
+        "data.val_examples": {"math": 2, "code": 1, "chat": 1}, "data.max_new_tokens": 16, "data.batch_size": 4,
+        "data.num_anchors": 4, "data.max_length": 128, "trainer.max_epochs": 2, "tracking.enabled": False,
+        "checkpoint.resume_every_n_steps": 2})
+    whole = experiment.train_variant(cfg, progress=False, root=tmp_path / "whole")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        experiment.train_variant(cfg, callbacks=[_CrashAtStep(3)], progress=False, root=tmp_path / "split")
+    counter = _CountSteps()
+    resumed = experiment.train_variant(cfg, callbacks=[counter], progress=False, root=tmp_path / "split")
+    steps = whole.report["optimizer_steps"]
+    assert resumed.report["optimizer_steps"] == steps and counter.batches == steps - 2  # from the step-2 checkpoint
+    a, b = load_file(str(whole.drafter_dir / "model.safetensors")), load_file(str(resumed.drafter_dir / "model.safetensors"))
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
