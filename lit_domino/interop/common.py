@@ -154,7 +154,7 @@ def foreign_fingerprint(directory: Path, hidden_size: int, vocab_size: int, mask
 
 
 def save_weights(tensors: dict[str, torch.Tensor], directory: Path, fmt: str) -> None:
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(directory / WEIGHTS_NAME),
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(directory / WEIGHTS_NAME),
               metadata={"format": "pt", "exported_by": "lit_domino", "layout": fmt})
 
 

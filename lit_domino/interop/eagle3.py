@@ -4,7 +4,9 @@ the one vLLM serves with ``{"method": "eagle3"}``.
 ``config.json``: ``speculators_model_type: eagle3``, ``architectures: [Eagle3DraftModel]``,
 ``transformer_layer_config`` (a Qwen3 config of the one draft layer), ``draft_vocab_size`` = the
 target's vocabulary (no reduced draft vocabulary, hence no ``d2t``/``t2d``),
-``eagle_aux_hidden_state_layer_ids`` (the three feature layers), the norm flags all false, and
+``eagle_aux_hidden_state_layer_ids`` (the three feature layers, in speculators'/vLLM's numbering: an index
+into ``hidden_states``, 0 = the embedding output, so our decoder-layer id j is their j + 1; their default
+``[2, L//2, L-3]`` is EAGLE-3's ``[1, L//2-1, L-4]`` here), the norm flags all false, and
 ``speculators_config`` {``algorithm: eagle3``, a greedy proposal of ``block_size - 1`` tokens,
 ``verifier`` {``name_or_path``: the target, ``architectures``}}.
 ``model.safetensors``: ``fc``, ``layers.0.{input_layernorm, hidden_norm, self_attn.*, post_attention_layernorm,
@@ -38,6 +40,8 @@ OWN_TOP = ("fc.weight", "norm.weight")
 """Our parameters that keep their name; every other one lives under ``layers.0.``."""
 TARGET_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 """The target's tensors the layout carries (checked against the target on binding, never loaded as ours)."""
+AUX_OFFSET = 1
+"""speculators' aux layer id = our decoder-layer id + 1 (theirs index ``hidden_states``, 0 = embedding output)."""
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
@@ -60,7 +64,7 @@ def export(drafter, directory: Path, target=None) -> Path:
     layer.architectures = ["Qwen3ForCausalLM"]
     arch = list(getattr(target.model.config, "architectures", None) or [type(target.model).__name__])
     cfg = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": NAME, "draft_vocab_size": c.vocab_size,
-           "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": [int(j) for j in c.feature_layers],
+           "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": [int(j) + AUX_OFFSET for j in c.feature_layers],
            "embed_requires_grad": False, **{flag: False for flag in FLAGS}, "tie_word_embeddings": False,
            "dtype": str(drafter.dtype).removeprefix("torch."),
            "transformer_layer_config": layer.to_dict(),
@@ -96,12 +100,15 @@ def import_eagle3(directory: Path, cfg: dict, map_location="cpu"):
     layers = cfg.get("eagle_aux_hidden_state_layer_ids")
     if not layers:
         refuse("eagle_aux_hidden_state_layer_ids", layers, "the three feature layers must be stated")
+    if min(int(j) for j in layers) < AUX_OFFSET:
+        refuse("eagle_aux_hidden_state_layer_ids", layers, "id 0 is the embedding output; features here are "
+               "decoder-layer outputs (speculators' id j = our layer j - 1)")
     spec = cfg.get("speculators_config") or {}
     methods = spec.get("proposal_methods") or [{}]
     k = int(methods[0].get("speculative_tokens", 7))
     side = read_sidecar(directory)
     mask = side["target"]["fingerprint"].get("mask_token_id") if side else None
-    fields.update(block_size=k + 1, feature_layers=[int(j) for j in layers], ttt_steps=k,
+    fields.update(block_size=k + 1, feature_layers=[int(j) - AUX_OFFSET for j in layers], ttt_steps=k,
                   mask_token_id=int(mask) if mask is not None else fields["vocab_size"] - 1)
     fields["target_fingerprint"] = foreign_fingerprint(directory, fields["hidden_size"], fields["vocab_size"],
                                                        mask, None)

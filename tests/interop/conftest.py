@@ -38,7 +38,7 @@ def domino(target):
 
 @pytest.fixture(scope="module")
 def eagle(target):
-    return lively(build_drafter(drafter_config("eagle3", target, block_size=6), target), seed=2)
+    return lively(build_drafter(drafter_config("eagle3", target, block_size=6, feature_layers=[0, 1, 2]), target), seed=2)
 
 
 def context(target, drafter, T: int = 12, seed: int = 0):
