@@ -47,3 +47,26 @@ def context(target, drafter, T: int = 12, seed: int = 0):
     ids = torch.randint(0, target.vocab_size - 1, (T,), generator=g)
     feats = target.forward_features(ids[None], drafter.config.feature_layers)[0]
     return ids, feats
+
+
+def fit(drafter, target, sequences: list[list[int]], steps: int = 120, lr: float = 3e-2, seed: int = 0):
+    """A few hundred optimiser steps on target-greedy sequences, so the drafter accepts some drafts (a random
+    drafter accepts none, which would make every τ equal to 1)."""
+    from lit_domino.objectives import LossSettings, position_weights
+
+    ids = torch.tensor(sequences)
+    feats = target.forward_features(ids, drafter.config.feature_layers)
+    T, B = ids.shape[1], drafter.config.block_size
+    anchors = torch.arange(0, T - 1)[None].expand(ids.shape[0], -1)
+    mask = torch.ones_like(anchors, dtype=torch.bool)
+    settings = LossSettings(position_weights=position_weights(B), lam=0.0)
+    opt = torch.optim.Adam(drafter.parameters(), lr=lr)
+    torch.manual_seed(seed)
+    drafter.train()
+    for _ in range(steps):
+        out = drafter.forward_train(ids, feats, anchors, mask)
+        loss, _ = drafter.block_loss(out, settings)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return drafter.eval()
