@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lit_domino import cache
-from lit_domino.data.regenerate import RegenConfig, regenerate
+from lit_domino.data.regenerate import RegenConfig, regen_dir, regenerate
 from lit_domino.target import check_layer_ids, load_target
 
 
@@ -203,6 +203,11 @@ class DrafterDataModule(L.LightningDataModule):
         max_new_tokens: the target's answer budget per turn during regeneration.
         regen_temperature: 0 = greedy regeneration (the papers'); > 0 samples.
         regen_batch_size: prompts answered together during regeneration.
+        regen_missing: what ``prepare_data`` does when the regenerated set is not in the cache:
+            ``build`` regenerates it there with HF ``generate`` (the embedded presets: minutes, and a
+            newcomer needs no extra command) or ``error`` stops with the ``experiments/regenerate.py``
+            command to run first (the paper preset: GPU-hours, sharded or through a vLLM/SGLang
+            server, never inside ``fit`` where the other ranks would time out at Lightning's barrier).
         feature_layers: target decoder layers (0-based) whose hidden states drafters read;
             None = pick by ``feature_rule``.
         feature_rule: ``dflash`` (with ``num_feature_layers``) or ``eagle3``.
@@ -233,6 +238,7 @@ class DrafterDataModule(L.LightningDataModule):
         max_new_tokens: int = 256,
         regen_temperature: float = 0.0,
         regen_batch_size: int = 32,
+        regen_missing: str = "build",
         feature_layers: list[int] | None = None,
         feature_rule: str = "dflash",
         num_feature_layers: int = 3,
@@ -250,6 +256,8 @@ class DrafterDataModule(L.LightningDataModule):
         super().__init__()
         if features not in ("cached", "online"):
             raise ValueError(f"features must be 'cached' or 'online', got {features!r}")
+        if regen_missing not in ("build", "error"):
+            raise ValueError(f"regen_missing must be 'build' or 'error', got {regen_missing!r}")
         if feature_rule not in ("dflash", "eagle3"):
             raise ValueError(f"feature_rule must be 'dflash' or 'eagle3', got {feature_rule!r}")
         if block_size < 2:
@@ -300,7 +308,18 @@ class DrafterDataModule(L.LightningDataModule):
 
     def _build(self, split: str):
         target = self.load_target()
-        ds = regenerate(target, self.regen_config(split))
+        cfg = self.regen_config(split)
+        if self.hparams.regen_missing == "error" and not cache.is_complete(regen_dir(target, cfg), warn=False):
+            raise FileNotFoundError(
+                f"the regenerated {split} set of target {target.name!r} is not in the cache "
+                f"({regen_dir(target, cfg)}), and data.regen_missing is 'error': regenerate it first, as its own "
+                "step, with the same --variant/--preset/--set options as this run, e.g.\n"
+                "  python experiments/regenerate.py --preset paper                      # HF generate here\n"
+                "  python experiments/regenerate.py --preset paper --server http://localhost:8000  # a vLLM/SGLang server\n"
+                "  (or N workers with --shard i/N, then --merge); data.regen_missing=build regenerates inside "
+                "prepare_data instead"
+            )
+        ds = regenerate(target, cfg)
         if len(ds) == 0:
             raise ValueError(f"the regenerated {split} set is empty; raise train_examples/val_examples")
         feats = offsets = None
