@@ -20,7 +20,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_domino import cache
 from lit_domino.data.regenerate import RegenConfig, regenerate
@@ -100,7 +100,7 @@ def collate(items: list[dict], pad_id: int) -> dict:
     return batch
 
 
-class EpochShuffleSampler(Sampler):
+class EpochShuffleSampler(DistributedSampler):
     """A shuffle seeded by (seed, epoch): the same order after a resume, a new one each epoch.
 
     With ``lengths`` it groups by length (Hugging Face's ``group_by_length``): the shuffled
@@ -109,35 +109,68 @@ class EpochShuffleSampler(Sampler):
     (prompt + a ~50-token answer, a long tail up to ``max_length``) are ~60 % padding; grouped
     ones ~5 %, which halves a drafter's training time at the same samples and steps (but see
     ``DrafterDataModule``'s ``group_by_length``: it can cost accuracy).
+
+    Distributed (``num_replicas`` R > 1, this process's ``rank``): every rank builds the same
+    order of *global* batches of ``R·batch_size`` (pools, sorting and the batch shuffle all work
+    on global batches), and rank r takes the r-th slice of ``batch_size`` of each. So one
+    optimizer step over R ranks sees exactly the global batch a single process with
+    ``batch_size·R`` sees, length-grouped alike. It subclasses ``DistributedSampler`` so that
+    Lightning keeps it as it is (its ``DistributedSamplerWrapper`` would reshuffle the grouped
+    order). A short last global batch is padded to a multiple of R with the epoch's first
+    items (as ``DistributedSampler`` pads): every rank runs the same number of steps.
     """
 
     def __init__(self, n: int, seed: int, lengths: list[int] | None = None, batch_size: int = 1,
-                 pool_batches: int = 50):
+                 pool_batches: int = 50, num_replicas: int = 1, rank: int = 0):
         if lengths is not None and len(lengths) != n:
             raise ValueError(f"EpochShuffleSampler: {len(lengths)} lengths for {n} items")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"EpochShuffleSampler: rank {rank} is not in [0, num_replicas={num_replicas})")
+        super().__init__(range(n), num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
         self.n, self.seed, self.epoch = n, seed, 0
-        self.lengths, self.batch_size, self.pool = lengths, batch_size, batch_size * pool_batches
+        self.lengths, self.batch_size = lengths, batch_size
+        self.global_batch = batch_size * num_replicas
+        self.pool = self.global_batch * pool_batches
 
     def set_epoch(self, epoch: int):  # Lightning calls this at every epoch start
         self.epoch = epoch
 
     def __len__(self):
-        return self.n
+        full, rest = divmod(self.n, self.global_batch)
+        return full * self.batch_size + -(-rest // self.num_replicas)
 
-    def __iter__(self):
+    def global_batches(self) -> list[list[int]]:
+        """This epoch's global batches (every rank computes the same list); only the last may be short."""
         g = torch.Generator().manual_seed(self.seed * 10_007 + self.epoch)
         order = torch.randperm(self.n, generator=g).tolist()
+        gb = self.global_batch
         if self.lengths is None:
-            return iter(order)
-        bs, batches = self.batch_size, []
+            return [order[k : k + gb] for k in range(0, self.n, gb)]
+        batches = []
         for start in range(0, self.n, self.pool):
             pool = sorted(order[start : start + self.pool], key=lambda i: self.lengths[i])
-            batches += [pool[k : k + bs] for k in range(0, len(pool), bs)]
+            batches += [pool[k : k + gb] for k in range(0, len(pool), gb)]
         # pools are whole batches except the last: its short batch goes last, so the DataLoader's
         # consecutive batch_size cuts are exactly these batches
-        full = [b for b in batches if len(b) == bs]
-        short = [i for b in batches if len(b) < bs for i in b]
-        return iter([i for k in torch.randperm(len(full), generator=g).tolist() for i in full[k]] + short)
+        full = [b for b in batches if len(b) == gb]
+        short = [i for b in batches if len(b) < gb for i in b]
+        return [full[k] for k in torch.randperm(len(full), generator=g).tolist()] + ([short] if short else [])
+
+    def __iter__(self):
+        batches = self.global_batches()
+        R, r, bs = self.num_replicas, self.rank, self.batch_size
+        if R == 1:
+            return iter([i for b in batches for i in b])
+        mine = []
+        for b in batches:
+            if len(b) < self.global_batch:  # the short last one: padded to a multiple of R, split evenly
+                first = [i for bb in batches for i in bb]
+                b = b + first[: -len(b) % R]
+                per = len(b) // R
+                mine += b[r * per : (r + 1) * per]
+            else:
+                mine += b[r * bs : (r + 1) * bs]
+        return iter(mine)
 
 
 def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root: Path | None = None,
@@ -327,10 +360,18 @@ class DrafterDataModule(L.LightningDataModule):
             num_workers=self.hparams.num_workers,
         )
 
+    def _world(self) -> tuple[int, int]:
+        """(world size, global rank) of the attached trainer; (1, 0) without one."""
+        trainer = self.trainer
+        return (int(trainer.world_size), int(trainer.global_rank)) if trainer is not None else (1, 0)
+
     def train_dataloader(self):
         ds, h = self.train_set, self.hparams
         lengths = [min(len(ids), ds.max_length) for ids in ds.input_ids] if h.group_by_length else None
-        return self._loader(ds, EpochShuffleSampler(len(ds), h.seed, lengths, h.batch_size))
+        world, rank = self._world()
+        # a DistributedSampler subclass: Lightning keeps it (the validation loader gets Lightning's own)
+        return self._loader(ds, EpochShuffleSampler(len(ds), h.seed, lengths, h.batch_size,
+                                                    num_replicas=world, rank=rank))
 
     def val_dataloader(self):
         return self._loader(self.val_set)
@@ -343,9 +384,17 @@ class DrafterDataModule(L.LightningDataModule):
             ).float()
         training = self.trainer is not None and self.trainer.training
         step = self.trainer.global_step if training else -1 - int(batch["index"][0])
-        g = torch.Generator().manual_seed(self.hparams.seed * 1_000_003 + step + 1_000_000_007)
+        g = self.anchor_generator(step, self._world()[1] if training else 0)
         batch["anchors"], batch["anchor_mask"] = sample_anchors(batch["loss_mask"], self.hparams.num_anchors, g)
         return batch
+
+    def anchor_generator(self, step: int, rank: int = 0) -> torch.Generator:
+        """The generator of the anchors drawn at optimizer ``step`` on global ``rank``: redrawn every step,
+        different on every rank (ranks hold different sequences, but equal draws would correlate them), the
+        same after a resume. Validation batches use ``step = -1 - <first dataset index>`` and rank 0, so
+        their anchors do not depend on how the validation set was sharded."""
+        seed = self.hparams.seed * 1_000_003 + step + 1_000_000_007 + int(rank) * 7_919_000_009
+        return torch.Generator().manual_seed(seed % (2**63))
 
     def describe(self) -> dict:
         """Sizes of the prepared data (for logs and closing notes)."""
