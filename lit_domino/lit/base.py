@@ -357,7 +357,7 @@ class DrafterModule(L.LightningModule):
         metrics = {f"val/acc_pos_{k:02d}": float(a) for k, a in enumerate(acc.tolist(), start=1)}
         metrics["val/tau_sim"] = tau_sim(acc)
         metrics["val/tau_prefix"] = float(self.val_prefix.compute())
-        self.log_dict(metrics, on_step=False, on_epoch=True)
+        self.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=True)  # equal on every rank already
         self.val_acc.reset()
         self.val_prefix.reset()
 
