@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_domino import cache
+from lit_domino.data.corpora import DOMAINS
+from lit_domino.data.hub_prompts import SEPARATOR, SOURCES, is_hub_source
 from lit_domino.data.regenerate import RegenConfig, regenerate
 from lit_domino.target import check_layer_ids, load_target
 
@@ -225,13 +227,31 @@ def _compute_features(target, ds, layer_ids, lengths, offsets, file: Path, shape
     del mm
 
 
+def _check_sources(train: dict, val: dict, locations: dict | None) -> dict[str, str]:
+    """Every prompt source named is an embedded domain or a hub prompt set; ``prompt_sources`` only relocates
+    hub sets (an early error, not one at regeneration)."""
+    for name in [*train, *val]:
+        if name not in DOMAINS and not is_hub_source(name):
+            raise ValueError(f"unknown prompt source {name!r} in train_examples/val_examples: the embedded corpora "
+                             f"are {', '.join(DOMAINS)}, the hub prompt sets {', '.join(SOURCES)}")
+    locations = {str(k): str(v) for k, v in (locations or {}).items()}
+    for name in locations:
+        if name not in SOURCES:
+            raise ValueError(f"prompt_sources names {name!r}, not a hub prompt set ({', '.join(SOURCES)})")
+    return locations
+
+
 class DrafterDataModule(L.LightningDataModule):
     """Regenerated sequences + target features + anchors, for every drafter variant.
 
     Args:
         target: a model directory, a hub id (``Qwen/Qwen3-8B``) or ``embedded:<preset>``.
-        train_examples: corpus prompts per domain answered by the target for training.
-        val_examples: held-out (eval-split) prompts per domain for validation.
+        train_examples: prompts per source answered by the target for training (null = all of them): the
+            embedded corpus domains ``math``/``code``/``chat``, or the papers' hub prompt sets ``sharegpt``,
+            ``ultrachat`` (EAGLE-3), ``nemotron``, ``codealpaca`` (DFlash); see ``lit_domino.data.hub_prompts``.
+        val_examples: held-out (eval-split) prompts per source for validation.
+        prompt_sources: where a hub prompt set is read from, ``{name: hub id or local path}`` (a local copy in
+            its hub schema for offline machines); unset = its default hub id. Part of the data's cache key.
         max_prompt_tokens: longer prompts are skipped during regeneration.
         max_new_tokens: the target's answer budget per turn during regeneration.
         regen_temperature: 0 = greedy regeneration (the papers'); > 0 samples.
@@ -262,6 +282,7 @@ class DrafterDataModule(L.LightningDataModule):
         target: str = "embedded:default",
         train_examples: dict[str, int | None] | None = None,
         val_examples: dict[str, int] | None = None,
+        prompt_sources: dict[str, str] | None = None,
         max_prompt_tokens: int = 384,
         max_new_tokens: int = 256,
         regen_temperature: float = 0.0,
@@ -293,6 +314,7 @@ class DrafterDataModule(L.LightningDataModule):
         self.target_spec = target
         self.train_examples = dict(train_examples or {"math": 800, "code": 200, "chat": 200})
         self.val_examples = dict(val_examples or {"math": 64, "code": 32, "chat": 32})
+        self.prompt_sources = _check_sources(self.train_examples, self.val_examples, prompt_sources)
         self._feature_layers = feature_layers
         self.target = None
         self.train_set = self.val_set = None
@@ -302,8 +324,11 @@ class DrafterDataModule(L.LightningDataModule):
     def regen_config(self, split: str) -> RegenConfig:
         examples = self.train_examples if split == "train" else self.val_examples
         h = self.hparams
+        # a relocated hub set is passed on as "name@location": the location is in the cache key
+        domains = {(f"{d}{SEPARATOR}{self.prompt_sources[d]}" if d in self.prompt_sources else d): n
+                   for d, n in examples.items()}
         return RegenConfig(
-            domains=tuple(sorted(examples.items())),
+            domains=tuple(sorted(domains.items())),
             split=split,
             max_prompt_tokens=h.max_prompt_tokens,
             max_new_tokens=h.max_new_tokens,
