@@ -249,7 +249,8 @@ class DrafterDataModule(L.LightningDataModule):
         train_examples: prompts per source answered by the target for training (null = all of them): the
             embedded corpus domains ``math``/``code``/``chat``, or the papers' hub prompt sets ``sharegpt``,
             ``ultrachat`` (EAGLE-3), ``nemotron``, ``codealpaca`` (DFlash); see ``lit_domino.data.hub_prompts``.
-        val_examples: held-out (eval-split) prompts per source for validation.
+        val_examples: held-out (eval-split) prompts per source for validation. In both, 0 = none of that
+            source (how a preset drops one of base.yaml's domains).
         prompt_sources: where a hub prompt set is read from, ``{name: hub id or local path}`` (a local copy in
             its hub schema for offline machines); unset = its default hub id. Part of the data's cache key.
         max_prompt_tokens: longer prompts are skipped during regeneration.
@@ -312,8 +313,13 @@ class DrafterDataModule(L.LightningDataModule):
             raise ValueError("batch_size, num_anchors and max_length must be >= 1")
         self.save_hyperparameters()
         self.target_spec = target
-        self.train_examples = dict(train_examples or {"math": 800, "code": 200, "chat": 200})
-        self.val_examples = dict(val_examples or {"math": 64, "code": 32, "chat": 32})
+        # 0 = none of that source: a preset drops a domain of base.yaml's (config deltas merge dicts)
+        self.train_examples = {k: v for k, v in (train_examples or {"math": 800, "code": 200, "chat": 200}).items()
+                               if v != 0}
+        self.val_examples = {k: v for k, v in (val_examples or {"math": 64, "code": 32, "chat": 32}).items() if v != 0}
+        if not self.train_examples or not self.val_examples:
+            raise ValueError("train_examples and val_examples must each name at least one prompt source with a "
+                             "non-zero count")
         self.prompt_sources = _check_sources(self.train_examples, self.val_examples, prompt_sources)
         self._feature_layers = feature_layers
         self.target = None

@@ -98,6 +98,9 @@ def test_datamodule_prompt_sources():
     assert dict(DrafterDataModule(train_examples={"ultrachat": 5}).regen_config("train").domains) == {"ultrachat": 5}
     with pytest.raises(ValueError, match="unknown prompt source 'sharegtp'"):
         DrafterDataModule(train_examples={"sharegtp": 5})
+    assert DrafterDataModule(train_examples={"math": 0, "codealpaca": 3}).train_examples == {"codealpaca": 3}
+    with pytest.raises(ValueError, match="at least one prompt source"):
+        DrafterDataModule(train_examples={"math": 0})
     with pytest.raises(ValueError, match="prompt_sources names 'math'"):
         DrafterDataModule(prompt_sources={"math": "/x"})
 
