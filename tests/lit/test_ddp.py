@@ -82,3 +82,42 @@ def test_a_strategy_the_environment_cannot_run_is_a_clear_error():
                                                                  "trainer.accelerator": "cpu"})
     with pytest.raises(ConfigError, match=r"trainer.strategy='fsdp'.*cannot run here.*GPU"):
         check_config(cfg)
+
+
+def test_rank_zero_is_read_from_the_launchers_environment(monkeypatch):
+    for key in experiment.RANK_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert experiment.is_rank_zero()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("NODE_RANK", "0")
+    assert experiment.is_rank_zero()
+    monkeypatch.setenv("NODE_RANK", "1")  # local rank 0 of the second node: not global rank 0
+    assert not experiment.is_rank_zero()
+    monkeypatch.delenv("NODE_RANK")
+    monkeypatch.setenv("RANK", "3")
+    assert not experiment.is_rank_zero()
+
+
+def test_eval_callback_decodes_on_rank_zero_only(monkeypatch):
+    import types
+
+    from lit_domino import callbacks
+
+    calls = []
+
+    def fake_evaluate(*args, **kwargs):
+        calls.append(1)
+        return {"tau": 2.0}, {"math": {"tau": 2.0}}
+
+    monkeypatch.setattr(callbacks, "evaluate_speculative", fake_evaluate)
+    cb = callbacks.SpeculativeEvalCallback({"math": [[1, 2, 3]]}, plots=False)
+    module = types.SimpleNamespace(drafter=object(), target=object())
+    sent = ({"tau": 3.5}, {"math": {"tau": 3.5}})
+    for rank in (1, 0):
+        broadcasts = []
+        strategy = types.SimpleNamespace(broadcast=lambda obj, src=0: broadcasts.append(obj) or sent)
+        trainer = types.SimpleNamespace(is_global_zero=rank == 0, world_size=2, strategy=strategy, global_step=4,
+                                        loggers=[])
+        assert cb._evaluate(trainer, module) == {"tau": 3.5}  # every rank logs what rank 0 broadcast
+        assert broadcasts == [None] if rank else broadcasts == [({"tau": 2.0}, {"math": {"tau": 2.0}})]
+    assert len(calls) == 1  # rank 1 never decoded
