@@ -3,7 +3,7 @@
     python experiments/bench.py --target embedded:default \\
         --drafters domino=artifacts/drafters/domino-xxxx,dflash=artifacts/drafters/backbone-xxxx \\
         --benchmarks embedded-math:20,embedded-code:20 --temperatures 0 --dloop off,-0.5:3 \\
-        --max-new-tokens 256 --peers prompt_lookup,assisted --assistant small
+        --max-new-tokens 256 --peers prompt_lookup,assisted,dflash --assistant small
 
 Writes ``results/bench-<time>.md`` + ``.json`` and one MLflow run (experiment ``bench``;
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``). Everything runs in one
@@ -38,7 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off or THRESHOLD:STAGES")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--peers", default="", help="HF peers: prompt_lookup,assisted")
+    p.add_argument("--peers", default="",
+                   help="peers: prompt_lookup,assisted (HF) and dflash (z-lab's dflash_generate on each backbone "
+                        "drafter; needs requirements-peers.txt)")
     p.add_argument("--assistant", default=None,
                    help="for the assisted peer: the name of a small_lm drafter in --drafters, or an HF model dir")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)

@@ -84,6 +84,29 @@ def assistant_model(peers: str, assistant: str | None, drafters: dict, device: s
     return AutoModelForCausalLM.from_pretrained(assistant).to(device).eval()
 
 
+OFFICIAL_PEERS = ("dflash",)
+"""Other projects' decoding loops ``--peers`` can add: ``dflash`` = z-lab's ``dflash_generate`` on each backbone."""
+
+
+def official_peers(peers: list[str], drafters: dict, target) -> dict:
+    """``{"<name>@dflash_generate": decode}`` for each backbone drafter when ``dflash`` is among ``peers``:
+    the official DFlash loop decoding our backbone (converted in memory, as the ``dflash`` export writes it)."""
+    if "dflash" not in peers:
+        return {}
+    from lit_domino.interop.dflash_peer import dflash_official, to_dflash_model
+
+    backbones = {name: d for name, d in drafters.items() if d.kind == "backbone"}
+    if not backbones:
+        raise SystemExit("--peers dflash decodes a backbone drafter with dflash_generate: pass one in --drafters "
+                         "(kind 'backbone')")
+    out = {}
+    for name, drafter in backbones.items():
+        model = to_dflash_model(drafter)
+        out[f"{name}@dflash_generate"] = (lambda ids, n, t, seed, m=model:
+                                          dflash_official(target, m, ids, max_new_tokens=n, temperature=t, seed=seed))
+    return out
+
+
 def run_bench(options: Mapping | Any) -> list[dict]:
     """The benchmark command: decode, write ``<out>/bench-<time>.md`` + ``.json``, log one MLflow run.
 
@@ -97,12 +120,14 @@ def run_bench(options: Mapping | Any) -> list[dict]:
         peers = [s.strip() for s in args["peers"].split(",") if s.strip()]
         target = load_target_spec(args["target"], args["device"], args["dtype"])
         drafters = load_drafters(args["drafters"], target, args["device"])
+        external = official_peers(peers, drafters, target)
+        peers = [p for p in peers if p not in OFFICIAL_PEERS]
         prompts = load_prompts(args["benchmarks"], target, args["seed"])
         rows = benchmark(target, drafters, prompts, max_new_tokens=args["max_new_tokens"], temperatures=temperatures,
                          dloops=dloops, block_size=args["block_size"], peers=peers,
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
-                         seed=args["seed"], progress=not args["no_progress"])
+                         seed=args["seed"], progress=not args["no_progress"], external=external)
         threads = torch.get_num_threads()
     table = markdown_table(rows, BENCH_COLUMNS)
     out = Path(args["out"])

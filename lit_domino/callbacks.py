@@ -137,7 +137,8 @@ class SpeculativeEvalCallback(Callback):
     of each domain are decoded with ``max_new_tokens`` each (cheap defaults: 4 x 32).
     Validation-epoch results go through ``pl_module.log`` (so they can be monitored);
     fit-end results go straight to the trainer's loggers. ``last_metrics`` keeps the
-    latest results.
+    latest results. Under DDP only global rank 0 decodes; it broadcasts its results, so
+    every rank logs (and can monitor) the same values.
     """
 
     def __init__(
@@ -195,13 +196,20 @@ class SpeculativeEvalCallback(Callback):
     # ------------------------------------------------------------------ work
 
     def _evaluate(self, trainer, pl_module) -> dict[str, float]:
+        """Decode on global rank 0 only (batch 1, the same prompts on every rank would only repeat it);
+        the other ranks wait and receive its results, so every rank logs the same values."""
         drafter = getattr(pl_module, "drafter", None)
         target = getattr(pl_module, "target", None)
         if drafter is None or target is None:
             raise RuntimeError("SpeculativeEvalCallback needs a LightningModule exposing .drafter (bound to .target)")
-        metrics, per_domain = evaluate_speculative(
-            target, drafter, self.prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-            block_size=self.block_size, dloop=self.dloop, measure_speedup=self.measure_speedup, seed=self.seed)
+        result = None
+        if trainer.is_global_zero:
+            result = evaluate_speculative(
+                target, drafter, self.prompts, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                block_size=self.block_size, dloop=self.dloop, measure_speedup=self.measure_speedup, seed=self.seed)
+        if trainer.world_size > 1:
+            result = trainer.strategy.broadcast(result, src=0)
+        metrics, per_domain = result
         self.last_metrics, self.last_per_domain = metrics, per_domain
         self._last_step = trainer.global_step
         if self.plots and trainer.is_global_zero:

@@ -33,6 +33,7 @@ from typing import Any
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -184,7 +185,13 @@ class DrafterCLI(LightningCLI):
                 tracking_uri=cfg.tracking.tracking_uri,
                 run_id=self._resume_run_id(cfg),
             )
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (ValueError, MisconfigurationException) as err:  # the strategy/accelerator/devices the Trainer refused
+            t = cfg.trainer
+            setting = (f"trainer.strategy={t.get('strategy', 'auto')!r} with accelerator={t.get('accelerator')!r}, "
+                       f"devices={t.get('devices')!r}, num_nodes={t.get('num_nodes', 1)!r}")
+            raise ConfigError(f"{setting} cannot run here: {err}") from err
 
     def _resume_run_id(self, cfg) -> str | None:
         ckpt_path = cfg.get("ckpt_path")

@@ -97,6 +97,21 @@ def drafter_artifact(cfg: dict, root: Path | None = None) -> Path:
                               root=root)
 
 
+RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+"""Where DDP launchers put a process's rank: torchrun (RANK), Lightning's own launcher of the extra
+processes (LOCAL_RANK, NODE_RANK), SLURM, LSF."""
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0 of a distributed launch (True outside one).
+
+    Read from the launcher's environment (:data:`RANK_ENV`), so it holds before the Trainer exists:
+    under ``trainer.strategy: ddp`` every rank runs the calling script, and only rank 0 may build or
+    write shared artifacts. Callers that do more than train (decode, write tables) do it on rank 0.
+    """
+    return all(int(os.environ.get(k) or 0) == 0 for k in RANK_ENV)
+
+
 def train_variant(
     cfg: dict,
     *,
@@ -110,38 +125,26 @@ def train_variant(
 ) -> TrainedDrafter:
     """Train the variant of ``cfg`` (or reuse the cached drafter); the drafter is exported with ``save_pretrained``.
 
-    The config is parsed first (``cli.check_config``): a mistyped key is an error, never a reused drafter."""
+    The config is parsed first (``cli.check_config``): a mistyped key is an error, never a reused drafter.
+
+    Under a distributed strategy (``trainer.strategy: ddp``, several devices) every rank calls this:
+    global rank 0 holds the artifact's build lock, trains, writes ``drafter/``, ``report.json`` and the
+    completion marker, and owns the one MLflow run; the other ranks take part in the same fit without the
+    lock, write nothing, then wait for rank 0 to finish the artifact and return the same result."""
     check_config(cfg)
     t = cfg["tracking"]
     variant, preset, seed = t["variant"], t.get("preset"), int(cfg["seed_everything"])
     path = drafter_artifact(cfg, root)
+    if not is_rank_zero():
+        return _train_on_other_rank(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress)
     with cache.building(path):  # one training per drafter: a concurrent caller waits, then reuses it
         if cache.is_complete(path):
-            report = json.loads((path / "report.json").read_text())
-            return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, report.get("run_id"), True)
+            return _cached(path, variant, preset, seed)
         path.mkdir(parents=True, exist_ok=True)
-        args = cli_args(cfg)
-        args["tracking"] = {**args.get("tracking", {}), "experiment": experiment,
-                            "run_name": run_name or f"{variant}-{preset}-s{seed}", "table": table}
-        args["trainer"] = {**args.get("trainer", {}), "default_root_dir": str(path)}
-        args["trainer"]["enable_progress_bar"] = progress and args["trainer"].get("enable_progress_bar", True)
-        args["trainer"].setdefault("enable_model_summary", False)
-        args["checkpoint"] = {**args.get("checkpoint", {}), "dirpath": str(path / CHECKPOINT_DIR)}
-        args["export"] = {**args.get("export", {}), "dirpath": str(path / EXPORT_DIR)}
-        stats = TrainStats()
-        tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
-        last = path / CHECKPOINT_DIR / "last.ckpt"
-        # an interrupted training continues its MLflow run (one run per artifact), from its last
-        # checkpoint when it has one, else from scratch
-        resume = last.exists() or (path / CHECKPOINT_DIR / RUN_ID_FILE).is_file()
-        cli = DrafterCLI(args=args, run=False, resume=resume, logger_tags=tags, callbacks=[stats, *callbacks])
-        logger = cli.trainer.logger
+        cli, stats = _fit(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress)
+        trainer, logger = cli.trainer, cli.trainer.logger
+        run_id = getattr(logger, "run_id", None)  # None: tracking disabled
         with mark_failed_on_error([logger]):
-            trainer = cli.trainer
-            trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
-            if trainer.interrupted:
-                raise KeyboardInterrupt(f"training of {variant} was interrupted")
-            run_id = getattr(logger, "run_id", None)  # None: tracking disabled
             report = {
                 "variant": variant, "preset": preset, "seed": seed, "run_id": run_id,
                 "drafter_parameters": int(cli.model.drafter.num_parameters()),
@@ -149,6 +152,7 @@ def train_variant(
                 "train_tokens_per_s": round(stats.tokens / stats.seconds, 1) if stats.seconds else None,
                 "peak_rss_mb": round(stats.peak_rss_mb, 1),
                 "optimizer_steps": int(trainer.global_step),
+                "world_size": int(trainer.world_size),
                 **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
             }
             for key in ("drafter_parameters", "train_seconds", "train_tokens_per_s", "peak_rss_mb"):
@@ -161,5 +165,54 @@ def train_variant(
         return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, run_id, False)
 
 
-__all__ = ["CONFIG_DIR", "PRESETS", "RUN_ID_FILE", "TrainStats", "TrainedDrafter", "drafter_artifact", "load_config",
-           "parse_override", "set_dotted", "train_variant", "training_key"]
+def _cached(path: Path, variant: str, preset: str | None, seed: int, from_cache: bool = True) -> TrainedDrafter:
+    report = json.loads((path / "report.json").read_text())
+    return TrainedDrafter(variant, preset, seed, path / EXPORT_DIR, report, report.get("run_id"), from_cache)
+
+
+def _fit(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress):
+    """The fit of :func:`train_variant` (the same on every rank): the CLI on the artifact as run directory,
+    resumed from its ``last.ckpt`` when there is one."""
+    t = cfg["tracking"]
+    variant, preset, seed = t["variant"], t.get("preset"), int(cfg["seed_everything"])
+    args = cli_args(cfg)
+    args["tracking"] = {**args.get("tracking", {}), "experiment": experiment,
+                        "run_name": run_name or f"{variant}-{preset}-s{seed}", "table": table}
+    args["trainer"] = {**args.get("trainer", {}), "default_root_dir": str(path)}
+    args["trainer"]["enable_progress_bar"] = progress and args["trainer"].get("enable_progress_bar", True)
+    args["trainer"].setdefault("enable_model_summary", False)
+    args["checkpoint"] = {**args.get("checkpoint", {}), "dirpath": str(path / CHECKPOINT_DIR)}
+    args["export"] = {**args.get("export", {}), "dirpath": str(path / EXPORT_DIR)}
+    stats = TrainStats()
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    last = path / CHECKPOINT_DIR / "last.ckpt"
+    # an interrupted training continues its MLflow run (one run per artifact), from its last
+    # checkpoint when it has one, else from scratch
+    resume = last.exists() or (path / CHECKPOINT_DIR / RUN_ID_FILE).is_file()
+    cli = DrafterCLI(args=args, run=False, resume=resume, logger_tags=tags, callbacks=[stats, *callbacks])
+    with mark_failed_on_error([cli.trainer.logger]):
+        trainer = cli.trainer
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
+        if trainer.interrupted:
+            raise KeyboardInterrupt(f"training of {variant} was interrupted")
+    return cli, stats
+
+
+def _train_on_other_rank(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress):
+    """A rank other than 0: the same fit (DDP needs every rank in it), no lock, no writes; then the
+    artifact as rank 0 finished it."""
+    t = cfg["tracking"]
+    variant, preset, seed = t["variant"], t.get("preset"), int(cfg["seed_everything"])
+    if cache.is_complete(path, warn=False):  # rank 0 reuses it too: nobody trains
+        return _cached(path, variant, preset, seed)
+    _fit(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress)
+    # rank 0 holds the build lock until the artifact is complete (or its build failed): wait for it
+    with cache.building(path, isolate_rng=False):
+        pass
+    if not cache.is_complete(path, warn=False):
+        raise RuntimeError(f"global rank 0 did not finish the drafter {path} (see its log); rerun to resume")
+    return _cached(path, variant, preset, seed, from_cache=False)
+
+
+__all__ = ["CONFIG_DIR", "PRESETS", "RUN_ID_FILE", "TrainStats", "TrainedDrafter", "drafter_artifact", "is_rank_zero",
+           "load_config", "parse_override", "set_dotted", "train_variant", "training_key"]

@@ -196,7 +196,9 @@ def curriculum_loss(
     """Domino's loss ``λ·CE(L_base) + (1−λ)·CE(L_final)``, both position-weighted.
 
     Returns ``(loss, loss_base, loss_final)``. With ``λ = 0`` the base term is
-    computed for logging only (no gradient); with ``λ = 1`` the final term likewise.
+    computed for logging only (no gradient: the backbone still gets one through the
+    final logits). With ``λ = 1`` the final term keeps its graph with weight 0, so the
+    head's parameters get a (zero) gradient: DDP needs every parameter in every step.
     """
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"λ must be in [0, 1], got {lam}")
@@ -205,11 +207,6 @@ def curriculum_loss(
             loss_base = weighted_block_ce(base_logits, labels, weights)
         loss_final = weighted_block_ce(final_logits, labels, weights)
         return loss_final, loss_base, loss_final
-    if lam == 1.0:
-        loss_base = weighted_block_ce(base_logits, labels, weights)
-        with torch.no_grad():
-            loss_final = weighted_block_ce(final_logits, labels, weights)
-        return loss_base, loss_base, loss_final
     loss_base = weighted_block_ce(base_logits, labels, weights)
     loss_final = weighted_block_ce(final_logits, labels, weights)
     return lam * loss_base + (1.0 - lam) * loss_final, loss_base, loss_final

@@ -20,10 +20,12 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_domino import cache
-from lit_domino.data.regenerate import RegenConfig, regenerate
+from lit_domino.data.corpora import DOMAINS
+from lit_domino.data.hub_prompts import SEPARATOR, SOURCES, is_hub_source
+from lit_domino.data.regenerate import RegenConfig, regen_dir, regenerate
 from lit_domino.target import check_layer_ids, load_target
 
 
@@ -100,7 +102,7 @@ def collate(items: list[dict], pad_id: int) -> dict:
     return batch
 
 
-class EpochShuffleSampler(Sampler):
+class EpochShuffleSampler(DistributedSampler):
     """A shuffle seeded by (seed, epoch): the same order after a resume, a new one each epoch.
 
     With ``lengths`` it groups by length (Hugging Face's ``group_by_length``): the shuffled
@@ -109,35 +111,68 @@ class EpochShuffleSampler(Sampler):
     (prompt + a ~50-token answer, a long tail up to ``max_length``) are ~60 % padding; grouped
     ones ~5 %, which halves a drafter's training time at the same samples and steps (but see
     ``DrafterDataModule``'s ``group_by_length``: it can cost accuracy).
+
+    Distributed (``num_replicas`` R > 1, this process's ``rank``): every rank builds the same
+    order of *global* batches of ``R·batch_size`` (pools, sorting and the batch shuffle all work
+    on global batches), and rank r takes the r-th slice of ``batch_size`` of each. So one
+    optimizer step over R ranks sees exactly the global batch a single process with
+    ``batch_size·R`` sees, length-grouped alike. It subclasses ``DistributedSampler`` so that
+    Lightning keeps it as it is (its ``DistributedSamplerWrapper`` would reshuffle the grouped
+    order). A short last global batch is padded to a multiple of R with the epoch's first
+    items (as ``DistributedSampler`` pads): every rank runs the same number of steps.
     """
 
     def __init__(self, n: int, seed: int, lengths: list[int] | None = None, batch_size: int = 1,
-                 pool_batches: int = 50):
+                 pool_batches: int = 50, num_replicas: int = 1, rank: int = 0):
         if lengths is not None and len(lengths) != n:
             raise ValueError(f"EpochShuffleSampler: {len(lengths)} lengths for {n} items")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"EpochShuffleSampler: rank {rank} is not in [0, num_replicas={num_replicas})")
+        super().__init__(range(n), num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
         self.n, self.seed, self.epoch = n, seed, 0
-        self.lengths, self.batch_size, self.pool = lengths, batch_size, batch_size * pool_batches
+        self.lengths, self.batch_size = lengths, batch_size
+        self.global_batch = batch_size * num_replicas
+        self.pool = self.global_batch * pool_batches
 
     def set_epoch(self, epoch: int):  # Lightning calls this at every epoch start
         self.epoch = epoch
 
     def __len__(self):
-        return self.n
+        full, rest = divmod(self.n, self.global_batch)
+        return full * self.batch_size + -(-rest // self.num_replicas)
 
-    def __iter__(self):
+    def global_batches(self) -> list[list[int]]:
+        """This epoch's global batches (every rank computes the same list); only the last may be short."""
         g = torch.Generator().manual_seed(self.seed * 10_007 + self.epoch)
         order = torch.randperm(self.n, generator=g).tolist()
+        gb = self.global_batch
         if self.lengths is None:
-            return iter(order)
-        bs, batches = self.batch_size, []
+            return [order[k : k + gb] for k in range(0, self.n, gb)]
+        batches = []
         for start in range(0, self.n, self.pool):
             pool = sorted(order[start : start + self.pool], key=lambda i: self.lengths[i])
-            batches += [pool[k : k + bs] for k in range(0, len(pool), bs)]
+            batches += [pool[k : k + gb] for k in range(0, len(pool), gb)]
         # pools are whole batches except the last: its short batch goes last, so the DataLoader's
         # consecutive batch_size cuts are exactly these batches
-        full = [b for b in batches if len(b) == bs]
-        short = [i for b in batches if len(b) < bs for i in b]
-        return iter([i for k in torch.randperm(len(full), generator=g).tolist() for i in full[k]] + short)
+        full = [b for b in batches if len(b) == gb]
+        short = [i for b in batches if len(b) < gb for i in b]
+        return [full[k] for k in torch.randperm(len(full), generator=g).tolist()] + ([short] if short else [])
+
+    def __iter__(self):
+        batches = self.global_batches()
+        R, r, bs = self.num_replicas, self.rank, self.batch_size
+        if R == 1:
+            return iter([i for b in batches for i in b])
+        mine = []
+        for b in batches:
+            if len(b) < self.global_batch:  # the short last one: padded to a multiple of R, split evenly
+                first = [i for bb in batches for i in bb]
+                b = b + first[: -len(b) % R]
+                per = len(b) // R
+                mine += b[r * per : (r + 1) * per]
+            else:
+                mine += b[r * bs : (r + 1) * bs]
+        return iter(mine)
 
 
 def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root: Path | None = None,
@@ -192,17 +227,41 @@ def _compute_features(target, ds, layer_ids, lengths, offsets, file: Path, shape
     del mm
 
 
+def _check_sources(train: dict, val: dict, locations: dict | None) -> dict[str, str]:
+    """Every prompt source named is an embedded domain or a hub prompt set; ``prompt_sources`` only relocates
+    hub sets (an early error, not one at regeneration)."""
+    for name in [*train, *val]:
+        if name not in DOMAINS and not is_hub_source(name):
+            raise ValueError(f"unknown prompt source {name!r} in train_examples/val_examples: the embedded corpora "
+                             f"are {', '.join(DOMAINS)}, the hub prompt sets {', '.join(SOURCES)}")
+    locations = {str(k): str(v) for k, v in (locations or {}).items()}
+    for name in locations:
+        if name not in SOURCES:
+            raise ValueError(f"prompt_sources names {name!r}, not a hub prompt set ({', '.join(SOURCES)})")
+    return locations
+
+
 class DrafterDataModule(L.LightningDataModule):
     """Regenerated sequences + target features + anchors, for every drafter variant.
 
     Args:
         target: a model directory, a hub id (``Qwen/Qwen3-8B``) or ``embedded:<preset>``.
-        train_examples: corpus prompts per domain answered by the target for training.
-        val_examples: held-out (eval-split) prompts per domain for validation.
+        train_examples: prompts per source answered by the target for training (null = all of them): the
+            embedded corpus domains ``math``/``code``/``chat``, or the papers' hub prompt sets ``sharegpt``,
+            ``ultrachat`` (EAGLE-3), ``nemotron``, ``codealpaca`` (DFlash); see ``lit_domino.data.hub_prompts``.
+        val_examples: held-out (eval-split) prompts per source for validation. In both, 0 = none of that
+            source (how a preset drops one of base.yaml's domains).
+        prompt_sources: where a hub prompt set is read from, ``{name: hub id or local path}`` (a local copy in
+            its hub schema for offline machines); unset = its default hub id. Part of the data's cache key.
         max_prompt_tokens: longer prompts are skipped during regeneration.
         max_new_tokens: the target's answer budget per turn during regeneration.
         regen_temperature: 0 = greedy regeneration (the papers'); > 0 samples.
         regen_batch_size: prompts answered together during regeneration.
+        regen_missing: what ``prepare_data`` does when the regenerated set is not in the cache:
+            ``build`` regenerates it there with HF ``generate`` (the embedded presets: minutes, and a
+            newcomer needs no extra command) or ``error`` stops with the ``experiments/regenerate.py``
+            command to run first (the paper preset: GPU-hours, sharded or through a vLLM/SGLang
+            server, never inside ``fit`` where the other ranks would time out at Lightning's barrier).
         feature_layers: target decoder layers (0-based) whose hidden states drafters read;
             None = pick by ``feature_rule``.
         feature_rule: ``dflash`` (with ``num_feature_layers``) or ``eagle3``.
@@ -229,10 +288,12 @@ class DrafterDataModule(L.LightningDataModule):
         target: str = "embedded:default",
         train_examples: dict[str, int | None] | None = None,
         val_examples: dict[str, int] | None = None,
+        prompt_sources: dict[str, str] | None = None,
         max_prompt_tokens: int = 384,
         max_new_tokens: int = 256,
         regen_temperature: float = 0.0,
         regen_batch_size: int = 32,
+        regen_missing: str = "build",
         feature_layers: list[int] | None = None,
         feature_rule: str = "dflash",
         num_feature_layers: int = 3,
@@ -250,6 +311,8 @@ class DrafterDataModule(L.LightningDataModule):
         super().__init__()
         if features not in ("cached", "online"):
             raise ValueError(f"features must be 'cached' or 'online', got {features!r}")
+        if regen_missing not in ("build", "error"):
+            raise ValueError(f"regen_missing must be 'build' or 'error', got {regen_missing!r}")
         if feature_rule not in ("dflash", "eagle3"):
             raise ValueError(f"feature_rule must be 'dflash' or 'eagle3', got {feature_rule!r}")
         if block_size < 2:
@@ -258,8 +321,14 @@ class DrafterDataModule(L.LightningDataModule):
             raise ValueError("batch_size, num_anchors and max_length must be >= 1")
         self.save_hyperparameters()
         self.target_spec = target
-        self.train_examples = dict(train_examples or {"math": 800, "code": 200, "chat": 200})
-        self.val_examples = dict(val_examples or {"math": 64, "code": 32, "chat": 32})
+        # 0 = none of that source: a preset drops a domain of base.yaml's (config deltas merge dicts)
+        self.train_examples = {k: v for k, v in (train_examples or {"math": 800, "code": 200, "chat": 200}).items()
+                               if v != 0}
+        self.val_examples = {k: v for k, v in (val_examples or {"math": 64, "code": 32, "chat": 32}).items() if v != 0}
+        if not self.train_examples or not self.val_examples:
+            raise ValueError("train_examples and val_examples must each name at least one prompt source with a "
+                             "non-zero count")
+        self.prompt_sources = _check_sources(self.train_examples, self.val_examples, prompt_sources)
         self._feature_layers = feature_layers
         self.target = None
         self.train_set = self.val_set = None
@@ -269,8 +338,11 @@ class DrafterDataModule(L.LightningDataModule):
     def regen_config(self, split: str) -> RegenConfig:
         examples = self.train_examples if split == "train" else self.val_examples
         h = self.hparams
+        # a relocated hub set is passed on as "name@location": the location is in the cache key
+        domains = {(f"{d}{SEPARATOR}{self.prompt_sources[d]}" if d in self.prompt_sources else d): n
+                   for d, n in examples.items()}
         return RegenConfig(
-            domains=tuple(sorted(examples.items())),
+            domains=tuple(sorted(domains.items())),
             split=split,
             max_prompt_tokens=h.max_prompt_tokens,
             max_new_tokens=h.max_new_tokens,
@@ -300,9 +372,24 @@ class DrafterDataModule(L.LightningDataModule):
 
     def _build(self, split: str):
         target = self.load_target()
+<<<<<<< HEAD
         # regeneration bars follow the trainer's (`--no-progress`, enable_progress_bar: false)
         progress = self.trainer is None or self.trainer.progress_bar_callback is not None
         ds = regenerate(target, self.regen_config(split), progress=progress)
+=======
+        cfg = self.regen_config(split)
+        if self.hparams.regen_missing == "error" and not cache.is_complete(regen_dir(target, cfg), warn=False):
+            raise FileNotFoundError(
+                f"the regenerated {split} set of target {target.name!r} is not in the cache "
+                f"({regen_dir(target, cfg)}), and data.regen_missing is 'error': regenerate it first, as its own "
+                "step, with the same --variant/--preset/--set options as this run, e.g.\n"
+                "  python experiments/regenerate.py --preset paper                      # HF generate here\n"
+                "  python experiments/regenerate.py --preset paper --server http://localhost:8000  # a vLLM/SGLang server\n"
+                "  (or N workers with --shard i/N, then --merge); data.regen_missing=build regenerates inside "
+                "prepare_data instead"
+            )
+        ds = regenerate(target, cfg)
+>>>>>>> main
         if len(ds) == 0:
             raise ValueError(f"the regenerated {split} set is empty; raise train_examples/val_examples")
         feats = offsets = None
@@ -329,10 +416,18 @@ class DrafterDataModule(L.LightningDataModule):
             num_workers=self.hparams.num_workers,
         )
 
+    def _world(self) -> tuple[int, int]:
+        """(world size, global rank) of the attached trainer; (1, 0) without one."""
+        trainer = self.trainer
+        return (int(trainer.world_size), int(trainer.global_rank)) if trainer is not None else (1, 0)
+
     def train_dataloader(self):
         ds, h = self.train_set, self.hparams
         lengths = [min(len(ids), ds.max_length) for ids in ds.input_ids] if h.group_by_length else None
-        return self._loader(ds, EpochShuffleSampler(len(ds), h.seed, lengths, h.batch_size))
+        world, rank = self._world()
+        # a DistributedSampler subclass: Lightning keeps it (the validation loader gets Lightning's own)
+        return self._loader(ds, EpochShuffleSampler(len(ds), h.seed, lengths, h.batch_size,
+                                                    num_replicas=world, rank=rank))
 
     def val_dataloader(self):
         return self._loader(self.val_set)
@@ -345,9 +440,17 @@ class DrafterDataModule(L.LightningDataModule):
             ).float()
         training = self.trainer is not None and self.trainer.training
         step = self.trainer.global_step if training else -1 - int(batch["index"][0])
-        g = torch.Generator().manual_seed(self.hparams.seed * 1_000_003 + step + 1_000_000_007)
+        g = self.anchor_generator(step, self._world()[1] if training else 0)
         batch["anchors"], batch["anchor_mask"] = sample_anchors(batch["loss_mask"], self.hparams.num_anchors, g)
         return batch
+
+    def anchor_generator(self, step: int, rank: int = 0) -> torch.Generator:
+        """The generator of the anchors drawn at optimizer ``step`` on global ``rank``: redrawn every step,
+        different on every rank (ranks hold different sequences, but equal draws would correlate them), the
+        same after a resume. Validation batches use ``step = -1 - <first dataset index>`` and rank 0, so
+        their anchors do not depend on how the validation set was sharded."""
+        seed = self.hparams.seed * 1_000_003 + step + 1_000_000_007 + int(rank) * 7_919_000_009
+        return torch.Generator().manual_seed(seed % (2**63))
 
     def describe(self) -> dict:
         """Sizes of the prepared data (for logs and closing notes)."""

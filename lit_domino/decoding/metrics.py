@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torchmetrics import Metric
@@ -299,6 +299,7 @@ def benchmark(
     seed: int = 0,
     warmup: bool = True,
     progress: bool = True,
+    external: Mapping[str, Callable] | None = None,
 ) -> list[dict]:
     """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
 
@@ -310,7 +311,9 @@ def benchmark(
     ``temperature``, ``dloop``, ``block_size``. The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
-    method alike), after one untimed warm-up decode per method.
+    method alike), after one untimed warm-up decode per method. ``external``: label →
+    ``decode(ids [1, T], max_new_tokens, temperature, seed) -> GenerationResult``, other
+    projects' decoding loops (e.g. ``dflash_generate``), rows of kind ``peer`` after the drafters.
     """
     unknown = set(peers) - {"prompt_lookup", "assisted"}
     if unknown:
@@ -345,6 +348,9 @@ def benchmark(
                 label = name if dloop is None else f"{name}+dloop({dloop_label(dloop)})"
                 methods.append((label, "drafter", name, temperature, dloop,
                                 lambda i, d=drafter, t=temperature, dl=dloop: ours(d, t, dl, i)))
+        for label, fn in (external or {}).items():
+            methods.append((label, "peer", None, temperature, None,
+                            lambda i, f=fn, t=temperature: (lambda ids, n: f(ids, n, t, seed + i))))
         if "prompt_lookup" in peers:
             methods.append(("hf_prompt_lookup", "hf", None, temperature, None,
                             lambda i, t=temperature: peer(hf_peers.hf_prompt_lookup, t, i,

@@ -337,21 +337,27 @@ class DrafterModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.forward_step(batch, "val")
         bs = self._batch_size(batch)
-        self.log("val/loss", out.loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
+        # sync_dist: under DDP each rank validates its shard; the epoch value is the mean over ranks
+        self.log("val/loss", out.loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=True)
         for name, value in out.logs.items():
-            self.log(f"val/{name}", value, on_step=False, on_epoch=True, batch_size=bs)
+            self.log(f"val/{name}", value, on_step=False, on_epoch=True, batch_size=bs, sync_dist=True)
         if out.preds is not None and out.labels is not None:
             self.val_acc.update(out.preds, out.labels)
             self.val_prefix.update(out.preds, out.labels)
 
     def on_validation_epoch_end(self) -> None:
-        if int(self.val_acc.total.sum()) == 0:
+        # the metrics' states are sums that compute() reduces over ranks; decide on the reduced count too,
+        # so that every rank takes the same branch (a rank with no labels must still join the reduction)
+        total = self.val_acc.total.sum()
+        if self._trainer is not None:
+            total = self.trainer.strategy.reduce(total.float(), reduce_op="sum")
+        if int(total) == 0:
             return
         acc = self.val_acc.compute()
         metrics = {f"val/acc_pos_{k:02d}": float(a) for k, a in enumerate(acc.tolist(), start=1)}
         metrics["val/tau_sim"] = tau_sim(acc)
         metrics["val/tau_prefix"] = float(self.val_prefix.compute())
-        self.log_dict(metrics, on_step=False, on_epoch=True)
+        self.log_dict(metrics, on_step=False, on_epoch=True, sync_dist=True)  # equal on every rank already
         self.val_acc.reset()
         self.val_prefix.reset()
 

@@ -5,6 +5,10 @@ A drafter directory holds ``config.json`` (``config.to_dict()``, naming the kind
 LM head are never saved). A small-LM drafter also writes its Hugging Face
 ``save_pretrained`` copy under ``lm/``. Loading needs no Lightning:
 ``load_drafter(dir, target=None)``.
+
+``load_drafter`` also reads the field's formats (:mod:`lit_domino.interop`: DFlash, SpecForge's Domino,
+speculators' EAGLE-3), told apart by ``config.json`` (ours names a ``kind``), and hub ids of such
+drafters (``z-lab/Qwen3-8B-DFlash-b16``), downloaded with ``huggingface_hub.snapshot_download``.
 """
 
 from __future__ import annotations
@@ -44,11 +48,60 @@ def read_config(directory: str | Path) -> DrafterConfig:
         raise DrafterLoadError(f"{path} is not a valid drafter config: {err}") from err
 
 
+def _is_hub_id(spec: str) -> bool:
+    return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and all(spec.split("/"))
+
+
+def resolve_drafter_source(spec: str | Path) -> Path:
+    """A local drafter directory for ``spec``: the directory itself, or a hub id's snapshot.
+
+    Offline (``HF_HUB_OFFLINE`` set, or the hub not answering within seconds) a hub id loads only from
+    the local Hugging Face cache; when it is not there the error names the local alternative."""
+    from lit_domino.target import HUB_CHECK_SECONDS, hub_offline, hub_reachable
+
+    path = Path(spec).expanduser()
+    if path.is_dir() or not _is_hub_id(str(spec)):
+        if not path.is_dir():
+            raise FileNotFoundError(f"drafter directory {path} does not exist")
+        return path
+    from huggingface_hub import snapshot_download
+
+    offline = hub_offline()
+    local_only = bool(offline) or (offline is None and not hub_reachable())
+    try:
+        return Path(snapshot_download(str(spec), local_files_only=local_only,
+                                      allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as err:  # noqa: BLE001 (offline cache miss, unknown repo, network)
+        why = ("HF_HUB_OFFLINE is set" if offline else f"the hub is unreachable (no answer within "
+               f"{HUB_CHECK_SECONDS:g} s)") if local_only else f"{type(err).__name__}: {err}"
+        raise FileNotFoundError(
+            f"cannot load drafter {str(spec)!r} from the Hugging Face hub: {why}"
+            + (" and it is not in the local Hugging Face cache" if local_only else "")
+            + f". Offline, download it elsewhere (huggingface-cli download {spec} --local-dir DIR) and pass the "
+            "local directory DIR, or use a drafter trained here (a save_pretrained directory)") from None
+
+
+def _foreign(directory: Path) -> bool:
+    """Whether ``config.json`` is another project's (ours always names the drafter ``kind``)."""
+    try:
+        data = json.loads((directory / CONFIG_NAME).read_text())
+    except json.JSONDecodeError:
+        return False  # read_config reports it
+    return isinstance(data, dict) and "kind" not in data
+
+
 def load_drafter(directory: str | Path, target=None, map_location: str | torch.device = "cpu") -> Drafter:
-    """Rebuild a drafter saved with ``save_pretrained`` (no Lightning); bind it when ``target`` is given."""
-    directory = Path(directory).expanduser()
-    if not directory.is_dir():
-        raise FileNotFoundError(f"drafter directory {directory} does not exist")
+    """Rebuild a drafter saved with ``save_pretrained`` (no Lightning), or one in a foreign format
+    (:mod:`lit_domino.interop`), from a directory or a hub id; bind it when ``target`` is given."""
+    directory = resolve_drafter_source(directory)
+    if (directory / CONFIG_NAME).is_file() and _foreign(directory):
+        from lit_domino.interop import eagle3, import_drafter  # the formats import this module
+
+        drafter = import_drafter(directory, map_location=map_location)
+        if target is not None:
+            drafter.bind_target(target)
+            eagle3.check_carried(drafter, target)
+        return drafter
     w_path = directory / WEIGHTS_NAME
     for p in (directory / CONFIG_NAME, w_path):  # both files present before either is read
         if not p.is_file():

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from lit_domino import cache
-from lit_domino.data.regenerate import RegenConfig, encode_conversation, regen_dir, regenerate
+from lit_domino.data.regenerate import RegenConfig, answer_ids, encode_conversation, parse_shard, regen_dir, regenerate
+from lit_domino.serving import Completion, ServerClient, normalize_url
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # ~5x faster on 2 busy cores
 
@@ -172,3 +173,31 @@ def test_sampled_regeneration_leaves_the_global_rng_alone(tiny_target):
     cache.clear(regen_dir(tiny_target, cfg))
     torch.manual_seed(99)  # whatever the caller's state, the sampled answers are the seed's
     assert regenerate(tiny_target, cfg, progress=False)["input_ids"] == a["input_ids"]
+
+
+# --------------------------------------------------------------------------- server answers, shards (no server)
+
+
+def test_answer_ids_rebuilds_eos_and_flags_inconsistent_counts(corpus_tokenizer):
+    """A server's text answer back to token ids (the real-server equality test is tests/test_serving.py)."""
+    tok, eos = corpus_tokenizer, corpus_tokenizer.eos_token_id
+    ids = tok("x = 12 + 3", add_special_tokens=False)["input_ids"]
+    text = tok.decode(ids)
+    assert answer_ids(tok, Completion(text, "stop", None, len(ids) + 1), [eos], 16) == (ids + [eos], True)
+    assert answer_ids(tok, Completion(text, "length", None, len(ids)), [eos], len(ids)) == (ids, True)
+    # EOS as the budget's last token: transformers serve says "length"
+    assert answer_ids(tok, Completion(text, "length", None, len(ids) + 1), [eos], len(ids) + 1) == (ids + [eos], True)
+    # the server generated a non-canonical split of the same text: counts disagree
+    assert answer_ids(tok, Completion(text, "length", None, len(ids) + 2), [eos], 32) == (ids, False)
+    # token ids from the server (vLLM return_token_ids) win, cut after EOS
+    assert answer_ids(tok, Completion("?", "stop", None, 3, token_ids=[7, eos, 9]), [eos], 8) == ([7, eos], True)
+
+
+def test_shard_specs_and_urls():
+    assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None
+    for bad in ("4/4", "1", "a/b", "-1/2"):
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
+    assert normalize_url("http://h:8000/") == "http://h:8000/v1" == normalize_url("http://h:8000/v1")
+    with pytest.raises(ValueError, match="http://"):
+        ServerClient("localhost:8000")

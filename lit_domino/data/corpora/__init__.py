@@ -98,7 +98,8 @@ def dedup_split(train: list[Example], eval_: list[Example]) -> tuple[list[Exampl
 
 def _check(domain: str, split: str, n: int | None) -> None:
     if domain not in DOMAINS:
-        raise ValueError(f"unknown corpus domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+        raise ValueError(f"unknown corpus domain {domain!r}; choose one of {', '.join(DOMAINS)} (embedded) or a "
+                         "hub prompt set (lit_domino.data.hub_prompts.SOURCES)")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if n is not None and (not isinstance(n, int) or n < 1):
@@ -113,7 +114,13 @@ def build_corpus(domain: str, split: str, n: int | None = None, seed: int = 0) -
     ``seed``-keyed stream (so any ``n`` is available), math eval is a fixed
     pool shuffled by ``seed``. Asking a fixed pool for more than it holds is an
     error rather than a silently shorter list.
+
+    A ``domain`` naming a hub prompt set (``sharegpt``, ``ultrachat``, ``nemotron``, ``codealpaca``, optionally
+    ``name@location``) reads it through :func:`lit_domino.data.hub_prompts.build_prompts` instead.
     """
+    hub = importlib.import_module("lit_domino.data.hub_prompts")  # imported here: it imports datasets
+    if hub.is_hub_source(domain):
+        return hub.build_prompts(domain, split, n, seed)
     _check(domain, split, n)
     # Imported here so that `import lit_domino.data.corpora` stays cheap.
     source = importlib.import_module(f"{__name__}.{domain}")
