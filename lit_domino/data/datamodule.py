@@ -372,11 +372,6 @@ class DrafterDataModule(L.LightningDataModule):
 
     def _build(self, split: str):
         target = self.load_target()
-<<<<<<< HEAD
-        # regeneration bars follow the trainer's (`--no-progress`, enable_progress_bar: false)
-        progress = self.trainer is None or self.trainer.progress_bar_callback is not None
-        ds = regenerate(target, self.regen_config(split), progress=progress)
-=======
         cfg = self.regen_config(split)
         if self.hparams.regen_missing == "error" and not cache.is_complete(regen_dir(target, cfg), warn=False):
             raise FileNotFoundError(
@@ -388,8 +383,9 @@ class DrafterDataModule(L.LightningDataModule):
                 "  (or N workers with --shard i/N, then --merge); data.regen_missing=build regenerates inside "
                 "prepare_data instead"
             )
-        ds = regenerate(target, cfg)
->>>>>>> main
+        # regeneration bars follow the trainer's (`--no-progress`, enable_progress_bar: false)
+        progress = self.trainer is None or self.trainer.progress_bar_callback is not None
+        ds = regenerate(target, cfg, progress=progress)
         if len(ds) == 0:
             raise ValueError(f"the regenerated {split} set is empty; raise train_examples/val_examples")
         feats = offsets = None
