@@ -38,6 +38,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_domino import cache, configs
+from lit_domino.data.resumable import TrackLoaderPosition
 from lit_domino.configs import load_config, parse_override
 from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
@@ -118,7 +119,8 @@ class DrafterCLI(LightningCLI):
                  callbacks: list | None = None, **kwargs):
         self.resume = resume
         self.logger_tags = dict(logger_tags or {})
-        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), *(callbacks or [])]})
+        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), TrackLoaderPosition(),
+                                                             *(callbacks or [])]})
         super().__init__(
             DrafterModule,
             DrafterDataModule,

@@ -33,6 +33,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from lit_domino import cache
 from lit_domino.data.corpora import build_corpus
 from lit_domino.data.regenerate import encode_conversation
+from lit_domino.data.resumable import ResumableLoader, TrackLoaderPosition
 from lit_domino.tokenizer import train_tokenizer
 
 
@@ -221,32 +222,7 @@ class EpochSampler(torch.utils.data.Sampler):
         return iter(self.order(self.epoch)[skip:])
 
 
-class ResumableLoader(torch.utils.data.DataLoader):
-    """Batches of whole windows in :class:`EpochSampler` order whose position is saved in checkpoints.
-
-    It implements ``state_dict``/``load_state_dict`` (Lightning's ``_Stateful`` loaders):
-    the fit loop stores ``{"epoch", "batches"}`` and hands it back on resume, and the
-    resumed epoch continues with its first unseen batch instead of replaying the epoch.
-    ``batches`` (consumed in the current epoch) is set by the training step.
-    """
-
-    def __init__(self, dataset, batch_size: int, seed: int):
-        super().__init__(dataset, batch_size=batch_size, sampler=EpochSampler(len(dataset), seed), drop_last=True,
-                         generator=torch.Generator().manual_seed(seed))  # no draw from the global generator
-        self.consumed = 0
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "batches": self.consumed}
-
-    def load_state_dict(self, state: dict) -> None:
-        epoch, batches = int(state["epoch"]), int(state["batches"])
-        if batches >= len(self):  # saved at an epoch's last batch: the next epoch starts afresh
-            epoch, batches = epoch + 1, 0
-        self.consumed = batches
-        self.sampler.resume(epoch, batches * self.batch_size)
-
-
-def _lm_module(cfg: TinyTargetConfig, model, loader: ResumableLoader | None = None):
+def _lm_module(cfg: TinyTargetConfig, model):
     class TinyTargetLM(L.LightningModule):
         """Next-token training of the tiny target on packed windows (all tokens are labels).
 
@@ -259,8 +235,6 @@ def _lm_module(cfg: TinyTargetConfig, model, loader: ResumableLoader | None = No
             self.seconds_before, self.segments_before, self._t0 = 0.0, 0, None
 
         def training_step(self, batch, batch_idx):
-            if loader is not None:
-                loader.consumed = batch_idx + 1  # the position a checkpoint saved after this step resumes from
             x = batch[0]
             logits = self.model(input_ids=x[:, :-1]).logits
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
@@ -311,8 +285,11 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
         docs = [tokenizer(render(e), add_special_tokens=False)["input_ids"] for e in corpus_examples(cfg)]
         windows = pack_windows(docs, cfg.seq_len, tokenizer.bos_token_id)
         model = Qwen3ForCausalLM(qwen3_config(cfg, tokenizer))
-        loader = ResumableLoader(TensorDataset(windows), cfg.batch_size, cfg.seed)
-        module = _lm_module(cfg, model, loader)
+        # whole windows in EpochSampler order, no draw from the global generator; resumable mid-epoch
+        loader = ResumableLoader(TensorDataset(windows), sampler=EpochSampler(len(windows), cfg.seed),
+                                 batch_size=cfg.batch_size, drop_last=True,
+                                 generator=torch.Generator().manual_seed(cfg.seed))
+        module = _lm_module(cfg, model)
         ckpt_dir = workdir / "ckpt"
         trainer = L.Trainer(
             max_steps=cfg.max_steps,
@@ -326,7 +303,7 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
                                        # checkpoint would otherwise write last-v1.ckpt, and the
                                        # next resume would read the stale last.ckpt
                                        enable_version_counter=False),
-                       *callbacks],
+                       TrackLoaderPosition(), *callbacks],
             enable_progress_bar=progress,
             enable_model_summary=False,
             num_sanity_val_steps=0,

@@ -26,6 +26,7 @@ from lit_domino import cache
 from lit_domino.data.corpora import DOMAINS
 from lit_domino.data.hub_prompts import SEPARATOR, SOURCES, is_hub_source
 from lit_domino.data.regenerate import RegenConfig, regen_dir, regenerate
+from lit_domino.data.resumable import ResumableLoader
 from lit_domino.target import check_layer_ids, load_target
 
 
@@ -130,12 +131,18 @@ class EpochShuffleSampler(DistributedSampler):
             raise ValueError(f"EpochShuffleSampler: rank {rank} is not in [0, num_replicas={num_replicas})")
         super().__init__(range(n), num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
         self.n, self.seed, self.epoch = n, seed, 0
+        self._resume: tuple[int, int] | None = None
         self.lengths, self.batch_size = lengths, batch_size
         self.global_batch = batch_size * num_replicas
         self.pool = self.global_batch * pool_batches
 
     def set_epoch(self, epoch: int):  # Lightning calls this at every epoch start
         self.epoch = epoch
+
+    def resume(self, epoch: int, skip: int) -> None:
+        """Start in ``epoch`` after this rank's first ``skip`` samples (once; later epochs start at 0):
+        a resumed training continues with its first unseen batch (:class:`ResumableLoader`)."""
+        self.epoch, self._resume = epoch, (epoch, skip)
 
     def __len__(self):
         full, rest = divmod(self.n, self.global_batch)
@@ -159,10 +166,14 @@ class EpochShuffleSampler(DistributedSampler):
         return [full[k] for k in torch.randperm(len(full), generator=g).tolist()] + ([short] if short else [])
 
     def __iter__(self):
+        skip, self._resume = (self._resume[1] if self._resume and self._resume[0] == self.epoch else 0), None
+        return iter(self._indices()[skip:])
+
+    def _indices(self) -> list[int]:
         batches = self.global_batches()
         R, r, bs = self.num_replicas, self.rank, self.batch_size
         if R == 1:
-            return iter([i for b in batches for i in b])
+            return [i for b in batches for i in b]
         mine = []
         for b in batches:
             if len(b) < self.global_batch:  # the short last one: padded to a multiple of R, split evenly
@@ -172,7 +183,7 @@ class EpochShuffleSampler(DistributedSampler):
                 mine += b[r * per : (r + 1) * per]
             else:
                 mine += b[r * bs : (r + 1) * bs]
-        return iter(mine)
+        return mine
 
 
 def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root: Path | None = None,
@@ -401,9 +412,9 @@ class DrafterDataModule(L.LightningDataModule):
             self.train_set = self._build("train")
             self.val_set = self._build("eval")
 
-    def _loader(self, ds, sampler=None):
+    def _loader(self, ds, sampler=None, loader_class=DataLoader):
         pad = self.load_target().tokenizer.pad_token_id if self.load_target().tokenizer is not None else 0
-        return DataLoader(
+        return loader_class(
             ds,
             batch_size=self.hparams.batch_size,
             sampler=sampler,
@@ -421,9 +432,10 @@ class DrafterDataModule(L.LightningDataModule):
         ds, h = self.train_set, self.hparams
         lengths = [min(len(ids), ds.max_length) for ids in ds.input_ids] if h.group_by_length else None
         world, rank = self._world()
-        # a DistributedSampler subclass: Lightning keeps it (the validation loader gets Lightning's own)
+        # a DistributedSampler subclass: Lightning keeps it (the validation loader gets Lightning's own);
+        # a ResumableLoader: a resume from a mid-epoch checkpoint continues with the next unseen batch
         return self._loader(ds, EpochShuffleSampler(len(ds), h.seed, lengths, h.batch_size,
-                                                    num_replicas=world, rank=rank))
+                                                    num_replicas=world, rank=rank), loader_class=ResumableLoader)
 
     def val_dataloader(self):
         return self._loader(self.val_set)
