@@ -173,9 +173,9 @@ def chunked_ce(
         argmax: index of the logits whose per-row argmax to return (validation picks); None = none.
 
     Returns:
-        ``([sum_j], argmax [N] or None)``, each sum float32. With more than one chunk, each chunk runs
+        ``([sum_j], argmax [N] or None)``, each sum float32. With a ``chunk_size``, each chunk runs
         under ``torch.utils.checkpoint``: its logits are freed after the forward and recomputed in the
-        backward pass, so only one chunk's ``[n, V]`` logits are alive at a time. With no rows the sums
+        backward pass, so only one chunk's ``[n, V]`` logits are alive at a time (None: one chunk, kept). With no rows the sums
         are 0, still attached to the graph (every parameter of ``logits_fn`` gets a zero gradient).
     """
     N = labels.shape[0]
@@ -187,7 +187,9 @@ def chunked_ce(
         sums = tuple((F.cross_entropy(lg.float(), y, reduction="none") * w).sum() for lg in outs)
         return sums if argmax is None else (*sums, outs[argmax].argmax(-1))
 
-    recompute = len(chunks) > 1 and torch.is_grad_enabled()
+    # recompute whenever chunking is asked for: even a single chunk's logits would otherwise stay alive until
+    # the backward pass, next to every other loss term's (EAGLE-3's 7 steps, Domino's stages)
+    recompute = chunk_size is not None and torch.is_grad_enabled()
     totals, picks = None, []
     for start in chunks:
         sl = slice(start, start + step)

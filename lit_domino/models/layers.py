@@ -77,7 +77,7 @@ def _flex(q, k, v, block_mask: BlockMask, enable_gqa: bool) -> torch.Tensor:
     global _compiled_flex
     if q.device.type == "cuda":
         if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+            _compiled_flex = torch.compile(flex_attention)  # dynamic shapes after the first recompile (T varies)
         return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
