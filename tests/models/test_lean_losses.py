@@ -285,3 +285,15 @@ def test_target_features_skip_the_lm_head(target):
     with torch.no_grad():
         ref = target.model(input_ids=ids, output_hidden_states=True).hidden_states
     torch.testing.assert_close(feats, torch.cat([ref[1], ref[3]], dim=-1), rtol=0, atol=0)
+
+
+def test_compute_settings_are_not_in_a_drafters_cache_key():
+    from lit_domino.experiment import training_key
+
+    cfg = {"data": {"target": "embedded:smoke"}, "seed_everything": 0, "trainer": {},
+           "model": {"class_path": "x", "init_args": {"lr": 1e-3, "loss_chunk_size": 1024, "attention": "auto",
+                                                      "activation_checkpointing": False}}}
+    other = {**cfg, "model": {"class_path": "x", "init_args": {"lr": 1e-3, "loss_chunk_size": None,
+                                                               "attention": "dense", "activation_checkpointing": True}}}
+    assert training_key(cfg) == training_key(other)
+    assert training_key(cfg) != training_key({**cfg, "model": {"class_path": "x", "init_args": {"lr": 2e-3}}})
