@@ -49,7 +49,7 @@ def main() -> None:
             rows.append(row)
             brief = {k: v for k, v in row.items() if k != "shape"}
             print(json.dumps(brief), flush=True)
-    print(f"\n| method | path | peak GB (max allocated) | step s (last) | loss |\n|---|---|---:|---:|---|")
+    print("\n| method | path | peak GB (max allocated) | step s (last) | loss |\n|---|---|---:|---:|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['method']} | {r['path']} | {r['error']} | | |")
