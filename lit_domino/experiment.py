@@ -30,13 +30,24 @@ TRAINER_COSMETIC = ("enable_progress_bar", "enable_model_summary", "log_every_n_
 """Trainer settings that cannot change a trained drafter; every other one is in its cache key."""
 
 
+MODEL_COMPUTE = ("loss_chunk_size", "attention", "activation_checkpointing")
+"""Model settings that change how a training step computes (memory, kernels), never its maths: not in the key."""
+
+
+def _model_key(model):
+    if not isinstance(model, dict) or not isinstance(model.get("init_args"), dict):
+        return model
+    args = {k: v for k, v in model["init_args"].items() if k not in MODEL_COMPUTE}
+    return {**model, "init_args": args}
+
+
 def training_key(cfg: dict) -> dict:
     """What determines a trained drafter (its cache key): seed, model, data and the optimisation length."""
     trainer = cfg.get("trainer", {})
     return {
         "target": target_identity(cfg["data"]["target"]),
         "seed": cfg.get("seed_everything"),
-        "model": cfg.get("model"),
+        "model": _model_key(cfg.get("model")),
         "data": cfg.get("data"),
         "trainer": {k: v for k, v in sorted(trainer.items()) if k not in TRAINER_COSMETIC},
     }

@@ -13,16 +13,22 @@ its own absolute position. Labels are ``-100`` where there is nothing to learn.
   ``loss = λ_t·CE(L_base) + (1 − λ_t)·CE(L_final)``, λ_t from a
   :class:`LambdaSchedule` counted in optimizer steps.
 * EAGLE-3 training-time test *(public code)*: ``Σ_s 0.8^s · L_s``.
+
+The lean form of these losses (:func:`chunked_ce`, :func:`lean_block_ce`, :func:`lean_curriculum_loss`)
+never builds full-vocabulary logits for every position: it keeps only the labelled rows
+(hidden states, not logits), and applies the LM head to ``chunk_size`` rows at a time, each
+chunk's logits recomputed in the backward pass. Same maths as the full-logits losses above.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
 """Label value that marks 'no label here' (the block's position 0, pads, prompt tokens)."""
@@ -72,6 +78,17 @@ def position_weights(block_size: int, gamma: float | None = None) -> torch.Tenso
 
 # --------------------------------------------------------------------------- block losses
 
+DEFAULT_CHUNK_SIZE = 1024
+"""Default rows per LM-head chunk of the lean losses (:attr:`LossSettings.chunk_size`)."""
+
+
+def check_chunk_size(chunk_size) -> int | None:
+    """``None`` (one chunk) or a positive integer."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"loss chunk_size must be a positive integer (labelled rows per LM-head chunk) or None "
+                         f"(one chunk: full logits, as before), got {chunk_size!r}")
+    return chunk_size
+
 
 @dataclass
 class LossSettings:
@@ -83,7 +100,14 @@ class LossSettings:
     """Domino: λ of ``λ·CE(L_base) + (1−λ)·CE(L_final)`` at this step (0 = the final logits only)."""
     step_decay: float = 0.8
     """EAGLE-3: chain step k of a stage weighs ``step_decay**(k-1)`` (its training-time-test decay)."""
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE
+    """Labelled rows (block positions / tokens) the LM head runs on at once in the lean loss, each chunk's
+    logits recomputed in the backward pass (:func:`chunked_ce`). ``None`` = one chunk: a method's forward
+    then materialises the full ``[..., V]`` logits of every position as before (the reference path, what
+    the memory benchmark calls "old"). Default 1024 (~0.6 GB of fp32 logits per chunk at V = 151,936)."""
 
+    def __post_init__(self):
+        check_chunk_size(self.chunk_size)
 
 
 def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -120,6 +144,112 @@ def weighted_block_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch
     if denom <= 0:
         return ce.sum() * 0.0
     return (ce * w).sum() / denom
+
+
+# --------------------------------------------------------------------------- lean (chunked) losses
+
+
+LogitsFn = Callable[..., Sequence[torch.Tensor]]
+"""``logits_fn(*row_chunks) -> (logits [n, V], ...)``: one or more logits per chunk of rows."""
+
+
+def chunked_ce(
+    logits_fn: LogitsFn,
+    inputs: Sequence[torch.Tensor],
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    chunk_size: int | None,
+    argmax: int | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """``Σ_i w_i·CE(logits_j[i], y_i)`` for each logits ``j`` that ``logits_fn`` returns, chunk by chunk.
+
+    Args:
+        logits_fn: maps a chunk of each input (rows ``i..i+n``) to one or more logits ``[n, V]``
+            (e.g. ``lm_head(h)``, or Domino's base and final logits at once).
+        inputs: tensors ``[N, ...]`` whose rows are the labelled positions (hidden states, not logits).
+        labels: ``[N]`` the label of each row (all real labels).
+        weights: ``[N]`` each row's weight in the sum.
+        chunk_size: rows per chunk; ``None`` = all rows in one chunk.
+        argmax: index of the logits whose per-row argmax to return (validation picks); None = none.
+
+    Returns:
+        ``([sum_j], argmax [N] or None)``, each sum float32. With a ``chunk_size``, each chunk runs
+        under ``torch.utils.checkpoint``: its logits are freed after the forward and recomputed in the
+        backward pass, so only one chunk's ``[n, V]`` logits are alive at a time (None: one chunk, kept). With no rows the sums
+        are 0, still attached to the graph (every parameter of ``logits_fn`` gets a zero gradient).
+    """
+    N = labels.shape[0]
+    step = N if chunk_size is None else int(chunk_size)
+    chunks = range(0, max(N, 1), max(step, 1))
+
+    def body(y, w, *xs):
+        outs = logits_fn(*xs)
+        sums = tuple((F.cross_entropy(lg.float(), y, reduction="none") * w).sum() for lg in outs)
+        return sums if argmax is None else (*sums, outs[argmax].argmax(-1))
+
+    # recompute whenever chunking is asked for: even a single chunk's logits would otherwise stay alive until
+    # the backward pass, next to every other loss term's (EAGLE-3's 7 steps, Domino's stages)
+    recompute = chunk_size is not None and torch.is_grad_enabled()
+    totals, picks = None, []
+    for start in chunks:
+        sl = slice(start, start + step)
+        args = (labels[sl], weights[sl].float(), *(x[sl] for x in inputs))
+        out = checkpoint(body, *args, use_reentrant=False) if recompute else body(*args)
+        if argmax is not None:
+            picks.append(out[-1])
+            out = out[:-1]
+        totals = list(out) if totals is None else [t + o for t, o in zip(totals, out)]
+    return totals, (torch.cat(picks) if argmax is not None else None)
+
+
+def label_rows(labels: torch.Tensor, weights: torch.Tensor | None = None):
+    """The labelled positions of ``labels`` ``[..., B]``: ``(keep [..., B] bool, labels [N], weights [N])``,
+    the weights being the position weights ``[B]`` of each kept row (ones when None)."""
+    keep = labels != IGNORE_INDEX
+    w = torch.ones(labels.shape[-1], device=labels.device) if weights is None else weights.to(labels.device)
+    return keep, labels[keep], w.float().expand(labels.shape)[keep]
+
+
+def lean_block_ce(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, labels: torch.Tensor,
+                  weights: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
+    """:func:`weighted_block_ce` of ``logits = head(hidden)`` without the full logits: hidden
+    ``[..., B, d]``, labels ``[..., B]``, weights ``[B]``; the head runs on the labelled rows only."""
+    keep, y, w = label_rows(labels, weights)
+    (total,), _ = chunked_ce(lambda h: (head(h),), [hidden[keep]], y, w, chunk_size)
+    denom = w.sum()
+    return total * 0.0 if denom <= 0 else total / denom
+
+
+def lean_curriculum_loss(
+    logits_fn: LogitsFn,
+    inputs: Sequence[torch.Tensor],
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    lam: float,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`curriculum_loss` without full logits: ``logits_fn(*row_chunks) -> (base, final)`` on the
+    labelled rows of ``inputs`` (each ``[..., B, *]``), both CE terms from one pass over the chunks.
+    Same maths as :func:`curriculum_loss`, λ = 1 included (the final term is in the graph with weight 0)."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"λ must be in [0, 1], got {lam}")
+    keep, y, w = label_rows(labels, weights)
+    rows = [x[keep] for x in inputs]
+    if lam == 0.0:  # the base term is for logging only (as in curriculum_loss): no gradient through it
+        def fn(*xs):
+            base, final = logits_fn(*xs)
+            return base.detach(), final
+    else:
+        fn = logits_fn
+    (sum_base, sum_final), _ = chunked_ce(fn, rows, y, w, chunk_size)
+    denom = w.sum()
+    if denom <= 0:
+        loss_base, loss_final = sum_base * 0.0, sum_final * 0.0
+    else:
+        loss_base, loss_final = sum_base / denom, sum_final / denom
+    if lam == 0.0:
+        return loss_final, loss_base.detach(), loss_final
+    return lam * loss_base + (1.0 - lam) * loss_final, loss_base, loss_final
 
 
 # --------------------------------------------------------------------------- λ schedules

@@ -191,8 +191,14 @@ class Target:
 
     @torch.no_grad()
     def forward_features(self, input_ids: torch.Tensor, layer_ids: list[int], attention_mask=None) -> torch.Tensor:
-        """Run the target on full sequences and return their raw features ``[b, t, n*d]``."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        """Run the target on full sequences and return their raw features ``[b, t, n*d]``.
+
+        Runs the decoder without the LM head (``model.base_model``: the ``[b, t, V]`` logits would be thrown
+        away; at V = 151,936 they are ~37x a layer's hidden states); a model without a separate decoder keeps
+        one position's logits (``logits_to_keep=1``)."""
+        body = self.model.base_model
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        out = body(**kwargs) if body is not self.model else self.model(**kwargs, logits_to_keep=1)
         return self.features(out.hidden_states, layer_ids)
 
 

@@ -18,8 +18,8 @@ class BackboneModule(DrafterModule):
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         out = self.drafter.forward_train(
             batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"],
-            loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"],
+            loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"], with_logits=self.with_logits,
         )
         loss, logs = self.drafter.block_loss(out, self.loss_settings())
-        preds = out.logits.detach().argmax(-1) if stage != "train" else None
+        preds = self.drafter.block_preds(out, self.hparams.loss_chunk_size) if stage != "train" else None
         return StepOutput(loss=loss, logs=logs, preds=preds, labels=out.labels)

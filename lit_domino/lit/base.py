@@ -30,7 +30,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -39,7 +39,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_domino.metrics import PositionAccuracy, PrefixAcceptance, tau_sim
 from lit_domino.models import Drafter, build_drafter
-from lit_domino.objectives import LossSettings, check_block_size, position_weights
+from lit_domino.models.layers import TrainOptions
+from lit_domino.objectives import DEFAULT_CHUNK_SIZE, LossSettings, check_block_size, check_chunk_size, position_weights
 from lit_domino.target import Target, load_target
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,12 @@ class DrafterModule(L.LightningModule):
             DataModule's (or, without one, the variant's default rule).
         drafter_options: extra fields of the method's config (e.g. ``{"num_heads": 4}``).
         target_dtype: the frozen target's dtype (linked from ``data.target_dtype``).
+        loss_chunk_size: labelled positions the LM head runs on at once in the loss, each chunk's logits
+            recomputed in the backward pass (the lean training step: no full-vocabulary logits of every
+            position); None = one chunk, the full logits materialised as before (reference, memory-hungry).
+        attention: training attention masks: ``auto`` (flex-attention block masks on CUDA, dense on CPU),
+            ``dense`` (boolean mask tensors) or ``flex`` (CUDA only). Same results either way.
+        activation_checkpointing: recompute each draft layer's activations in the backward pass.
     """
 
     variant: str = "drafter"
@@ -130,8 +137,13 @@ class DrafterModule(L.LightningModule):
         feature_layers: list[int] | None = None,
         drafter_options: dict[str, Any] | None = None,
         target_dtype: str = "float32",
+        loss_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        attention: Literal["auto", "dense", "flex"] = "auto",
+        activation_checkpointing: bool = False,
     ):
         super().__init__()
+        check_chunk_size(loss_chunk_size)
+        TrainOptions(attention=attention)  # validated at construction
         check_block_size(block_size)
         check_positive(num_layers=num_layers)
         if lr <= 0:
@@ -169,8 +181,20 @@ class DrafterModule(L.LightningModule):
         return build_drafter(config, target)
 
     def loss_settings(self, lam: float = 0.0) -> LossSettings:
-        """What the method's ``block_loss`` needs from this module (position weights; λ for Domino)."""
-        return LossSettings(self.position_weights, lam=lam)
+        """What the method's ``block_loss`` needs from this module (position weights; λ for Domino; chunking)."""
+        return LossSettings(self.position_weights, lam=lam, chunk_size=self.hparams.loss_chunk_size)
+
+    @property
+    def with_logits(self) -> bool:
+        """Whether forwards materialise full logits (only for ``loss_chunk_size: null``, the reference path)."""
+        return self.hparams.loss_chunk_size is None
+
+    def apply_train_options(self, drafter: Drafter) -> Drafter:
+        """Set the drafter's training-forward options (attention masks, layer checkpointing, chunking)."""
+        h = self.hparams
+        drafter.train_options = TrainOptions(attention=h.attention, checkpoint_layers=bool(h.activation_checkpointing),
+                                             chunk_size=h.loss_chunk_size)
+        return drafter
 
     @property
     def uses_features(self) -> bool:
@@ -260,7 +284,7 @@ class DrafterModule(L.LightningModule):
         if feature_layers is not None and self.uses_features:
             options["feature_layers"] = [int(j) for j in feature_layers]
         # without them, the method config's from_target applies its rule (DFlash / EAGLE-3 / none)
-        drafter = self.create_drafter(target, options)
+        drafter = self.apply_train_options(self.create_drafter(target, options))
         config = drafter.config
         self.drafter_config = config
         self.drafter = drafter

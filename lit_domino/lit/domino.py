@@ -61,6 +61,7 @@ class DominoModule(DrafterModule):
         out = self.drafter.forward_train(
             batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"],
             loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"], causal_inputs=causal,
+            with_logits=self.with_logits,
         )
         if stage == "train":
             lam = self.current_lambda()
@@ -68,4 +69,5 @@ class DominoModule(DrafterModule):
             return StepOutput(loss=loss, logs={**logs, "lambda": float(lam)}, labels=out.labels)
         # validation: the loss of the logits that are drafted from (the final ones)
         loss, logs = self.drafter.block_loss(out, self.loss_settings(0.0))
-        return StepOutput(loss=loss, logs=logs, preds=out.final_logits.argmax(-1), labels=out.labels)
+        preds = self.drafter.block_preds(out, self.hparams.loss_chunk_size)
+        return StepOutput(loss=loss, logs=logs, preds=preds, labels=out.labels)

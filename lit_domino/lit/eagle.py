@@ -43,7 +43,8 @@ class Eagle3Module(DrafterModule):
             batch["input_ids"], batch["features"], loss_mask=batch["loss_mask"],
             attention_mask=batch["attention_mask"], with_logits=False,
         )
-        loss, per_step, preds = self.drafter.train_loss(out, self.hparams.step_decay, with_preds=stage != "train")
+        loss, per_step, preds = self.drafter.train_loss(out, self.hparams.step_decay, with_preds=stage != "train",
+                                                        chunk_size=self.hparams.loss_chunk_size)
         logs = {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
         chains = chain_view(preds, out.labels) if preds else (None, None)
         return StepOutput(loss=loss, logs=logs, preds=chains[0], labels=chains[1])

@@ -132,7 +132,7 @@ class LoopModule(DrafterModule):
             raise ValueError(f"the DataModule's feature layers {list(feature_layers)} differ from the drafter's "
                              f"{drafter.config.feature_layers} ({self.hparams.init_from}); train on the data config "
                              "the drafter was trained with")
-        self.drafter = drafter.train(self.training)
+        self.drafter = self.apply_train_options(drafter).train(self.training)
         self.drafter_config = drafter.config
         self.hparams["feature_layers"] = list(drafter.config.feature_layers)
         return drafter
@@ -174,19 +174,19 @@ class LoopModule(DrafterModule):
             self.drafter, batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"], num_stages,
             loss_mask=batch.get("loss_mask"), attention_mask=batch.get("attention_mask"),
             detach_stage_context=bool(self.hparams.detach_stage_context), causal_inputs=causal,
-            stage_tokens=self.stage_tokens, context_fn=context_fn,
+            stage_tokens=self.stage_tokens, context_fn=context_fn, with_logits=self.with_logits,
         )
 
     def loss_settings(self, lam: float = 0.0) -> LossSettings:
-        return LossSettings(self.position_weights, lam=lam, step_decay=float(self.hparams.step_decay))
+        return LossSettings(self.position_weights, lam=lam, step_decay=float(self.hparams.step_decay),
+                            chunk_size=self.hparams.loss_chunk_size)
 
     def stage_loss(self, out, lam: float = 0.0) -> tuple[torch.Tensor, dict]:
         """The drafter's own loss of one stage (its ``block_loss``) → (loss, parts to log)."""
         return self.drafter.block_loss(out, self.loss_settings(lam))
 
-    @staticmethod
-    def preds(out) -> torch.Tensor:
-        return out.draft_logits.detach().argmax(-1)
+    def preds(self, out) -> torch.Tensor:
+        return self.drafter.block_preds(out, self.hparams.loss_chunk_size)
 
     def forward_step(self, batch: dict, stage: str, num_stages: int | None = None) -> StepOutput:
         n = int(self.hparams.max_stages)

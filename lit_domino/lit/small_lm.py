@@ -37,11 +37,14 @@ class SmallLMModule(DrafterModule):
         return {} if self.hparams.hidden_size is None else {"hidden_size": int(self.hparams.hidden_size)}
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
-        out = self.drafter.forward_train(batch["input_ids"], batch["loss_mask"], batch["attention_mask"])
-        loss = self.drafter.train_loss(out)
+        out = self.drafter.forward_train(batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
+                                         with_logits=self.with_logits)
+        chunk = self.hparams.loss_chunk_size
+        loss = self.drafter.train_loss(out, chunk)
         preds = labels = None
         if stage != "train":
-            preds, labels = chain_blocks(out.logits.argmax(-1), batch, int(self.hparams.block_size))
+            preds, labels = chain_blocks(self.drafter.next_token_preds(out, chunk), batch,
+                                         int(self.hparams.block_size))
         return StepOutput(loss=loss, preds=preds, labels=labels)
 
 

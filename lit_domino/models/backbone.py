@@ -19,32 +19,46 @@ import torch
 from torch import nn
 
 from lit_domino.models.base import Drafter, DrafterConfig
-from lit_domino.models.layers import DecoderLayer, KVCache, RMSNorm, init_weights
+from lit_domino.models.layers import DecoderLayer, KVCache, RMSNorm, call_layer, flex_block_mask, init_weights
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import DraftSession, StageDraft, Stage, pick_tokens
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, weighted_block_ce
+from lit_domino.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
 
 
 @dataclass
 class BlockOutput:
-    """What a parallel drafter's training forward returns."""
+    """What a parallel drafter's training forward returns.
+
+    The lean forward (``with_logits=False``, what training uses) returns the hidden states only and
+    the method's loss applies the LM head to the labelled positions, chunk by chunk
+    (``drafter.block_loss``); ``with_logits=True`` also materialises the ``[b, A, B, V]`` logits.
+    """
 
     hidden: torch.Tensor
-    """[b, A, B, d] block hidden states after the final norm."""
-    logits: torch.Tensor
-    """[b, A, B, V] base logits ``lm_head(hidden)``."""
+    """[b, A, B, d] block hidden states after the final norm (EAGLE-3's DLoop stages: before its final norm)."""
     labels: torch.Tensor
     """[b, A, B] ``x_{a+k}`` where k >= 1, a+k < T, loss_mask = 1 and the anchor is real; else -100."""
     block_tokens: torch.Tensor
     """[b, A, B] the true tokens ``x_{a+k}`` (0 beyond the sequence), for teacher forcing."""
+    logits: torch.Tensor | None = None
+    """[b, A, B, V] base logits ``lm_head(hidden)``; None on the lean path (``with_logits=False``)."""
     final_logits: torch.Tensor | None = None
-    """[b, A, B, V] a method with a head (Domino): ``logits + ΔL`` (ΔL = 0 at block position 0)."""
+    """[b, A, B, V] a method with a head (Domino): ``logits + ΔL`` (ΔL = 0 at block position 0); None on the
+    lean path or without a head."""
+    head_state: torch.Tensor | None = None
+    """[b, A, B-1, d_s] Domino: the GRU state ``S_{k-1}`` feeding block position k = 1..B-1 (what the final
+    logits need besides ``hidden``); None without a head."""
 
     @property
     def draft_logits(self) -> torch.Tensor:
-        """The logits the drafter drafts from: the head's final logits when it has one, else the base logits."""
-        return self.final_logits if self.final_logits is not None else self.logits
+        """The logits the drafter drafts from: the head's final logits when it has one, else the base logits
+        (only when materialised: ``forward_train(with_logits=True)``; else ``drafter.block_preds``)."""
+        logits = self.final_logits if self.final_logits is not None else self.logits
+        if logits is None:
+            raise ValueError("this BlockOutput comes from the lean forward (no logits materialised): use "
+                             "forward_train(..., with_logits=True) or drafter.block_preds(out)")
+        return logits
 
 
 def block_attention_mask(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: int, B: int) -> torch.Tensor:
@@ -62,6 +76,18 @@ def block_attention_mask(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: in
     blk = torch.arange(A, device=dev).repeat_interleave(B)  # [A*B] block id of each query/key
     blk_vis = (blk[:, None] == blk[None, :])[None].expand(b, A * B, A * B)  # [b, A*B, A*B]
     return torch.cat([ctx_vis, blk_vis], dim=-1)[:, None]  # [b, 1, A*B, T + A*B]
+
+
+def block_flex_mask(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: int, B: int):
+    """:func:`block_attention_mask` as a flex-attention ``BlockMask`` (the same pattern, no dense tensor)."""
+    b, A = anchors.shape
+    seen = torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors))  # ctx keys < seen[j] (0 = none)
+
+    def mask_mod(bi, h, q, kv):
+        blk = q // B
+        return torch.where(kv < T, kv < seen[bi, blk], (kv - T) // B == blk)
+
+    return flex_block_mask(mask_mod, b, A * B, T + A * B, anchors.device)
 
 
 @dataclass
@@ -156,12 +182,15 @@ def parallel_loop_forward(
     causal_inputs: str = "teacher_forced",
     context_fn: ContextFn | None = None,
     stage_tokens: int | None = None,
+    with_logits: bool = True,
 ) -> list[BlockOutput]:
     """DLoop's loop-aware training forward of a parallel drafter: stages 1..S per anchor
-    (``lit_domino.models.loop`` explains the unroll); stage 1 is ``forward_train``."""
+    (``lit_domino.models.loop`` explains the unroll); stage 1 is ``forward_train``. ``with_logits=False``:
+    the lean stages (no ``[b, A, B, V]`` logits; the loss computes them). Masks are dense here."""
     K = check_stages(drafter, num_stages, anchors, anchor_mask, drafter.stage_tokens(drafter.config, stage_tokens))
     B = K + 1
-    first = drafter.forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask, causal_inputs)
+    first = drafter.forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask, causal_inputs,
+                                  with_logits)
     outs = [first]
     if num_stages == 1:
         return outs
@@ -196,8 +225,8 @@ def parallel_loop_forward(
         mask = torch.cat([target_vis, *subst_vis, block_vis], dim=-1)  # [b, 1, A*B, T + (s-1)AK + A*B]
         emb = drafter.embed_tokens(block_ids).reshape(b, A * B, -1)
         hidden = drafter.block_hidden(emb, pos.reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)
-        out = BlockOutput(hidden=hidden, logits=drafter.compute_logits(hidden), labels=labels,
-                          block_tokens=block_tokens)
+        out = BlockOutput(hidden=hidden, logits=drafter.compute_logits(hidden) if with_logits else None,
+                          labels=labels, block_tokens=block_tokens)
         outs.append(drafter.add_head(out, causal_inputs))
     return outs
 
@@ -250,8 +279,10 @@ class ParallelDrafter(Drafter):
         caches: list[KVCache] | None = None,  # one per layer; ctx keys get appended
     ) -> torch.Tensor:  # [b, N, d] after the final norm
         h = block_emb
+        recompute = self.training and caches is None and self.train_options.checkpoint_layers
         for i, layer in enumerate(self.layers):
-            h = layer(h, block_pos, ctx, ctx_pos, mask, caches[i] if caches is not None else None)
+            h = call_layer(layer, h, block_pos, ctx, ctx_pos, mask, caches[i] if caches is not None else None,
+                           recompute=recompute)
         return self.norm(h)
 
     # ------------------------------------------------------------------ training
@@ -285,9 +316,13 @@ class ParallelDrafter(Drafter):
         loss_mask: torch.Tensor | None = None,  # [b, T] 1 on labels (response tokens); None = all
         attention_mask: torch.Tensor | None = None,  # [b, T] 1 on real tokens; None = all
         causal_inputs: str = "teacher_forced",
+        with_logits: bool = True,
     ) -> BlockOutput:
         """All A blocks of each sequence in one attention call per layer (see ``block_attention_mask``), then
-        the method's head (:meth:`add_head`; ``causal_inputs`` says how a head's causal state is fed)."""
+        the method's head (:meth:`add_head`; ``causal_inputs`` says how a head's causal state is fed).
+        ``with_logits=False`` is the lean forward: no ``[b, A, B, V]`` logits (``block_loss`` computes them
+        chunk by chunk at the labelled positions). The mask is dense or a flex ``BlockMask`` as
+        ``self.train_options.attention`` says."""
         b, T = input_ids.shape
         A, B = anchors.shape[1], self.config.block_size
         anchor_mask = anchor_mask.bool()
@@ -296,10 +331,14 @@ class ParallelDrafter(Drafter):
             input_ids, anchors, anchor_mask, loss_mask, attention_mask)
         ctx = self.fuse(features)  # [b, T, d]
         ctx_pos = torch.arange(T, device=input_ids.device)  # [T]
-        mask = block_attention_mask(anchors, anchor_mask, T, B)  # [b, 1, A*B, T + A*B]
+        if self.train_options.use_flex(input_ids.device):
+            mask = block_flex_mask(anchors, anchor_mask, T, B)
+        else:
+            mask = block_attention_mask(anchors, anchor_mask, T, B)  # [b, 1, A*B, T + A*B]
         emb = self.embed_tokens(block_ids).reshape(b, A * B, -1)  # [b, A*B, d]
         hidden = self.block_hidden(emb, pos.reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)  # [b,A,B,d]
-        out = BlockOutput(hidden=hidden, logits=self.compute_logits(hidden), labels=labels, block_tokens=block_tokens)
+        out = BlockOutput(hidden=hidden, logits=self.compute_logits(hidden) if with_logits else None, labels=labels,
+                          block_tokens=block_tokens)
         return self.add_head(out, causal_inputs)
 
     def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> BlockOutput:
@@ -307,15 +346,22 @@ class ParallelDrafter(Drafter):
         return out
 
     def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
-        """The position-weighted block CE on the base logits → (loss, parts to log)."""
-        loss = weighted_block_ce(out.logits, out.labels, settings.position_weights)
+        """The position-weighted block CE on the base logits → (loss, parts to log); from the materialised
+        logits when the forward made them, else chunk by chunk at the labelled positions (the lean path)."""
+        if out.logits is not None:
+            loss = weighted_block_ce(out.logits, out.labels, settings.position_weights)
+        else:
+            loss = lean_block_ce(self.compute_logits, out.hidden, out.labels, settings.position_weights,
+                                 settings.chunk_size)
         return loss, {"loss_base": loss.detach()}
 
     def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
                      attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
-                     stage_tokens: int | None = None, context_fn: ContextFn | None = None) -> list[BlockOutput]:
+                     stage_tokens: int | None = None, context_fn: ContextFn | None = None,
+                     with_logits: bool = True) -> list[BlockOutput]:
         """DLoop's loop-aware training forward (:func:`parallel_loop_forward`)."""
         return parallel_loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages, loss_mask,
-                                     attention_mask, detach_stage_context, causal_inputs, context_fn, stage_tokens)
+                                     attention_mask, detach_stage_context, causal_inputs, context_fn, stage_tokens,
+                                     with_logits)
 
     # ------------------------------------------------------------------ decoding

@@ -23,6 +23,8 @@ from safetensors.torch import save_model
 from torch import nn
 
 from lit_domino.models import registry
+from lit_domino.models.layers import TrainOptions
+from lit_domino.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -276,6 +278,7 @@ class Drafter(nn.Module):
         config.validate()
         self.config = config
         self._bound: tuple = ()  # (embed, lm_head, target) once bound
+        self.train_options = TrainOptions()  # how the training forward computes (not saved: never changes results)
 
     # ------------------------------------------------------------------ target binding
 
@@ -339,6 +342,28 @@ class Drafter(nn.Module):
         return new
 
     # ------------------------------------------------------------------ views, sessions, saving
+
+    # ------------------------------------------------------------------ lean training outputs
+
+    def row_inputs(self, out) -> list[torch.Tensor]:
+        """What :meth:`row_logits` reads per position of a block output, each ``[..., B, *]`` (``hidden``)."""
+        return [out.hidden]
+
+    def row_logits(self, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rows of :meth:`row_inputs` → their logits, the drafted-from ones last (default: ``compute_logits``)."""
+        return (self.compute_logits(rows[0]),)
+
+    @torch.no_grad()
+    def block_preds(self, out, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+        """Argmax ``[b, A, B]`` of the drafted-from logits of a block output (validation metrics); on the lean
+        path (no logits materialised) only at the labelled positions, chunk by chunk (0 elsewhere, which the
+        metrics never read)."""
+        if out.logits is not None:
+            return out.draft_logits.argmax(-1)
+        keep, y, w = label_rows(out.labels)
+        rows = [x[keep] for x in self.row_inputs(out)]
+        _, picks = chunked_ce(self.row_logits, rows, y, w, chunk_size, argmax=-1)
+        return torch.zeros_like(out.labels).masked_scatter(keep, picks)
 
     def base_view(self) -> "Drafter | None":
         """The drafter without its correction, decoded alone (does Domino's backbone stand on its own?);

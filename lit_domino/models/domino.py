@@ -29,7 +29,7 @@ from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDraf
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, draft_chain
-from lit_domino.objectives import LossSettings, curriculum_loss
+from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
 """How the GRU is fed in training: the true tokens (one parallel pass) or the draft's own argmax picks."""
@@ -170,37 +170,83 @@ class DominoDrafter(ParallelDrafter):
         return inner
 
     def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> BlockOutput:
-        """``out.final_logits`` = ``out.logits + ΔL`` [b, A, B, V] (ΔL = 0 at k = 0).
+        """The head's causal state ``out.head_state`` and, when the forward materialised the base logits,
+        ``out.final_logits`` = ``out.logits + ΔL`` [b, A, B, V] (ΔL = 0 at k = 0).
 
         The GRU starts fresh at each block's anchor ``out.block_tokens[..., 0]`` (as a session's
         stage does). ``teacher_forced``: GRU inputs are the true tokens ``x_a .. x_{a+B-2}``, one
-        parallel GRU pass. ``training_time_test``: the head's rollout, the GRU input after position i
-        being the argmax of the final logits at i (no gradient through the pick). Also applied by
-        DLoop's loop-aware training to the blocks of later stages.
+        parallel GRU pass. ``training_time_test``: the GRU input after position i is the argmax of the
+        final logits at i (no gradient through the pick). With materialised logits that is the head's
+        rollout; on the lean path the picks come from a no-grad rollout chunk by chunk, then one GRU pass
+        over ``x_a`` and the picks gives the same states with their gradients (the picks are constants).
+        Also applied by DLoop's loop-aware training to the blocks of later stages.
         """
         if causal_inputs not in CAUSAL_INPUTS:
             raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         b, A, B, d = out.hidden.shape
-        H = out.hidden[:, :, 1:].reshape(b * A, B - 1, d)  # [b*A, K, d] H_1 .. H_{B-1}
-        if causal_inputs == "teacher_forced":
-            x = self.embed_tokens(out.block_tokens[:, :, : B - 1]).reshape(b * A, B - 1, d)  # x_a .. x_{a+B-2}
-            S, _ = self.head.gru(x)  # [b*A, K, d_s]: S_0 .. S_{B-2}
-            delta = self.head.delta(H, S).view(b, A, B - 1, -1).to(out.logits.dtype)  # [b, A, K, V]
-            final = out.logits[:, :, 1:] + delta
-        else:
-            base = out.logits[:, :, 1:].reshape(b * A, B - 1, -1)  # [b*A, K, V]
+        K = B - 1
+        H = out.hidden[:, :, 1:].reshape(b * A, K, d)  # [b*A, K, d] H_1 .. H_{B-1}
+        if causal_inputs == "training_time_test" and out.logits is not None:
+            base = out.logits[:, :, 1:].reshape(b * A, K, -1)  # [b*A, K, V]
             step = self.head.rollout(H, base, self.embed_tokens(out.block_tokens[:, :, 0].reshape(-1)),
                                      self.embed_tokens)
             rows, prev = [], None
-            for _ in range(B - 1):
+            for _ in range(K):
                 rows.append(step(prev))  # [b*A, V]
                 prev = rows[-1].detach().argmax(-1)
-            final = torch.stack(rows, dim=1).view(b, A, B - 1, -1).to(out.logits.dtype)
-        out.final_logits = torch.cat([out.logits[:, :, :1], final], dim=2)  # [b, A, B, V]
+            final = torch.stack(rows, dim=1).view(b, A, K, -1).to(out.logits.dtype)
+            out.final_logits = torch.cat([out.logits[:, :, :1], final], dim=2)  # [b, A, B, V]
+            return out
+        if causal_inputs == "teacher_forced":
+            inputs = out.block_tokens[:, :, :K].reshape(b * A, K)  # x_a .. x_{a+B-2}
+        else:
+            inputs = self.ttt_inputs(H, out.block_tokens[:, :, 0].reshape(-1))  # x_a, picks 1..K-1
+        S, _ = self.head.gru(self.embed_tokens(inputs))  # [b*A, K, d_s]: S_0 .. S_{B-2}
+        S = S.view(b, A, K, -1)
+        out.head_state = torch.cat([S.new_zeros(b, A, 1, S.shape[-1]), S], dim=2)  # [b, A, B, d_s]
+        if out.logits is not None:
+            delta = self.head.delta(out.hidden[:, :, 1:], S).to(out.logits.dtype)  # [b, A, K, V]
+            out.final_logits = torch.cat([out.logits[:, :, :1], out.logits[:, :, 1:] + delta], dim=2)
         return out
 
+    @torch.no_grad()
+    def ttt_inputs(self, H: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Training-time test's GRU inputs ``[N, K]`` = ``[x_a, pick_1 .. pick_{K-1}]``: the rollout's argmax
+        picks for blocks H [N, K, d] with anchor tokens [N], ``train_options.chunk_size`` positions at a time
+        (only one chunk's ``[n, K, V]`` logits alive)."""
+        N, K, _ = H.shape
+        chunk = self.train_options.chunk_size
+        per = N if chunk is None else max(1, chunk // K)  # blocks per chunk
+        picks = []
+        for c in range(0, N, per):
+            Hc = H[c: c + per]
+            step = self.head.rollout(Hc, self.compute_logits(Hc), self.embed_tokens(anchors[c: c + per]),
+                                     self.embed_tokens)
+            prev, cols = None, []
+            for _ in range(K - 1):  # the pick at position K feeds nothing
+                prev = step(prev).argmax(-1)
+                cols.append(prev)
+            picks.append(torch.stack([anchors[c: c + per], *cols], dim=1))  # [n, K]
+        return torch.cat(picks)
+
+    def row_inputs(self, out: BlockOutput) -> list[torch.Tensor]:
+        if out.head_state is None:
+            raise ValueError("a Domino BlockOutput without head_state: run it through add_head")
+        return [out.hidden, out.head_state]
+
+    def row_logits(self, h: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of (H, S) → (base, final) logits: ``L = [H ; c]·[W_lmᵀ ; W_upᵀ]``, ``c = SiLU(W_down·[H;S])``."""
+        base = self.compute_logits(h)
+        return base, base + self.head.delta(h, s).to(base.dtype)
+
     def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
-        """The curriculum loss at ``settings.lam`` → (loss, {loss_base, loss_final})."""
-        loss, loss_base, loss_final = curriculum_loss(out.logits, out.final_logits, out.labels,
-                                                      settings.position_weights, settings.lam)
+        """The curriculum loss at ``settings.lam`` → (loss, {loss_base, loss_final}); from the materialised
+        logits when the forward made them, else both terms in one chunked pass over the labelled positions."""
+        if out.final_logits is not None:
+            loss, loss_base, loss_final = curriculum_loss(out.logits, out.final_logits, out.labels,
+                                                          settings.position_weights, settings.lam)
+        else:
+            loss, loss_base, loss_final = lean_curriculum_loss(self.row_logits, self.row_inputs(out), out.labels,
+                                                               settings.position_weights, settings.lam,
+                                                               settings.chunk_size)
         return loss, {"loss_base": loss_base.detach(), "loss_final": loss_final.detach()}

@@ -30,11 +30,11 @@ from torch import nn
 
 from lit_domino.models.backbone import BlockOutput
 from lit_domino.models.base import Drafter, DrafterConfig
-from lit_domino.models.layers import Attention, KVCache, RMSNorm, SwiGLU, init_weights
+from lit_domino.models.layers import Attention, KVCache, RMSNorm, SwiGLU, call_layer, flex_block_mask, init_weights
 from lit_domino.models.loop import ContextFn, check_stages, pad_right
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, draft_chain
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, ttt_loss
+from lit_domino.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
 
 
 @dataclass
@@ -57,6 +57,19 @@ def ttt_mask(T: int, s: int, device=None) -> torch.Tensor:
     blocks = [((tp <= t - s) & (tp >= 1)) | ((tp == t) if s == 0 else torch.zeros_like(tp == t))]
     blocks += [tp == t - s + sp for sp in range(1, s + 1)]  # chain key of step s' at m + s'
     return torch.cat(blocks, dim=1)[None, None]  # [1, 1, T, (s+1)*T]
+
+
+def ttt_flex_mask(T: int, s: int, device=None):
+    """:func:`ttt_mask` as a flex-attention ``BlockMask`` (the same pattern, no dense tensor)."""
+
+    def mask_mod(bi, h, q, kv):
+        st, tp = kv // T, kv % T  # key's step and position
+        real = (tp >= 1) & (tp <= q - s)
+        if s == 0:
+            real = real | (tp == q)
+        return torch.where(st == 0, real, tp == q - s + st)
+
+    return flex_block_mask(mask_mod, None, T, (s + 1) * T, device)
 
 
 @dataclass
@@ -162,6 +175,7 @@ def eagle_loop_forward(
     detach_stage_context: bool = False,
     stage_tokens: int | None = None,
     context_fn: ContextFn | None = None,
+    with_logits: bool = True,
 ) -> list[BlockOutput]:
     """DLoop's loop-aware training forward of EAGLE-3: stages 1..S of a chain per anchor
     (``lit_domino.models.loop`` explains the unroll). ``stage_tokens`` K defaults to ``block_size - 1``
@@ -209,7 +223,8 @@ def eagle_loop_forward(
         out = out + drafter.mlp(drafter.post_attention_layernorm(out))  # [b, A, d] pre final norm
         label = ids.gather(1, pos + 1)
         valid = ok.gather(1, pos + 1) & (pos + 1 < T) & anchor_mask
-        steps.append((out, drafter.compute_logits(out), torch.where(valid, label, torch.full_like(label, -100))))
+        steps.append((out, drafter.compute_logits(out) if with_logits else None,
+                      torch.where(valid, label, torch.full_like(label, -100))))
         chain_x.append(x)
         chain_pos.append(pos)
         h = out
@@ -220,7 +235,7 @@ def eagle_loop_forward(
         tokens = ids.gather(1, (start[:, :, None] + torch.arange(K + 1, device=dev)).reshape(b, -1)).view(b, A, K + 1)
         inside = (start[:, :, None] + torch.arange(K + 1, device=dev)) < T
         hidden = torch.stack([torch.zeros_like(hs[0]), *hs], dim=2)  # [b, A, K+1, d]
-        logits = torch.stack([torch.zeros_like(ls[0]), *ls], dim=2)  # [b, A, K+1, V]
+        logits = torch.stack([torch.zeros_like(ls[0]), *ls], dim=2) if with_logits else None  # [b, A, K+1, V]
         labels = torch.stack([torch.full_like(ys[0], IGNORE_INDEX), *ys], dim=2)  # [b, A, K+1]
         outs.append(BlockOutput(hidden=hidden, logits=logits, labels=labels,
                                 block_tokens=torch.where(inside, tokens, torch.zeros_like(tokens))))
@@ -297,11 +312,15 @@ class Eagle3Drafter(Drafter):
             ok = ok & torch.cat([loss_mask[:, 1:], loss_mask[:, :1]], dim=1).bool()
         if attention_mask is not None:
             ok = ok & torch.cat([attention_mask[:, 1:], attention_mask[:, :1]], dim=1).bool()
-        cache = KVCache()
+        past_k = past_v = None  # earlier steps' keys/values [b, KV, s*T, hd]
         feat = F.pad(g[:, :-1], (0, 0, 1, 0))  # [b, T, d] g_{t-1} (zeros at t = 0)
         out = EagleOutput([], [], [])
+        flex = self.train_options.use_flex(dev)
+        recompute = self.training and self.train_options.checkpoint_layers
         for s in range(self.config.ttt_steps):
-            h = self.step(tok, feat, pos, ttt_mask(T, s, dev), cache)  # [b, T, d]
+            mask = ttt_flex_mask(T, s, dev) if flex else ttt_mask(T, s, dev)
+            h, past_k, past_v = call_layer(self.ttt_step, tok, feat, pos, mask, past_k, past_v,
+                                           recompute=recompute)  # h [b, T, d]
             out.hidden.append(h)
             if with_logits:
                 out.logits.append(self.compute_logits(h))
@@ -309,32 +328,55 @@ class Eagle3Drafter(Drafter):
             feat = F.pad(h[:, :-1], (0, 0, 1, 0))  # [b, T, d] h^s_{t-1}
         return out
 
+    def ttt_step(self, tok, feat, pos, mask, past_k, past_v):
+        """One training-time-test step as a pure function (checkpointable): the step over every position
+        attending to the earlier steps' keys/values ``past_k/v`` → (h, all keys, all values)."""
+        cache = KVCache.of(past_k, past_v)
+        h = self.step(tok, feat, pos, mask, cache)
+        return (h, *cache.tensors())
+
     # ------------------------------------------------------------------ losses
 
-    def train_loss(self, out: EagleOutput, step_decay: float = 0.8, with_preds: bool = False):
+    def train_loss(self, out: EagleOutput, step_decay: float = 0.8, with_preds: bool = False,
+                   chunk_size: int | None = DEFAULT_CHUNK_SIZE):
         """The TTT loss ``Σ_s step_decay^s · CE_s`` of a ``forward_train(with_logits=False)`` output
         → (loss, [CE_s], per-step argmax ``[b, T]`` or None). The LM head (most of a step's cost) runs
-        only where step s has a label: the response positions."""
-        logits, labels, preds = [], [], []
-        for hidden, label in zip(out.hidden, out.labels):
-            keep = label != IGNORE_INDEX  # [b, T]
-            logits.append(self.compute_logits(hidden[keep]))  # [N_s, V]
-            labels.append(label[keep])  # [N_s]
+        only where step s has a label (the response positions), ``chunk_size`` rows at a time with
+        recomputation in the backward pass (None = all of a step's rows at once)."""
+        return self._chain_loss(list(out.hidden), list(out.labels), step_decay, with_preds, chunk_size)
+
+    def _chain_loss(self, hidden: list[torch.Tensor], labels: list[torch.Tensor], decay: float,
+                    with_preds: bool, chunk_size: int | None):
+        """``Σ_s decay^s · mean CE_s`` over chain steps s (hidden [..., d] / labels [...] per step), lean."""
+        per_step, preds = [], []
+        for h, label in zip(hidden, labels):
+            keep = label != IGNORE_INDEX
+            y = label[keep]  # [N_s]
+            (total,), picks = chunked_ce(self.row_logits, [h[keep]], y, torch.ones_like(y, dtype=torch.float32),
+                                         chunk_size, argmax=0 if with_preds else None)
+            per_step.append(total / keep.sum().clamp_min(1))
             if with_preds:  # argmax back in place; unlabelled positions are never scored
-                preds.append(torch.zeros_like(label).masked_scatter(keep, logits[-1].argmax(-1)))
-        loss, per_step = ttt_loss(logits, labels, step_decay)
+                preds.append(torch.zeros_like(label).masked_scatter(keep, picks))
+        loss = sum(decay**s * l for s, l in enumerate(per_step))
         return loss, per_step, (preds if with_preds else None)
 
     def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
-        """A DLoop stage's loss: its K chain steps' TTT loss, step k weighing ``step_decay**(k-1)``."""
-        K = out.logits.shape[2] - 1
-        loss, _ = ttt_loss([out.logits[:, :, k] for k in range(1, K + 1)],
-                           [out.labels[:, :, k] for k in range(1, K + 1)], settings.step_decay)
+        """A DLoop stage's loss: its K chain steps' TTT loss, step k weighing ``step_decay**(k-1)`` (from the
+        materialised logits when the forward made them, else lean)."""
+        K = out.labels.shape[2] - 1
+        if out.logits is not None:
+            loss, _ = ttt_loss([out.logits[:, :, k] for k in range(1, K + 1)],
+                               [out.labels[:, :, k] for k in range(1, K + 1)], settings.step_decay)
+        else:
+            loss, _, _ = self._chain_loss([out.hidden[:, :, k] for k in range(1, K + 1)],
+                                          [out.labels[:, :, k] for k in range(1, K + 1)], settings.step_decay,
+                                          False, settings.chunk_size)
         return loss, {}
 
     def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
                      attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
-                     stage_tokens: int | None = None, context_fn: ContextFn | None = None) -> list[BlockOutput]:
+                     stage_tokens: int | None = None, context_fn: ContextFn | None = None,
+                     with_logits: bool = True) -> list[BlockOutput]:
         """DLoop's loop-aware training forward (:func:`eagle_loop_forward`; ``causal_inputs`` does not apply)."""
         return eagle_loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages, loss_mask,
-                                  attention_mask, detach_stage_context, stage_tokens, context_fn)
+                                  attention_mask, detach_stage_context, stage_tokens, context_fn, with_logits)

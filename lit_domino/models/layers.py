@@ -8,13 +8,85 @@ I MLP width. Positions are absolute token positions (LongTensor ``[n]`` or
 RoPE follows Hugging Face Qwen3 exactly (``rotate_half``, ``inv_freq`` from
 ``rope_theta`` and ``head_dim``), q/k get a per-head RMSNorm before RoPE, and
 attention is ``torch.nn.functional.scaled_dot_product_attention`` with GQA.
+
+Training masks have two exact forms (:class:`TrainOptions` ``attention``): a dense boolean
+tensor (SDPA's math kernel stores every score, and a dense mask rules out the flash and
+memory-efficient kernels) or a ``torch.nn.attention.flex_attention`` ``BlockMask`` built from
+a ``mask_mod`` (flex skips fully masked tiles and never stores the scores). Flex has no
+backward on CPU (torch 2.13), so ``auto`` means flex on CUDA and dense elsewhere.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.utils.checkpoint import checkpoint
+
+ATTENTION_KINDS = ("auto", "dense", "flex")
+
+
+@dataclass
+class TrainOptions:
+    """How a drafter's training forward computes (never what: every option gives the same loss)."""
+
+    attention: str = "auto"
+    """Training attention masks: ``dense`` (a boolean ``[b, 1, queries, keys]`` tensor for SDPA), ``flex``
+    (a flex-attention ``BlockMask``; CUDA only for training, no CPU backward in torch 2.13) or ``auto``
+    (flex on CUDA, dense elsewhere). Default ``auto``."""
+    checkpoint_layers: bool = False
+    """Recompute each draft layer's activations in the backward pass (``torch.utils.checkpoint``) instead
+    of storing them. Default False."""
+    chunk_size: int | None = 1024
+    """Rows (positions) per LM-head chunk in the forward's no-grad passes (Domino's training-time-test
+    picks); the lit modules set it to the loss's chunk size. None = one chunk."""
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+
+    def use_flex(self, device: torch.device) -> bool:
+        """Whether training masks on ``device`` are flex ``BlockMask``s (raises for flex where it cannot train)."""
+        device = torch.device(device)
+        if self.attention == "flex":
+            if device.type == "cpu" and torch.is_grad_enabled():
+                raise ValueError("attention: flex cannot train on CPU (flex attention has no CPU backward in "
+                                 f"torch {torch.__version__}); use attention: dense (or auto) on CPU")
+            return True
+        return self.attention == "auto" and device.type == "cuda"
+
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def flex_block_mask(mask_mod: MaskMod, b: int, n: int, keys: int, device) -> BlockMask:
+    """A ``BlockMask`` [b, 1, n, keys] of ``mask_mod(batch, head, q_idx, kv_idx) -> bool`` (True = attend)."""
+    device = torch.device("cpu" if device is None else device)
+    return create_block_mask(mask_mod, b, None, n, keys, device=device, _compile=device.type == "cuda")
+
+
+_compiled_flex = None
+
+
+def _flex(q, k, v, block_mask: BlockMask, enable_gqa: bool) -> torch.Tensor:
+    """flex attention, compiled on CUDA (eager flex materialises the scores: only a reference)."""
+    global _compiled_flex
+    if q.device.type == "cuda":
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention)  # dynamic shapes after the first recompile (T varies)
+        return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def call_layer(layer: nn.Module, *args, recompute: bool = False):
+    """``layer(*args)``, under ``torch.utils.checkpoint`` when ``recompute`` and gradients are on."""
+    if recompute and torch.is_grad_enabled():
+        return checkpoint(layer, *args, use_reentrant=False)
+    return layer(*args)
 
 
 class RMSNorm(nn.Module):
@@ -75,6 +147,21 @@ class KVCache:
 
     def __len__(self) -> int:
         return self.length
+
+    @classmethod
+    def of(cls, k: torch.Tensor | None, v: torch.Tensor | None) -> "KVCache":
+        """A cache holding k/v [b, KV, len, hd] (None = empty): a pure function of its inputs, for
+        recomputed (checkpointed) training steps."""
+        cache = cls()
+        if k is not None:
+            cache._k, cache._v, cache.length = k, v, k.shape[2]
+        return cache
+
+    def tensors(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The committed k/v [b, KV, len, hd] (None when empty)."""
+        if self._k is None or self.length == 0:
+            return None, None
+        return self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k/v [b, KV, t, hd] at ``length..length+t-1``; return views of all ``length+t`` keys/values."""
@@ -150,7 +237,7 @@ class Attention(nn.Module):
         x_pos: torch.Tensor,  # [n] | [b, n]
         ctx: torch.Tensor | None = None,  # [b, c, in] extra context (keys/values only)
         ctx_pos: torch.Tensor | None = None,  # [c] | [b, c]
-        mask: torch.Tensor | None = None,  # bool [b|1, 1, n, m + c + n]; None = attend to all keys
+        mask: torch.Tensor | BlockMask | None = None,  # bool [b|1, 1, n, m + c + n] or a BlockMask; None = all
         kv_cache: KVCache | None = None,
         append_x: bool = False,
     ) -> torch.Tensor:  # [b, n, out]
@@ -173,9 +260,11 @@ class Attention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.write(k, v)  # [b, KV, m + c + n, hd]
             kv_cache.commit(c + (n if append_x else 0))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
-        )  # [b, H, n, hd]
+        gqa = self.num_heads != self.num_kv_heads
+        if isinstance(mask, BlockMask):
+            out = _flex(q, k, v, mask, gqa)  # [b, H, n, hd]
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # [b, H, n, hd]
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))  # [b, n, out]
 
 

@@ -98,10 +98,12 @@ def stage_blocks(drafter, input_ids, starts, anchor_mask, loss_mask, attention_m
 
 def loop_forward(drafter, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
                  attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
-                 stage_tokens: int | None = None, context_fn: ContextFn | None = None) -> list:
-    """Stages 1..S of ``drafter``'s loop-aware training forward (its own ``loop_forward``)."""
+                 stage_tokens: int | None = None, context_fn: ContextFn | None = None,
+                 with_logits: bool = True) -> list:
+    """Stages 1..S of ``drafter``'s loop-aware training forward (its own ``loop_forward``); ``with_logits=False``
+    leaves the logits to the stage loss (the lean path)."""
     if not getattr(drafter, "supports_loop_training", False):
         raise ValueError(f"loop-aware training does not apply to a {drafter.kind!r} drafter (it has no hidden-state "
                          "context to substitute for the target's features)")
     return drafter.loop_forward(input_ids, features, anchors, anchor_mask, num_stages, loss_mask, attention_mask,
-                                detach_stage_context, causal_inputs, stage_tokens, context_fn)
+                                detach_stage_context, causal_inputs, stage_tokens, context_fn, with_logits)

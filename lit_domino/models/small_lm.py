@@ -17,15 +17,17 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from lit_domino.models.base import Drafter, DrafterConfig, DrafterMismatchError
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Stage, StageDraft, draft_chain
-from lit_domino.objectives import IGNORE_INDEX, token_ce
+from lit_domino.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, chunked_ce, token_ce
 
 
 @dataclass
 class LMOutput:
-    logits: torch.Tensor
-    """[b, T, V] next-token logits at each position."""
+    logits: torch.Tensor | None
+    """[b, T, V] next-token logits at each position; None on the lean path (``with_logits=False``)."""
     labels: torch.Tensor
     """[b, T] x_{t+1} where t+1 < T and loss_mask[t+1] = 1, else -100."""
+    hidden: torch.Tensor | None = None
+    """[b, T, d] the LM's last hidden states (after its final norm), what its LM head reads."""
 
 
 @dataclass
@@ -159,19 +161,50 @@ class SmallLMDrafter(Drafter):
         input_ids: torch.Tensor,  # [b, T]
         loss_mask: torch.Tensor | None = None,  # [b, T]
         attention_mask: torch.Tensor | None = None,  # [b, T]
+        with_logits: bool = True,
     ) -> LMOutput:
-        logits = self(input_ids, attention_mask)
+        """Hidden states and labels; ``with_logits=False`` (the lean path) skips the ``[b, T, V]`` logits
+        (``train_loss`` applies the LM head at the labelled positions, chunk by chunk)."""
+        if self.train_options.checkpoint_layers != self.lm.is_activation_checkpointing:  # HF's per-layer recompute
+            if self.train_options.checkpoint_layers:
+                self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.lm.activation_checkpointing_disable()
+        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        logits = self.lm.lm_head(hidden) if with_logits else None
         nxt = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)], dim=1)
         ok = nxt != IGNORE_INDEX
         if loss_mask is not None:
             ok &= torch.cat([loss_mask[:, 1:], torch.zeros_like(loss_mask[:, :1])], dim=1).bool()
         if attention_mask is not None:
             ok &= torch.cat([attention_mask[:, 1:], torch.zeros_like(attention_mask[:, :1])], dim=1).bool()
-        return LMOutput(logits=logits, labels=torch.where(ok, nxt, torch.full_like(nxt, IGNORE_INDEX)))
+        return LMOutput(logits=logits, labels=torch.where(ok, nxt, torch.full_like(nxt, IGNORE_INDEX)), hidden=hidden)
 
-    def train_loss(self, out: LMOutput) -> torch.Tensor:
-        """Mean next-token CE over the labelled (response) tokens."""
-        return token_ce(out.logits, out.labels).sum() / (out.labels != IGNORE_INDEX).sum().clamp_min(1)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., V]
+        return self.lm.lm_head(hidden)
+
+    def train_loss(self, out: LMOutput, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+        """Mean next-token CE over the labelled (response) tokens: from the materialised logits when the
+        forward made them, else the LM head on the labelled rows, ``chunk_size`` at a time."""
+        n = (out.labels != IGNORE_INDEX).sum().clamp_min(1)
+        if out.logits is not None:
+            return token_ce(out.logits, out.labels).sum() / n
+        keep = out.labels != IGNORE_INDEX
+        y = out.labels[keep]
+        (total,), _ = chunked_ce(self.row_logits, [out.hidden[keep]], y, torch.ones_like(y, dtype=torch.float32),
+                                 chunk_size)
+        return total / n
+
+    @torch.no_grad()
+    def next_token_preds(self, out: LMOutput, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+        """Argmax ``[b, T]`` of the next-token logits (at the labelled positions only on the lean path)."""
+        if out.logits is not None:
+            return out.logits.argmax(-1)
+        keep = out.labels != IGNORE_INDEX
+        y = out.labels[keep]
+        _, picks = chunked_ce(self.row_logits, [out.hidden[keep]], y, torch.ones_like(y, dtype=torch.float32),
+                              chunk_size, argmax=0)
+        return torch.zeros_like(out.labels).masked_scatter(keep, picks)
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """config.json + model.safetensors, plus the HF model under ``lm/`` (loadable by transformers)."""
