@@ -30,7 +30,7 @@ import torch
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import one_hot_probs, pick, verify_greedy, verify_sampling
-from lit_domino.models.sessions import is_greedy
+from lit_domino.models.sessions import check_pool_size, is_greedy
 from lit_domino.target import check_layer_ids, select_features
 
 
@@ -100,7 +100,7 @@ def _as_batch(input_ids) -> torch.Tensor:
     return input_ids.long()
 
 
-def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_size, dloop):
+def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_size, dloop, pool_size=None):
     """Check everything before decoding; returns ``(input_ids [b, T], block_size, dloop)``."""
     input_ids = _as_batch(input_ids)
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
@@ -115,6 +115,8 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
     if dloop is not None and not isinstance(dloop, DLoopConfig):
         raise ValueError(f"dloop must be a DLoopConfig or None, got {type(dloop).__name__}")
     budget = 0
+    if drafter is None and pool_size is not None:
+        raise ValueError(f"pool_size={pool_size!r} is a drafter option; plain decoding (drafter=None) has no draft")
     if drafter is not None:
         drafter.bind_target(target)  # raises when the drafter was trained for another target
         trained = _drafter_block_size(drafter)
@@ -124,6 +126,11 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
                 f"block_size={block_size!r} is invalid for this drafter: need 2 <= block_size <= {trained} "
                 "(the drafter's trained block size; a block drafts block_size - 1 tokens)"
             )
+        if pool_size is not None and "pool_size" not in getattr(drafter, "draft_options", ()):
+            raise ValueError(f"pool_size={pool_size!r} needs a drafter with a logit-correction head (domino); "
+                             f"this {getattr(drafter, 'kind', type(drafter).__name__)} drafter picks from its "
+                             "own logits")
+        check_pool_size(pool_size, vocab)
         if (layers := feature_layers(drafter)) is not None:
             check_layer_ids(layers, target.num_layers)
         budget = (dloop.max_stages if dloop else 1) * (block_size - 1)
@@ -181,11 +188,11 @@ def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens
     return False
 
 
-def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator):
+def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator, options):
     model, eos, layers = target.model, set(target.eos_token_ids), feature_layers(drafter)
     clock = _Clock(prompt.device)
     cache, anchor, feats = _prefill(target, prompt, temperature, generator, layers)
-    session = drafter.new_session()
+    session = drafter.new_session(**options)
     session.extend(prompt, feats)
     res = GenerationResult(tokens=[], prefill_time_s=clock.lap(), num_target_forwards=1)
     start = prompt.shape[0]  # position of the anchor = committed tokens already in the target cache
@@ -283,6 +290,7 @@ def generate(
     block_size: int | None = None,
     dloop: DLoopConfig | None = None,
     seed: int | None = None,
+    pool_size: int | None = None,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -294,10 +302,15 @@ def generate(
     sample of the target's softmax(logits / T), drawn from a ``torch.Generator`` seeded
     with ``seed`` (None: seeded from torch's global RNG). Generation stops after an EOS
     token (``target.eos_token_ids``, emitted) or exactly ``max_new_tokens`` tokens.
+    ``pool_size`` P (drafters with a logit-correction head, Domino): the correction, the pick and q on the
+    top-P tokens of the base logits (1 <= P <= V; None = the full vocabulary, the exact head); the pool
+    changes what is drafted, never the output.
     All inputs are validated before any decoding (ValueError with the reason).
     """
     input_ids, block_size, dloop = validate(target, drafter, input_ids, max_new_tokens=max_new_tokens,
-                                            temperature=temperature, block_size=block_size, dloop=dloop)
+                                            temperature=temperature, block_size=block_size, dloop=dloop,
+                                            pool_size=pool_size)
+    options = {} if pool_size is None else {"pool_size": pool_size}
     temperature = float(temperature)
     device = target.device
     if seed is None:
@@ -310,5 +323,5 @@ def generate(
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
-                                            dloop, generator))
+                                            dloop, generator, options))
     return results[0] if len(results) == 1 else results

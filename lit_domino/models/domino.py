@@ -28,7 +28,7 @@ from torch import nn
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, draft_chain
+from lit_domino.models.sessions import StageDraft, check_pool_size, draft_chain
 from lit_domino.objectives import LossSettings, curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
@@ -95,9 +95,37 @@ class DominoHead(nn.Module):
         """Zero ``W_up``: the correction vanishes, the drafter equals backbone-only."""
         nn.init.zeros_(self.up.weight)
 
+    def correction(self, z: torch.Tensor, pool: torch.Tensor | None = None) -> torch.Tensor:
+        """The equation's output side, which every form shares: ``ΔL = W_up · SiLU(z)`` for the rank-r
+        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]; ``pool`` [..., P] token ids restricts
+        ΔL to those vocabulary entries -> [..., P] (the cheap decode head computes no other row of W_up)."""
+        a = F.silu(z)
+        if pool is None:
+            return self.up(a)
+        return (self.up.weight[pool] @ a.unsqueeze(-1)).squeeze(-1)  # [..., P, r] @ [..., r, 1]
+
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
-        return self.up(F.silu(self.down(torch.cat([H, S], dim=-1))))
+        return self.correction(self.down(torch.cat([H, S], dim=-1)))
+
+    def input_table(self, embed_weight: torch.Tensor) -> torch.Tensor:
+        """``E · W_ihᵀ`` [V, 3d_s]: the GRU input projection of every vocabulary entry (a decode-time GRU step
+        is then a row lookup). Cached until a weight changes: the key holds the storage and the in-place
+        version counter of both weights, which an optimizer step, ``load_state_dict`` or ``.to()`` all move."""
+        w_ih = self.gru.weight_ih_l0
+        key = (w_ih.data_ptr(), w_ih._version, w_ih.dtype, w_ih.device,
+               embed_weight.data_ptr(), embed_weight._version, embed_weight.dtype)
+        cached = self.__dict__.get("_input_table")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                table = embed_weight.to(w_ih.dtype) @ w_ih.T  # [V, 3d_s]
+            self.__dict__["_input_table"] = cached = (key, table)
+        return cached[1]
+
+    def __getstate__(self):  # the decode table is derived data: never pickled or deep-copied
+        state = self.__dict__.copy()
+        state.pop("_input_table", None)
+        return state
 
     def rollout(self, H: torch.Tensor, base: torch.Tensor, anchor_emb: torch.Tensor,
                 embed: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor | None], torch.Tensor]:
@@ -127,22 +155,65 @@ class DominoHead(nn.Module):
                 state["s"] = gru_gates(embed(prev) @ w_ih, state["s_hh"], state["s"])
             s_down, state["s_hh"] = (state["s"] @ w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
             state["i"] = i + 1
-            return torch.addmm(base[:, i], F.silu(h_part[:, i] + s_down).to(base.dtype), w_up)  # [N, V] base + ΔL
+            return base[:, i] + self.correction(h_part[:, i] + s_down).to(base.dtype)  # [N, V] base + ΔL
+
+        return next_logits
+
+    @torch.no_grad()
+    def decode_steps(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+                     pool_size: int | None = None):
+        """The decode-time rollout (no gradient): ``next_logits(prev)`` for :func:`draft_chain` over block
+        positions 1..K of N blocks.
+
+        H [N, K, d], base [N, K, V], anchor [N] ids, ``embed_weight`` [V, d] the target's embedding. GRU inputs
+        come from :meth:`input_table`, W_down's H-part is computed for the whole block at once. ``pool_size``
+        P: the correction is computed on the top-P tokens of each position's base logits only and
+        ``next_logits`` returns the pool ``(logits [N, P], ids [N, P])``; None (or P = V) returns the exact
+        full-vocabulary logits [N, V].
+        """
+        d, d_s, r = H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
+        table = self.input_table(embed_weight)  # [V, 3d_s]
+        w_down = self.down.weight  # [r, d + d_s]
+        h_part = H @ w_down[:, :d].T  # [N, K, r]
+        w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
+        pooled = pool_size is not None and pool_size < base.shape[-1]
+        if pooled:
+            base, pool = base.topk(pool_size, dim=-1)  # [N, K, P] each, every position at once
+        s = H.new_zeros(H.shape[0], d_s)  # [N, d_s]
+        s = gru_gates(table[anchor], torch.zeros_like(table[:1]), s)  # S_0: consumed x_a (h = 0, so W_hh·h = 0)
+        state = {"s": s, "i": 0, "s_hh": None}
+
+        def next_logits(prev: torch.Tensor | None):
+            i = state["i"]
+            if prev is not None:  # S_i: consumed the pick at position i
+                state["s"] = gru_gates(table[prev], state["s_hh"], state["s"])
+            s_down, state["s_hh"] = (state["s"] @ w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
+            state["i"] = i + 1
+            if not pooled:
+                return base[:, i] + self.correction(h_part[:, i] + s_down).to(base.dtype)  # [N, V]
+            ids = pool[:, i]  # [N, P]
+            return base[:, i] + self.correction(h_part[:, i] + s_down, ids).to(base.dtype), ids
 
         return next_logits
 
 
 class DominoSession(ParallelSession):
-    """Backbone block once, then the Domino head's rollout over block positions 1..K."""
+    """Backbone block once, then the Domino head's decode rollout over block positions 1..K.
+
+    ``pool_size`` P (a decoding option, ``generate(..., pool_size=P)``): the correction, the pick and its
+    log-probability on the top-P tokens of the base logits (q = 0 outside them); None = the full vocabulary.
+    """
+
+    def __init__(self, drafter, pool_size: int | None = None):
+        super().__init__(drafter)
+        self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
         H = hidden[1:][None]  # [1, K, d]
         base = drafter.compute_logits(H)  # [1, K, V] backbone logits
-        anchor_emb = drafter.embed.weight[anchor].to(hidden.dtype)  # [1, d]
-        emb_w = drafter.embed.weight
-        step = drafter.head.rollout(H, base, anchor_emb, lambda ids: emb_w[ids].to(hidden.dtype))
-        return draft_chain(step, H.shape[1], temperature, generator)
+        step = drafter.head.decode_steps(H, base, anchor, drafter.embed.weight, self.pool_size)
+        return draft_chain(step, H.shape[1], temperature, generator, vocab_size=base.shape[-1])
 
 
 @register("domino")
@@ -151,6 +222,7 @@ class DominoDrafter(ParallelDrafter):
 
     config_class = DominoConfig
     session_class = DominoSession
+    draft_options = ("pool_size",)
     uses_curriculum = True
 
     def __init__(self, config: DominoConfig):
