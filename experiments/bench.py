@@ -5,6 +5,9 @@
         --benchmarks embedded-math:20,embedded-code:20 --temperatures 0 --dloop off,-0.5:3 \\
         --max-new-tokens 256 --peers prompt_lookup,assisted --assistant small
 
+The Domino head's K sweep (correction, pick and q on the top-K base candidates): ``--pool-sizes full,16,64,256``
+(rows ``domino+pool(K)``; compare ``tau`` and ``draft_ms_per_round`` with the ``full`` row, ``--threads 1``).
+
 Writes ``results/bench-<time>.md`` + ``.json`` and one MLflow run (experiment ``bench``;
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``). Everything runs in one
 process on the same prompts (see :func:`lit_domino.decoding.benchmark`; the command itself is
@@ -37,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", default="0", help="comma-separated temperatures (default: 0)")
     p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off or THRESHOLD:STAGES")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
+    p.add_argument("--pool-sizes", default="full",
+                   help="Domino candidate pools K to run, comma-separated: full (the whole vocabulary, the exact "
+                        "head) or integers 1..V, e.g. full,16,64,256 for the K sweep (default: full)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--peers", default="", help="HF peers: prompt_lookup,assisted")
     p.add_argument("--assistant", default=None,

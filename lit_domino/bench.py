@@ -25,8 +25,9 @@ from lit_domino.tracking import default_tracking_uri, mlflow_run
 BENCH_KEYS = ("tau", "accepted_per_round", "speedup", "tpot_ms", "speedup_vs_hf_generate", "match_baseline",
               POSITIONS)
 """The bench run's metrics per ``{benchmark}/{method}/T{temperature}``."""
-BENCH_COLUMNS = ["benchmark", "method", "temperature", "block_size", "tau", "accepted_per_round", "speedup",
-                 "speedup_vs_hf_generate", "tpot_ms", "match_baseline"]
+BENCH_COLUMNS = ["benchmark", "method", "temperature", "block_size", "pool_size", "tau", "accepted_per_round",
+                 "speedup", "speedup_vs_hf_generate", "tpot_ms", "draft_ms_per_round", "verify_ms_per_round",
+                 "match_baseline"]
 
 
 def load_target_spec(spec: str, device: str, dtype: str):
@@ -84,6 +85,20 @@ def assistant_model(peers: str, assistant: str | None, drafters: dict, device: s
     return AutoModelForCausalLM.from_pretrained(assistant).to(device).eval()
 
 
+def parse_pool_sizes(spec: str) -> list[int | None]:
+    """``full,16,64`` -> ``[None, 16, 64]``: the Domino candidate pools to run (``full`` = the whole vocabulary)."""
+    sizes = []
+    for item in filter(None, (s.strip().lower() for s in str(spec).split(","))):
+        if item in ("full", "none", "all"):
+            sizes.append(None)
+            continue
+        try:
+            sizes.append(int(item))
+        except ValueError:
+            raise SystemExit(f"--pool-sizes: expected 'full' or an integer, got {item!r}") from None
+    return sizes or [None]
+
+
 def run_bench(options: Mapping | Any) -> list[dict]:
     """The benchmark command: decode, write ``<out>/bench-<time>.md`` + ``.json``, log one MLflow run.
 
@@ -94,12 +109,13 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     with pinned_threads(args["threads"] or None):
         temperatures = [float(t) for t in args["temperatures"].split(",") if t.strip()]
         dloops = [DLoopConfig.parse(s) for s in args["dloop"].split(",") if s.strip()] or [None]
+        pool_sizes = parse_pool_sizes(args.get("pool_sizes") or "full")
         peers = [s.strip() for s in args["peers"].split(",") if s.strip()]
         target = load_target_spec(args["target"], args["device"], args["dtype"])
         drafters = load_drafters(args["drafters"], target, args["device"])
         prompts = load_prompts(args["benchmarks"], target, args["seed"])
         rows = benchmark(target, drafters, prompts, max_new_tokens=args["max_new_tokens"], temperatures=temperatures,
-                         dloops=dloops, block_size=args["block_size"], peers=peers,
+                         dloops=dloops, pool_sizes=pool_sizes, block_size=args["block_size"], peers=peers,
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
                          seed=args["seed"], progress=not args["no_progress"])
