@@ -188,6 +188,28 @@ def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
     assert 0 in seen_accepts and max(seen_accepts) > 15  # rejections and multi-stage acceptances both ran
 
 
+def test_static_cache_path_gives_identical_tokens_and_rounds(target):
+    """The GPU-ready path (StaticCache, rollback by write position, on-device acceptance) on CPU: the same
+    tokens and the same rounds as the DynamicCache path, greedy and sampled, with and without DLoop."""
+    ps = prompts(4, seed=21)
+    refs = {tuple(p): greedy_reference(target, p, 24 + 3 * 7 + 1) for p in ps}
+    accepted = set()
+    for i, p in enumerate(ps):
+        dloop = DLoopConfig(threshold=-0.5, max_stages=3) if i % 2 else None
+        drafter = StubDrafter(target, ("noisy", "random")[i % 2], 8, seed=i, references=refs)
+        for temperature in (0.0, 1.0):
+            runs = [generate(target, drafter, torch.tensor([p]), max_new_tokens=24, dloop=dloop, seed=i,
+                             temperature=temperature, static_cache=static) for static in (False, True)]
+            assert runs[0].tokens == runs[1].tokens, (i, temperature)
+            assert runs[0].accepted_per_round == runs[1].accepted_per_round
+            accepted.update(runs[1].accepted_per_round)
+        assert generate(target, drafter, torch.tensor([p]), max_new_tokens=24, static_cache=True).tokens == \
+            refs[tuple(p)][:24]
+        assert generate(target, None, torch.tensor([p]), max_new_tokens=24, static_cache=True).tokens == \
+            refs[tuple(p)][:24]
+    assert 0 in accepted and max(accepted) >= 3  # rollbacks after rejections and after long acceptances
+
+
 def test_features_and_positions_reach_the_session_exactly(target):
     prompt = prompts(1, seed=6)[0]
     drafter = StubDrafter(target, "noisy", 4, check_features=True)
@@ -288,6 +310,8 @@ def test_bad_inputs_fail_before_decoding(target):
         (dict(max_new_tokens=5, block_size=9), "block_size"),
         (dict(max_new_tokens=500), "max_positions"),
         (dict(max_new_tokens=5, dloop="-0.5:3"), "DLoopConfig"),
+        (dict(max_new_tokens=5, compile=True), "compile=True needs a target on a CUDA device"),
+        (dict(max_new_tokens=5, compile="yes"), "compile must be True or False"),
     ]
     for kwargs, word in cases:
         with pytest.raises(ValueError, match=word):
