@@ -95,14 +95,26 @@ class DominoHead(nn.Module):
         """Zero ``W_up``: the correction vanishes, the drafter equals backbone-only."""
         nn.init.zeros_(self.up.weight)
 
-    def correction(self, z: torch.Tensor, pool: torch.Tensor | None = None) -> torch.Tensor:
+    def correction(self, z: torch.Tensor, up_rows: torch.Tensor | None = None,
+                   base: torch.Tensor | None = None) -> torch.Tensor:
         """The equation's output side, which every form shares: ``ΔL = W_up · SiLU(z)`` for the rank-r
-        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]; ``pool`` [..., P] token ids restricts
-        ΔL to those vocabulary entries -> [..., P] (the cheap decode head computes no other row of W_up)."""
+        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]. ``up_rows`` [..., P, r], rows of W_up
+        (:meth:`pool_rows`), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
+        computes no other row. ``base`` (decoding, [N, V] or [N, P] with z [N, r]): returns ``base + ΔL``
+        in one fused kernel."""
         a = F.silu(z)
-        if pool is None:
+        if base is not None:
+            a = a.to(base.dtype)
+            if up_rows is None:
+                return torch.addmm(base, a, self.up.weight.T.to(base.dtype))
+            return torch.baddbmm(base.unsqueeze(-1), up_rows.to(base.dtype), a.unsqueeze(-1)).squeeze(-1)
+        if up_rows is None:
             return self.up(a)
-        return (self.up.weight[pool] @ a.unsqueeze(-1)).squeeze(-1)  # [..., P, r] @ [..., r, 1]
+        return torch.matmul(up_rows, a.unsqueeze(-1)).squeeze(-1)  # [..., P, r] @ [..., r, 1]
+
+    def pool_rows(self, pool: torch.Tensor) -> torch.Tensor:
+        """The rows of W_up for candidate token ids ``pool`` [...] -> [..., r]."""
+        return self.up.weight.index_select(0, pool.reshape(-1)).view(*pool.shape, -1)
 
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
@@ -171,28 +183,28 @@ class DominoHead(nn.Module):
         ``next_logits`` returns the pool ``(logits [N, P], ids [N, P])``; None (or P = V) returns the exact
         full-vocabulary logits [N, V].
         """
-        d, d_s, r = H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
+        N, d, d_s, r = H.shape[0], H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
         table = self.input_table(embed_weight)  # [V, 3d_s]
         w_down = self.down.weight  # [r, d + d_s]
-        h_part = H @ w_down[:, :d].T  # [N, K, r]
         w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
-        pooled = pool_size is not None and pool_size < base.shape[-1]
-        if pooled:
+        # W_down's H-part for every position at once, padded so one addmm per step gives [z_i ; W_hh·S]
+        h_part = torch.cat([H @ w_down[:, :d].T, H.new_zeros(N, H.shape[1], 3 * d_s)], -1)  # [N, K, r + 3d_s]
+        up_rows = pool = None
+        if pool_size is not None and pool_size < base.shape[-1]:
             base, pool = base.topk(pool_size, dim=-1)  # [N, K, P] each, every position at once
-        s = H.new_zeros(H.shape[0], d_s)  # [N, d_s]
-        s = gru_gates(table[anchor], torch.zeros_like(table[:1]), s)  # S_0: consumed x_a (h = 0, so W_hh·h = 0)
-        state = {"s": s, "i": 0, "s_hh": None}
+            up_rows = self.pool_rows(pool)  # [N, K, P, r]
+        s = gru_gates(table.index_select(0, anchor), torch.zeros_like(table[:1]), H.new_zeros(N, d_s))  # S_0
+        i, s_hh = 0, None
 
         def next_logits(prev: torch.Tensor | None):
-            i = state["i"]
+            nonlocal s, s_hh, i
             if prev is not None:  # S_i: consumed the pick at position i
-                state["s"] = gru_gates(table[prev], state["s_hh"], state["s"])
-            s_down, state["s_hh"] = (state["s"] @ w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
-            state["i"] = i + 1
-            if not pooled:
-                return base[:, i] + self.correction(h_part[:, i] + s_down).to(base.dtype)  # [N, V]
-            ids = pool[:, i]  # [N, P]
-            return base[:, i] + self.correction(h_part[:, i] + s_down, ids).to(base.dtype), ids
+                s = gru_gates(table.index_select(0, prev), s_hh, s)
+            z, s_hh = torch.addmm(h_part[:, i], s, w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
+            i += 1
+            if pool is None:
+                return self.correction(z, base=base[:, i - 1])  # [N, V] base + ΔL
+            return self.correction(z, up_rows[:, i - 1], base[:, i - 1]), pool[:, i - 1]  # [N, P], [N, P]
 
         return next_logits
 
