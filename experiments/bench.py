@@ -52,6 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--static-cache", action="store_true",
+                   help="the target's KV cache as a transformers StaticCache (the GPU-ready path; same tokens)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile(mode='reduce-overhead') of the target's forward over a StaticCache, for the "
+                        "AR baseline and every drafter alike (CUDA only: needs --device cuda)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", default=str(ROOT / "results"), help="output directory (default: results/)")
     p.add_argument("--experiment", default="bench", help="MLflow experiment (default: bench)")

@@ -40,7 +40,8 @@ def load_target_spec(spec: str, device: str, dtype: str):
 
 
 def load_drafters(spec: str, target, device: str) -> dict:
-    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised)."""
+    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised).
+    Each drafter is cast once to the target's dtype (no per-call casts while decoding)."""
     drafters = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, sep, path = item.partition("=")
@@ -51,7 +52,7 @@ def load_drafters(spec: str, target, device: str) -> dict:
             drafter = build_drafter(drafter_config(path.split(":", 1)[1], target), target)
         else:
             drafter = load_drafter(path, target=target, map_location=device)
-        drafters[name] = drafter.to(device).eval()
+        drafters[name] = drafter.to(device=device, dtype=target.dtype).eval()
     return drafters
 
 
@@ -106,6 +107,9 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     names); they are the run's params and the JSON's ``args``. Returns the benchmark rows.
     """
     args = dict(options if isinstance(options, Mapping) else vars(options))
+    if args.get("compile") and not str(args["device"]).startswith("cuda"):
+        raise SystemExit(f"--compile needs --device cuda (torch.compile mode='reduce-overhead' captures CUDA "
+                         f"graphs); got --device {args['device']}")
     with pinned_threads(args["threads"] or None):
         temperatures = [float(t) for t in args["temperatures"].split(",") if t.strip()]
         dloops = [DLoopConfig.parse(s) for s in args["dloop"].split(",") if s.strip()] or [None]
@@ -116,6 +120,7 @@ def run_bench(options: Mapping | Any) -> list[dict]:
         prompts = load_prompts(args["benchmarks"], target, args["seed"])
         rows = benchmark(target, drafters, prompts, max_new_tokens=args["max_new_tokens"], temperatures=temperatures,
                          dloops=dloops, pool_sizes=pool_sizes, block_size=args["block_size"], peers=peers,
+                         static_cache=bool(args.get("static_cache")), compile=bool(args.get("compile")),
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
                          seed=args["seed"], progress=not args["no_progress"])

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from lit_domino.decoding import hf_peers
 from lit_domino.decoding.dloop import DLoopConfig, dloop_label
-from lit_domino.decoding.engine import GenerationResult, generate
+from lit_domino.decoding.engine import GenerationResult, check_compile, generate
 from lit_domino.models.sessions import check_pool_size
 
 # --------------------------------------------------------------------------- metrics
@@ -294,6 +294,8 @@ def benchmark(
     dloops: Sequence[DLoopConfig | None] = (None,),
     pool_sizes: Sequence[int | None] = (None,),
     block_size: int | None = None,
+    static_cache: bool = False,
+    compile: bool = False,
     peers: Sequence[str] = (),
     assistant_model=None,
     prompt_lookup_num_tokens: int = 10,
@@ -311,7 +313,8 @@ def benchmark(
     ``benchmark``, ``method``, ``kind`` (``ar``/``hf``/``drafter``), ``drafter``,
     ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
-    (others run once, with none). The AR baseline (``speedup`` 1) and
+    (others run once, with none). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
+    baseline and every drafter alike (``compile`` needs a CUDA target). The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
     method alike), after one untimed warm-up decode per method.
@@ -323,6 +326,7 @@ def benchmark(
         raise ValueError("the 'assisted' peer needs assistant_model (a small Hugging Face causal LM)")
     if not prompts or any(len(v) == 0 for v in prompts.values()):
         raise ValueError("benchmark needs at least one non-empty prompt set")
+    check_compile(compile, target)
     pool_sizes = list(pool_sizes) or [None]
     for P in pool_sizes:
         check_pool_size(P, target.vocab_size)
@@ -337,7 +341,7 @@ def benchmark(
         return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
                                        block_size=block_size if drafter is not None else None,
                                        dloop=dloop if drafter is not None else None, seed=seed + i,
-                                       pool_size=pool_size)
+                                       pool_size=pool_size, static_cache=static_cache, compile=compile)
 
     def peer(fn, temperature, i, **kw):
         return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)

@@ -63,3 +63,9 @@ def test_bench_pool_sizes_option():
     assert parse_pool_sizes("full,16, 64") == [None, 16, 64]
     with pytest.raises(SystemExit, match="pool-sizes"):
         parse_pool_sizes("16,lots")
+
+
+def test_bench_compile_needs_cuda():
+    bench = bench_module()
+    with pytest.raises(SystemExit, match="--compile needs --device cuda"):
+        bench.main(["--target", "random", "--compile", "--benchmarks", "random:1", "--no-mlflow"])
