@@ -64,6 +64,10 @@ class GenerationResult:
     tpot_ms: float = float("nan")
     num_target_forwards: int = 0
     stop_reason: str = "length"  # "eos" or "length"
+    stage_records: list[tuple[float, float, int, int]] = field(default_factory=list)
+    """``generate(..., record_stages=True)``: per drafted stage ``(sum log q, last log q, K, accepted)`` — the
+    stage's draft log-probabilities (for any DLoop gate's confidence) and how many of its K tokens the target
+    then accepted (K: the whole stage): DLoop's calibration data."""
 
     def finish(self) -> GenerationResult:
         self.rounds = len(self.accepted_per_round)
@@ -246,7 +250,7 @@ def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens
 
 
 def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator, options,
-                 runner: _TargetRunner):
+                 runner: _TargetRunner, record_stages: bool = False):
     eos, layers = set(target.eos_token_ids), feature_layers(drafter)
     greedy = is_greedy(temperature)
     clock = _Clock(prompt.device)
@@ -258,10 +262,10 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
     start = prompt.shape[0]  # position of the anchor = committed tokens already in the target cache
     done = _commit(res, [int(anchor)], eos, max_new_tokens)
     while not done:
-        # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the stage's
-        #    confidence sum_k log q(d_k) >= g, anchoring each stage at the previous last draft.
+        # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the gate's confidence
+        #    (papers: sum_k log q(d_k)) >= g, anchoring each stage at the previous last draft.
         stages = [session.draft(anchor, block_size - 1, temperature, generator)]
-        while dloop is not None and dloop.should_continue(len(stages), float(stages[-1].logprobs.sum())):
+        while dloop is not None and dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs)):
             stages.append(session.draft(stages[-1].tokens[-1:], block_size - 1, temperature, generator))
         drafts = torch.cat([s.tokens.reshape(-1) for s in stages]).to(prompt.device)  # d_1..d_m
         clock.lap("draft")
@@ -289,6 +293,12 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
         feats = select_features(out.hidden_states, layers)[0, : acc + 1] if layers is not None else None
         session.extend(torch.cat([anchor.reshape(1), drafts[:acc]]), feats)
         clock.lap("draft")
+        if record_stages:
+            offset = 0
+            for st in stages:
+                lp, k = st.logprobs.reshape(-1).tolist(), st.tokens.numel()
+                res.stage_records.append((sum(lp), lp[-1], k, min(max(acc - offset, 0), k)))
+                offset += k
         res.accepted_per_round.append(acc)
         res.stages_per_round.append(len(stages))
         res.drafted_per_round.append(int(drafts.shape[0]))
@@ -374,6 +384,7 @@ def generate(
     pool_size: int | None = None,
     static_cache: bool = False,
     compile: bool = False,
+    record_stages: bool = False,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -392,6 +403,7 @@ def generate(
     position; the same tokens as the default ``DynamicCache``). ``compile`` (CUDA only; implies ``static_cache``):
     the target's forward runs under ``torch.compile(mode="reduce-overhead")``, so each fixed verify width
     (``stages x (block_size - 1) + 1``) and the AR step replay as CUDA graphs.
+    ``record_stages``: fill ``stage_records`` (one host copy per stage; DLoop's calibration data).
     All inputs are validated before any decoding (ValueError with the reason).
     """
     input_ids, block_size, dloop = validate(target, drafter, input_ids, max_new_tokens=max_new_tokens,
@@ -414,5 +426,5 @@ def generate(
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
-                                            dloop, generator, options, runner))
+                                            dloop, generator, options, runner, record_stages))
     return results[0] if len(results) == 1 else results

@@ -176,7 +176,7 @@ def merge_results(results: Sequence[GenerationResult]) -> GenerationResult:
     out = GenerationResult(tokens=[], stop_reason=results[-1].stop_reason)
     for r in results:
         out.tokens += r.tokens
-        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round"):
+        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round", "stage_records"):
             getattr(out, name).extend(getattr(r, name))
         for name in ("draft_time_s", "verify_time_s", "other_time_s", "decode_time_s", "prefill_time_s",
                      "num_target_forwards"):
@@ -231,6 +231,9 @@ def summarize(
     while counts and counts[-1] == 0:
         counts.pop()
     row["tau_histogram"] = counts  # index = tau
+    records = [list(rec) for r in results for rec in r.stage_records]
+    if records:
+        row["stage_records"] = records  # [sum log q, last log q, K, accepted] per stage (record_stages)
     return row
 
 
@@ -296,6 +299,7 @@ def benchmark(
     block_size: int | None = None,
     static_cache: bool = False,
     compile: bool = False,
+    record_stages: bool = False,
     peers: Sequence[str] = (),
     assistant_model=None,
     prompt_lookup_num_tokens: int = 10,
@@ -314,7 +318,8 @@ def benchmark(
     ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
     (others run once, with none). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
-    baseline and every drafter alike (``compile`` needs a CUDA target). The AR baseline (``speedup`` 1) and
+    baseline and every drafter alike (``compile`` needs a CUDA target). ``record_stages``: drafter rows carry
+    ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
     method alike), after one untimed warm-up decode per method.
@@ -341,7 +346,8 @@ def benchmark(
         return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
                                        block_size=block_size if drafter is not None else None,
                                        dloop=dloop if drafter is not None else None, seed=seed + i,
-                                       pool_size=pool_size, static_cache=static_cache, compile=compile)
+                                       pool_size=pool_size, static_cache=static_cache, compile=compile,
+                                       record_stages=record_stages and drafter is not None)
 
     def peer(fn, temperature, i, **kw):
         return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.dloop import GATES
 from lit_domino.models import build_drafter, drafter_config, kinds
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
 
@@ -60,7 +61,8 @@ def test_real_drafter_is_lossless_greedy(targets, kind, options):
         for i, p in enumerate(ps[:6] if which == "plain" else ps):
             expected = hf_greedy(target, p, n)
             block_size = (2, 4, 8, 16)[i % 4]
-            dloop = DLoopConfig(threshold=-4.0 if i % 3 else float("-inf"), max_stages=3) if i % 2 else None
+            gate = GATES[(i // 2) % len(GATES)]  # every gate (sum = the papers') on its share of the prompts
+            dloop = DLoopConfig(threshold=-4.0 if i % 3 else float("-inf"), max_stages=3, gate=gate) if i % 2 else None
             res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop,
                            **options)
             assert res.tokens == expected, (kind, which, i, block_size, dloop)

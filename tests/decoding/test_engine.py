@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.dloop import GATES
 from lit_domino.testing import hf_greedy, random_target
 
 VOCAB = 256
@@ -176,7 +177,7 @@ def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
     seen_accepts = set()
     for i, p in enumerate(ps):
         for block_size in (2, 4, 8, 16):
-            for dloop in (None, DLoopConfig(threshold=-0.5, max_stages=3)):
+            for dloop in (None, DLoopConfig(threshold=-0.5, max_stages=3, gate=GATES[i % len(GATES)])):
                 policy = ("noisy", "random", "oracle", "never")[i % 4] if block_size != 8 else "noisy"
                 drafter = StubDrafter(target, policy, block_size, seed=i, references=refs)
                 res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, dloop=dloop)
@@ -208,6 +209,20 @@ def test_static_cache_path_gives_identical_tokens_and_rounds(target):
         assert generate(target, None, torch.tensor([p]), max_new_tokens=24, static_cache=True).tokens == \
             refs[tuple(p)][:24]
     assert 0 in accepted and max(accepted) >= 3  # rollbacks after rejections and after long acceptances
+
+
+def test_stage_records_say_how_much_of_each_stage_was_accepted(target):
+    p = prompts(1, seed=22)[0]
+    refs = {tuple(p): greedy_reference(target, p, 60)}
+    drafter = StubDrafter(target, "noisy", 4, seed=1, references=refs)
+    res = generate(target, drafter, torch.tensor([p]), max_new_tokens=20, record_stages=True,
+                   dloop=DLoopConfig(float("-inf"), 3))
+    assert len(res.stage_records) == sum(res.stages_per_round) == 3 * res.rounds
+    for r, acc in enumerate(res.accepted_per_round):
+        stages = res.stage_records[3 * r: 3 * r + 3]
+        assert [s[3] for s in stages] == [min(max(acc - 3 * j, 0), 3) for j in range(3)]
+        assert all(s[2] == 3 and s[0] <= s[1] + 1e-6 and s[0] <= 0 for s in stages)
+    assert generate(target, drafter, torch.tensor([p]), max_new_tokens=20).stage_records == []
 
 
 def test_features_and_positions_reach_the_session_exactly(target):

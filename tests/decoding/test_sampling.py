@@ -159,6 +159,7 @@ def q_joint(drafter):
     (2, DLoopConfig(threshold=float("-inf"), max_stages=2), 0.7, False),  # two 1-token stages, one verification
     (None, None, 1.0, False),                             # plain AR sampling (the baseline)
     (3, DLoopConfig(threshold=float("-inf"), max_stages=2), 1.0, True),  # the static-cache (GPU) path
+    (2, DLoopConfig(threshold=-1.5, max_stages=2, gate="last"), 1.0, False),  # a gate that opens sometimes
 ])
 def test_sampling_is_distributed_as_the_target(tiny, block_size, dloop, temperature, static_cache):
     prompt = [3, 5, 2, 6]
