@@ -31,15 +31,23 @@ class StageDraft:
 
     tokens: torch.Tensor
     """[K] long, the drafted tokens."""
-    logprobs: torch.Tensor
-    """[K] log q(token): log_softmax(logits / T) at T > 0, log_softmax(logits) at T = 0 (DLoop's confidence);
-    with a candidate pool the softmax runs over the pool."""
+    _logprobs: torch.Tensor | None
+    """[K] log q(token) (read :attr:`logprobs`); None at T = 0 until someone asks: plain greedy decoding never
+    pays for a log-softmax over the vocabulary (the official DFlash loop does not either)."""
     probs: torch.Tensor | None = None
     """[K, V] the draft distributions q = softmax(logits / T) the tokens were sampled from (T > 0 only; 0 outside
     a candidate pool)."""
     logits: torch.Tensor | None = None
     """[K, V] the (final) logits each token was picked from, before temperature (diagnostics, tests); -inf
     outside a candidate pool."""
+
+    @property
+    def logprobs(self) -> torch.Tensor:
+        """[K] log q(token): log_softmax(logits / T) at T > 0, log_softmax(logits) at T = 0 (DLoop's confidence);
+        with a candidate pool the softmax runs over the pool. Computed on first use at T = 0."""
+        if self._logprobs is None:
+            self._logprobs = torch.log_softmax(self.logits.float(), -1).gather(-1, self.tokens[:, None])[:, 0]
+        return self._logprobs
 
 
 @dataclass
@@ -58,11 +66,10 @@ def is_greedy(temperature: float | None) -> bool:
 
 
 def pick_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
-    """logits [K, V] -> (tokens [K], logprobs [K], probs [K, V] | None): argmax at T = 0, else sample q."""
+    """logits [K, V] -> (tokens [K], logprobs [K] | None, probs [K, V] | None): argmax at T = 0 (log q left to
+    ``StageDraft.logprobs``), else sample q."""
     if is_greedy(temperature):
-        tokens = logits.argmax(-1)  # [K]
-        logprobs = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None])[:, 0]
-        return tokens, logprobs, None
+        return logits.argmax(-1), None, None  # log q on demand (StageDraft.logprobs)
     logq = torch.log_softmax(logits.float() / temperature, -1)  # [K, V]
     probs = logq.exp()
     tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [K]
@@ -94,10 +101,12 @@ def draft_chain(next_logits: Callable[[torch.Tensor | None], torch.Tensor | tupl
         prev = j if ids is None else ids.gather(-1, j[:, None])[:, 0]
         rows.append(logits), pools.append(ids), toks.append(j)
     picks, logits = torch.cat(toks), torch.cat(rows)  # [K] (pool indices), [K, P]
-    logq = torch.log_softmax(logits.float(), -1) if greedy else torch.cat(lqs)  # [K, P]
+    if pools[0] is None:  # greedy: log q on demand (StageDraft.logprobs)
+        logq = None if greedy else torch.cat(lqs)
+        return StageDraft(picks, None if greedy else logq.gather(-1, picks[:, None])[:, 0],
+                          None if greedy else logq.exp(), logits)
+    logq = torch.log_softmax(logits.float(), -1) if greedy else torch.cat(lqs)  # [K, P]: cheap on the pool
     logprobs = logq.gather(-1, picks[:, None])[:, 0]
-    if pools[0] is None:
-        return StageDraft(picks, logprobs, None if greedy else logq.exp(), logits)
     if vocab_size is None:
         raise ValueError("draft_chain needs vocab_size when next_logits returns a candidate pool")
     ids = torch.cat(pools)  # [K, P]
