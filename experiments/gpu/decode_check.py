@@ -96,25 +96,22 @@ def main(argv=None) -> dict:
 
 
 def _official_loop(target, backbone, prompts, args):
-    """z-lab's ``dflash_generate`` on the same backbone, through the suite's peer row when it has one."""
+    """z-lab's ``dflash_generate`` on the same backbone, through the bench's ``--peers dflash`` row
+    (``lit_domino.bench.official_peers``, the interop branch) when this checkout has it."""
+    import lit_domino.bench as bench
+
+    if not hasattr(bench, "official_peers"):
+        return {"skipped": "this checkout has no dflash peer (lit_domino.bench.official_peers, the interop branch)"}
     try:
-        import dflash.model  # noqa: F401
-        from lit_domino.decoding import hf_peers
+        external = bench.official_peers(["dflash"], {"backbone": backbone}, target)
     except ImportError as err:
         return {"skipped": f"dflash is not importable ({err})"}
-    peer = getattr(hf_peers, "dflash_generate", None)
-    if peer is None:
-        return {"skipped": "this checkout has no dflash_generate peer row (the interop branch adds it)"}
-    import torch
+    from lit_domino.decoding import benchmark
 
-    rows = []
-    for name, items in prompts.items():
-        for item in items:
-            turns = getattr(item, "turns", None)
-            ids = target.chat_ids([{"role": "user", "content": turns[0]}]) if turns else list(item)
-            res = peer(target, backbone, torch.tensor([ids]), max_new_tokens=args.max_new_tokens)
-            rows.append({"benchmark": name, "tpot_ms": res.tpot_ms, "tau": res.tau})
-    return {"rows": rows}
+    rows = benchmark(target, {"backbone": backbone}, prompts, max_new_tokens=args.max_new_tokens, hf_baseline=False,
+                     progress=False, external=external)
+    return {"rows": [{k: r.get(k) for k in ("benchmark", "method", "tau", "tpot_ms", "speedup", "match_baseline")}
+                     for r in rows]}
 
 
 if __name__ == "__main__":
