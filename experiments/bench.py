@@ -5,6 +5,9 @@
         --benchmarks embedded-math:20,embedded-code:20 --temperatures 0 --dloop off,-0.5:3 \\
         --max-new-tokens 256 --peers prompt_lookup,assisted,dflash --assistant small
 
+The Domino head's K sweep (correction, pick and q on the top-K base candidates): ``--pool-sizes full,16,64,256``
+(rows ``domino+pool(K)``; compare ``tau`` and ``draft_ms_per_round`` with the ``full`` row, ``--threads 1``).
+
 Writes ``results/bench-<time>.md`` + ``.json`` and one MLflow run (experiment ``bench``;
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``). Everything runs in one
 process on the same prompts (see :func:`lit_domino.decoding.benchmark`; the command itself is
@@ -37,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", default="0", help="comma-separated temperatures (default: 0)")
     p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off or THRESHOLD:STAGES")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
+    p.add_argument("--pool-sizes", default="full",
+                   help="Domino candidate pools K to run, comma-separated: full (the whole vocabulary, the exact "
+                        "head) or integers 1..V, e.g. full,16,64,256 for the K sweep (default: full)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--peers", default="",
                    help="peers: prompt_lookup,assisted (HF) and dflash (z-lab's dflash_generate on each backbone "
@@ -48,6 +54,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--static-cache", action="store_true",
+                   help="the target's KV cache as a transformers StaticCache (the GPU-ready path; same tokens)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile(mode='reduce-overhead') of the target's forward over a StaticCache, for the "
+                        "AR baseline and every drafter alike (CUDA only: needs --device cuda)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", default=str(ROOT / "results"), help="output directory (default: results/)")
     p.add_argument("--experiment", default="bench", help="MLflow experiment (default: bench)")

@@ -25,8 +25,9 @@ from lit_domino.tracking import default_tracking_uri, mlflow_run
 BENCH_KEYS = ("tau", "accepted_per_round", "speedup", "tpot_ms", "speedup_vs_hf_generate", "match_baseline",
               POSITIONS)
 """The bench run's metrics per ``{benchmark}/{method}/T{temperature}``."""
-BENCH_COLUMNS = ["benchmark", "method", "temperature", "block_size", "tau", "accepted_per_round", "speedup",
-                 "speedup_vs_hf_generate", "tpot_ms", "match_baseline"]
+BENCH_COLUMNS = ["benchmark", "method", "temperature", "block_size", "pool_size", "tau", "accepted_per_round",
+                 "speedup", "speedup_vs_hf_generate", "tpot_ms", "draft_ms_per_round", "verify_ms_per_round",
+                 "match_baseline"]
 
 
 def load_target_spec(spec: str, device: str, dtype: str):
@@ -39,7 +40,8 @@ def load_target_spec(spec: str, device: str, dtype: str):
 
 
 def load_drafters(spec: str, target, device: str) -> dict:
-    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised)."""
+    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised).
+    Each drafter is cast once to the target's dtype (no per-call casts while decoding)."""
     drafters = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, sep, path = item.partition("=")
@@ -50,7 +52,7 @@ def load_drafters(spec: str, target, device: str) -> dict:
             drafter = build_drafter(drafter_config(path.split(":", 1)[1], target), target)
         else:
             drafter = load_drafter(path, target=target, map_location=device)
-        drafters[name] = drafter.to(device).eval()
+        drafters[name] = drafter.to(device=device, dtype=target.dtype).eval()
     return drafters
 
 
@@ -107,6 +109,20 @@ def official_peers(peers: list[str], drafters: dict, target) -> dict:
     return out
 
 
+def parse_pool_sizes(spec: str) -> list[int | None]:
+    """``full,16,64`` -> ``[None, 16, 64]``: the Domino candidate pools to run (``full`` = the whole vocabulary)."""
+    sizes = []
+    for item in filter(None, (s.strip().lower() for s in str(spec).split(","))):
+        if item in ("full", "none", "all"):
+            sizes.append(None)
+            continue
+        try:
+            sizes.append(int(item))
+        except ValueError:
+            raise SystemExit(f"--pool-sizes: expected 'full' or an integer, got {item!r}") from None
+    return sizes or [None]
+
+
 def run_bench(options: Mapping | Any) -> list[dict]:
     """The benchmark command: decode, write ``<out>/bench-<time>.md`` + ``.json``, log one MLflow run.
 
@@ -114,9 +130,13 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     names); they are the run's params and the JSON's ``args``. Returns the benchmark rows.
     """
     args = dict(options if isinstance(options, Mapping) else vars(options))
+    if args.get("compile") and not str(args["device"]).startswith("cuda"):
+        raise SystemExit(f"--compile needs --device cuda (torch.compile mode='reduce-overhead' captures CUDA "
+                         f"graphs); got --device {args['device']}")
     with pinned_threads(args["threads"] or None):
         temperatures = [float(t) for t in args["temperatures"].split(",") if t.strip()]
         dloops = [DLoopConfig.parse(s) for s in args["dloop"].split(",") if s.strip()] or [None]
+        pool_sizes = parse_pool_sizes(args.get("pool_sizes") or "full")
         peers = [s.strip() for s in args["peers"].split(",") if s.strip()]
         target = load_target_spec(args["target"], args["device"], args["dtype"])
         drafters = load_drafters(args["drafters"], target, args["device"])
@@ -124,7 +144,8 @@ def run_bench(options: Mapping | Any) -> list[dict]:
         peers = [p for p in peers if p not in OFFICIAL_PEERS]
         prompts = load_prompts(args["benchmarks"], target, args["seed"])
         rows = benchmark(target, drafters, prompts, max_new_tokens=args["max_new_tokens"], temperatures=temperatures,
-                         dloops=dloops, block_size=args["block_size"], peers=peers,
+                         dloops=dloops, pool_sizes=pool_sizes, block_size=args["block_size"], peers=peers,
+                         static_cache=bool(args.get("static_cache")), compile=bool(args.get("compile")),
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
                          seed=args["seed"], progress=not args["no_progress"], external=external)

@@ -30,6 +30,7 @@ Tables:
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from mlflow.tracking import MlflowClient
 from lit_domino import cache
 from lit_domino.configs import available_variants, compose, module_class
 from lit_domino.data.benchmarks import load_benchmark
-from lit_domino.decoding.dloop import DLoopConfig, dloop_label
+from lit_domino.decoding.dloop import GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, dloop_label
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, set_dotted, train_variant
 from lit_domino.models import load_drafter
@@ -90,7 +91,7 @@ def loop_trainable(variant: str) -> bool:
 
 
 def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_dloop=None,
-               study_file: Path = STUDY_FILE) -> dict:
+               study_file: Path = STUDY_FILE, gates=None) -> dict:
     """The merged study settings of ``preset`` (CLI values override the YAML's)."""
     study = yaml.safe_load(Path(study_file).read_text())
     if preset not in study["presets"] or preset not in PRESETS:
@@ -111,6 +112,12 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
         raise ValueError("the DLoop table's gate needs max_stages >= 2 (1 is no loop)")
     plan["table_dloop"] = {"threshold": float(td["threshold"]), "max_stages": int(td["max_stages"])}
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
+    plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
+    for g in plan["gates"]:
+        unknown = set(g) - {"gate", "threshold", "max_stages"}
+        if unknown:
+            raise ValueError(f"a DLoop gate setting takes gate, threshold, max_stages; got {sorted(unknown)} in {g}")
+        DLoopConfig(**g)  # a gate that can never open (g > 0) or an unknown gate: refused before any training
     return plan
 
 
@@ -124,7 +131,39 @@ def dloop_settings(plan: dict) -> list:
     table = DLoopConfig(**plan["table_dloop"])
     if table not in out:
         out.append(table)
+    for alt in plan.get("gates") or []:  # the alternative gates (the grid's are the papers' sum gate)
+        cfg = DLoopConfig(**alt)
+        if cfg not in out:
+            out.append(cfg)
     return out
+
+
+def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
+    """Each drafter (plain / loop-trained) × gate setting (the table's sum gate first, then ``plan["gates"]``):
+    τ, stages per verification and speedup, averaged over the domains."""
+    idx = cell_index(rows)
+    domains = list(plan["prompts"])
+    settings = [DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan.get("gates") or []]
+    lines = ["| drafter | training | gate | avg τ | avg stages/verif. | avg speedup | Δ vs off |",
+             "|---|---|---|---|---|---|---|"]
+    out = []
+    for kind in plan["drafters"]:
+        for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
+            name = names[kind][variant]
+            off = _mean((idx.get((name, "off", d)) or {}).get("speedup") for d in domains)
+            for cfg in settings:
+                label = dloop_label(cfg)
+                cells = [idx.get((name, label, d)) or {} for d in domains]
+                rec = {"drafter": kind, "training": training, "gate": label,
+                       "tau": _mean(c.get("tau") for c in cells), "speedup": _mean(c.get("speedup") for c in cells),
+                       "stages_per_round": _mean(c.get("stages_per_round") for c in cells)}
+                rec["delta_pct"] = 100 * (rec["speedup"] / off - 1) if finite(off) and off and finite(rec["speedup"]) \
+                    else None
+                out.append(rec)
+                delta = "–" if rec["delta_pct"] is None else f"{rec['delta_pct']:+.1f} %"
+                lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
+                             f"{_f(rec['speedup'], suffix='x')} | {delta} |")
+    return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
 
 
 def base_config(kind: str, plan: dict) -> dict:
@@ -296,6 +335,82 @@ def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> di
     return {"name": "detach", "rows": out, "verdicts": verdicts, "markdown": "\n".join(lines)}
 
 
+def stage_confidence(record, gate: str) -> float:
+    """A stage record ``[sum log q, last log q, K, accepted]`` -> the ``gate``'s confidence (``DLoopConfig``'s)."""
+    total, last, k = float(record[0]), float(record[1]), int(record[2])
+    return {"sum": total, "mean": total / k, "scaled": total * REFERENCE_STAGE_TOKENS / k, "last": last}[gate]
+
+
+def calibration(rows: list[dict], names: dict, plan: dict, bins: int = 8) -> dict:
+    """DLoop's calibration: per drafter and gate, the stages of the DLoop-off rows (stage 1 of every round: an
+    unbiased sample) binned by the gate's confidence (quantile bins) against the fraction whose whole stage the
+    target then accepted, and how often each gate would open at the table's threshold and at its own best one.
+
+    -> ``{"records": [...], "markdown": ...}``; each record: drafter, training, gate, bins (mean confidence,
+    P(whole stage accepted), stages), open_rate_at_table_g, n_stages."""
+    idx = cell_index(rows)
+    g_table = float(plan["table_dloop"]["threshold"])
+    out, lines = [], ["| drafter | training | gate | stages | P(whole stage accepted) | opens at g = "
+                      f"{g_table:g} | P(accepted \| opens) | confidence range |", "|---|---|---|---|---|---|---|---|"]
+    for kind in plan["drafters"]:
+        for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
+            name = names[kind][variant]
+            recs = [rec for d in plan["prompts"] for rec in (idx.get((name, "off", d)) or {}).get("stage_records", [])]
+            if not recs:
+                continue
+            for gate in GATES:
+                pairs = sorted((stage_confidence(r, gate), int(r[3]) == int(r[2])) for r in recs)
+                n = len(pairs)
+                edges = [pairs[min(n - 1, (n * i) // bins)][0] for i in range(bins)] + [math.inf]
+                binned = []
+                for lo, hi in zip(edges, edges[1:]):
+                    sel = [(c, a) for c, a in pairs if lo <= c < hi]
+                    if sel:
+                        binned.append({"confidence": _mean(c for c, _ in sel),
+                                       "accepted": _mean(float(a) for _, a in sel), "stages": len(sel)})
+                opens = [a for c, a in pairs if c >= g_table]
+                rec = {"drafter": kind, "training": training, "gate": gate, "n_stages": n, "bins": binned,
+                       "whole_stage_rate": _mean(float(a) for _, a in pairs),
+                       "open_rate_at_table_g": len(opens) / n, "accepted_when_open": _mean(float(a) for a in opens),
+                       "min_confidence": pairs[0][0], "max_confidence": pairs[-1][0]}
+                out.append(rec)
+                lines.append(f"| {kind} | {training} | {gate} | {n} | {_f(rec['whole_stage_rate'])} | "
+                             f"{_f(rec['open_rate_at_table_g'])} | {_f(rec['accepted_when_open'])} | "
+                             f"{_f(rec['min_confidence'])} .. {_f(rec['max_confidence'])} |")
+    lines += ["", "Stage 1 of every DLoop-off round; a stage is accepted when the target accepted all its tokens. "
+              "A gate pays when it opens often and P(accepted | opens) is high."]
+    return {"name": "calibration", "records": out, "markdown": "\n".join(lines)}
+
+
+def calibration_plot(calib: dict, path: Path, g_table: float) -> Path | None:
+    """One panel per gate: P(whole stage accepted) against the gate's confidence per drafter (PNG)."""
+    if not calib["records"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(GATES), figsize=(4.2 * len(GATES), 3.6), sharey=True)
+    for ax, gate in zip(axes, GATES):
+        for rec in (r for r in calib["records"] if r["gate"] == gate):
+            xs = [b["confidence"] for b in rec["bins"]]
+            ax.plot(xs, [b["accepted"] for b in rec["bins"]], marker="o", label=f"{rec['drafter']} ({rec['training']})")
+        if gate == "sum":
+            lo = min(b["confidence"] for r in calib["records"] if r["gate"] == gate for b in r["bins"])
+            grid = [lo + (0 - lo) * i / 50 for i in range(51)]
+            ax.plot(grid, [math.exp(x) for x in grid], "k:", label="exp(sum log q): calibrated q")
+        ax.axvline(g_table, color="grey", ls="--", lw=1)
+        ax.set_title(f"gate {gate}")
+        ax.set_xlabel("stage confidence")
+    axes[0].set_ylabel("P(whole stage accepted)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # --------------------------------------------------------------------------- the study
 
 
@@ -349,7 +464,7 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
                 continue
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
             rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
-                              hf_baseline=False, progress=progress, seed=int(plan["seed"]))
+                              hf_baseline=False, progress=progress, seed=int(plan["seed"]), record_stages=True)
     return rows
 
 
@@ -409,7 +524,8 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
 
     _log("stage 4/4 tables", t0)
     tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),
-              "detach": detach_table(rows, names, reports, plan)}
+              "detach": detach_table(rows, names, reports, plan), "calibration": calibration(rows, names, plan),
+              "gates": gates_table(rows, names, plan)}
     lossless = [r for r in rows if r.get("kind") == "drafter" and finite(r.get("match_baseline"))
                 and r["match_baseline"] < 1.0]
     files = []
@@ -419,6 +535,9 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
         js = out_dir / f"{name}-{preset}.json"
         write_json({k: v for k, v in table.items() if k != "markdown"}, js)
         files += [md, js]
+    plot = calibration_plot(tables["calibration"], out_dir / f"calibration-{preset}.png",
+                            float(plan["table_dloop"]["threshold"]))
+    files += [plot] if plot else []
     seconds = time.time() - t0
     summary = {"preset": preset, "seconds": round(seconds, 1), "plan": plan, "names": names,
                "training": reports, "not_lossless": [(r["method"], r["benchmark"]) for r in lossless]}
@@ -433,6 +552,10 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     print(tables["detach"]["markdown"])
     print(f"\n## Threshold x depth grid ({preset})\n")
     print(tables["grid"]["markdown"])
+    print(f"\n## Gates ({preset}; sum = the papers' reference)\n")
+    print(tables["gates"]["markdown"])
+    print(f"\n## Gate calibration ({preset}; plot: {plot})\n")
+    print(tables["calibration"]["markdown"])
     if lossless:
         print(f"\nWARNING: outputs differ from the AR baseline for {len(lossless)} rows: {summary['not_lossless']}")
     where = f"; MLflow experiment dloop-{preset} at {default_tracking_uri()}" if run_id else ""

@@ -85,8 +85,12 @@ class OracleMix:
     def bind_target(self, target):
         return self.inner.bind_target(target)
 
-    def new_session(self):
-        return _OracleSession(self, self.inner.new_session())
+    @property
+    def draft_options(self):
+        return self.inner.draft_options
+
+    def new_session(self, **options):
+        return _OracleSession(self, self.inner.new_session(**options))
 
 
 class _OracleSession:

@@ -18,7 +18,9 @@ def test_plan_defaults_and_overrides():
                          stages=ds.parse_list("1,3", int), table_dloop={"threshold": -1, "max_stages": 2})
     settings = ds.dloop_settings(plan)
     assert settings[0] is None  # N = 1 is DLoop off: decoded once, not once per threshold
-    assert settings[1:] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
+    assert settings[1:4] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
+    assert settings[4:] == [DLoopConfig(**g) for g in plan["gates"]]  # + the alternative gates of study.yaml
+    assert {g["gate"] for g in plan["gates"]} == {"mean", "scaled", "last"}
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -191,3 +193,34 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
     run = MlflowClient(default_tracking_uri()).get_run(out["run_id"])
     assert run.data.metrics == ds.table_metrics(out["tables"])
     assert run.data.metrics["domino.both.avg.tau"] == pytest.approx(2.7)
+
+
+def test_calibration_bins_stages_by_each_gate_and_plots(tmp_path):
+    """Stage records of the DLoop-off rows -> per gate: P(whole stage accepted) by confidence bin, the gate's
+    open rate at the table's threshold; the PNG is written."""
+    plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    rows = fake_rows(plan, {k: {"plain": v["plain"], "loop detach": v["loop"]} for k, v in names.items()})
+    for r in rows:  # confident stages (sum log q near 0) are accepted whole, unconfident ones are not
+        if r.get("dloop") == "off" and r["kind"] == "drafter":
+            r["stage_records"] = [[-0.05 * i, -0.01 * i, 3, 3 if i < 10 else 1] for i in range(40)]
+    calib = ds.calibration(rows, names, plan, bins=4)
+    recs = {(r["drafter"], r["training"], r["gate"]): r for r in calib["records"]}
+    assert set(g for *_, g in recs) == {"sum", "mean", "scaled", "last"}
+    s = recs[("domino", "plain", "sum")]
+    assert s["n_stages"] == 40 * len(plan["prompts"]) and s["whole_stage_rate"] == pytest.approx(0.25)
+    assert [b["accepted"] for b in s["bins"]] == [0.0, 0.0, 0.0, 1.0]  # most confident bin: all accepted
+    assert s["open_rate_at_table_g"] == pytest.approx(11 / 40)  # sum >= -0.5: i <= 10
+    assert s["accepted_when_open"] == pytest.approx(10 / 11)
+    assert recs[("domino", "plain", "mean")]["open_rate_at_table_g"] == pytest.approx(31 / 40)  # sum/3 >= -0.5
+    png = ds.calibration_plot(calib, tmp_path / "calibration.png", -0.5)
+    assert png.exists() and png.stat().st_size > 1000
+    table = ds.gates_table(rows, {k: {"plain": v["plain"], "loop": v["loop"]} for k, v in names.items()}, plan)
+    assert [r["gate"] for r in table["rows"][:4]] == ["-0.5:3", "mean@-0.1:3", "scaled@-0.5:3", "last@-0.3:3"]
+
+
+def test_a_gate_setting_that_can_never_open_is_refused_before_training():
+    with pytest.raises(ValueError, match="never positive"):
+        ds.study_plan("smoke", gates=[{"gate": "mean", "threshold": 0.2, "max_stages": 3}])
+    with pytest.raises(ValueError, match="gate must be one of"):
+        ds.study_plan("smoke", gates=[{"gate": "median", "threshold": -0.2}])

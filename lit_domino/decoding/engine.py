@@ -26,11 +26,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import StaticCache
 
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.kv import crop_cache
-from lit_domino.decoding.sampling import one_hot_probs, pick, verify_greedy, verify_sampling
-from lit_domino.models.sessions import is_greedy
+from lit_domino.decoding.sampling import accept_greedy, one_hot_probs, pick, verify_sampling
+from lit_domino.models.sessions import check_pool_size, is_greedy
 from lit_domino.target import check_layer_ids, select_features
 
 
@@ -63,6 +64,10 @@ class GenerationResult:
     tpot_ms: float = float("nan")
     num_target_forwards: int = 0
     stop_reason: str = "length"  # "eos" or "length"
+    stage_records: list[tuple[float, float, int, int]] = field(default_factory=list)
+    """``generate(..., record_stages=True)``: per drafted stage ``(sum log q, last log q, K, accepted)`` — the
+    stage's draft log-probabilities (for any DLoop gate's confidence) and how many of its K tokens the target
+    then accepted (K: the whole stage): DLoop's calibration data."""
 
     def finish(self) -> GenerationResult:
         self.rounds = len(self.accepted_per_round)
@@ -100,7 +105,7 @@ def _as_batch(input_ids) -> torch.Tensor:
     return input_ids.long()
 
 
-def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_size, dloop):
+def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_size, dloop, pool_size=None):
     """Check everything before decoding; returns ``(input_ids [b, T], block_size, dloop)``."""
     input_ids = _as_batch(input_ids)
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
@@ -115,6 +120,8 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
     if dloop is not None and not isinstance(dloop, DLoopConfig):
         raise ValueError(f"dloop must be a DLoopConfig or None, got {type(dloop).__name__}")
     budget = 0
+    if drafter is None and pool_size is not None:
+        raise ValueError(f"pool_size={pool_size!r} is a drafter option; plain decoding (drafter=None) has no draft")
     if drafter is not None:
         drafter.bind_target(target)  # raises when the drafter was trained for another target
         trained = _drafter_block_size(drafter)
@@ -124,6 +131,11 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
                 f"block_size={block_size!r} is invalid for this drafter: need 2 <= block_size <= {trained} "
                 "(the drafter's trained block size; a block drafts block_size - 1 tokens)"
             )
+        if pool_size is not None and "pool_size" not in getattr(drafter, "draft_options", ()):
+            raise ValueError(f"pool_size={pool_size!r} needs a drafter with a logit-correction head (domino); "
+                             f"this {getattr(drafter, 'kind', type(drafter).__name__)} drafter picks from its "
+                             "own logits")
+        check_pool_size(pool_size, vocab)
         if (layers := feature_layers(drafter)) is not None:
             check_layer_ids(layers, target.num_layers)
         budget = (dloop.max_stages if dloop else 1) * (block_size - 1)
@@ -145,28 +157,84 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
 
 
 class _Clock:
-    """perf_counter timing, synchronising the accelerator so each phase is charged honestly."""
+    """Phase timing. CPU: ``perf_counter`` laps. CUDA: an event recorded at each phase boundary and no
+    synchronise between phases; :meth:`totals` synchronises once and sums the event intervals per phase, so
+    the totals stay honest (the last event closes the last phase)."""
 
     def __init__(self, device: torch.device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.t = self.now()
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, float] = {}
+        self.marks: list[tuple[str | None, object]] = []  # CUDA: (phase that ends at this event, event)
+        self.t = self._mark(None)
 
-    def now(self) -> float:
-        self.sync()
-        return time.perf_counter()
+    def _mark(self, phase):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.marks.append((phase, event))
+        return event
 
-    def lap(self) -> float:
-        t, self.t = self.t, self.now()
-        return self.t - t
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap to ``phase``."""
+        t = self._mark(phase)
+        if not self.cuda:
+            self.spans[phase] = self.spans.get(phase, 0.0) + t - self.t
+            self.t = t
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase (CUDA: one synchronise, here)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+                self.spans[phase] = self.spans.get(phase, 0.0) + a.elapsed_time(b) / 1e3
+            self.marks = self.marks[-1:]
+        return self.spans
 
 
-def _prefill(target, prompt, temperature, generator, layers):
-    """Run the target on the prompt → (cache, first token [1], features [T, n*d] | None)."""
-    out = target.model(input_ids=prompt[None], use_cache=True, logits_to_keep=1,
-                       output_hidden_states=layers is not None)
+class _TargetRunner:
+    """The target's forward and KV cache for one sequence: a ``DynamicCache`` (cropped on rollback), or a
+    ``StaticCache`` of fixed capacity (``static``: rollback only moves its write position) whose shapes
+    never change, so ``compiled`` (``torch.compile(mode="reduce-overhead")``, CUDA graphs) can replay the
+    verify step of each fixed width. The committed length is tracked on the host: no device read."""
+
+    def __init__(self, target, capacity: int, static: bool, compiled: bool):
+        self.model, self.length = target.model, 0
+        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity) if static else None
+        self.step = compiled_forward(target) if compiled else self.model
+
+    def prefill(self, prompt, hidden: bool):
+        out = self.model(input_ids=prompt[None], cache=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=hidden)
+        self.cache, self.length = out.cache, prompt.shape[0]
+        return out
+
+    def forward(self, ids, hidden: bool, last_only: bool = False):
+        """``ids [n]`` at positions ``length .. length+n-1``."""
+        kw = {"logits_to_keep": 1} if last_only else {}
+        out = self.step(input_ids=ids[None], cache=self.cache, use_cache=True, output_hidden_states=hidden, **kw)
+        self.length += ids.shape[0]
+        return out
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length, current=self.length)
+        self.length = length
+
+
+def compiled_forward(target):
+    """The target's forward under ``torch.compile(mode="reduce-overhead")``, compiled once per target."""
+    fn = getattr(target, "_compiled_forward", None)
+    if fn is None:
+        fn = torch.compile(target.model.forward, mode="reduce-overhead", dynamic=False)
+        target._compiled_forward = fn
+    return fn
+
+
+def _pick_first(out, temperature, generator, layers):
+    """The prefill's output → (first token [1], features [T, n*d] | None)."""
     x0 = pick(out.logits[0, -1:], temperature, generator)
     feats = select_features(out.hidden_states, layers)[0] if layers is not None else None
-    return out.cache, x0, feats
+    return x0, feats
 
 
 def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens: int) -> bool:
@@ -181,74 +249,104 @@ def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens
     return False
 
 
-def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator):
-    model, eos, layers = target.model, set(target.eos_token_ids), feature_layers(drafter)
+def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator, options,
+                 runner: _TargetRunner, record_stages: bool = False):
+    eos, layers = set(target.eos_token_ids), feature_layers(drafter)
+    greedy = is_greedy(temperature)
     clock = _Clock(prompt.device)
-    cache, anchor, feats = _prefill(target, prompt, temperature, generator, layers)
-    session = drafter.new_session()
+    anchor, feats = _pick_first(runner.prefill(prompt, layers is not None), temperature, generator, layers)
+    session = drafter.new_session(**options)
     session.extend(prompt, feats)
-    res = GenerationResult(tokens=[], prefill_time_s=clock.lap(), num_target_forwards=1)
+    clock.lap("prefill")
+    res = GenerationResult(tokens=[], num_target_forwards=1)
     start = prompt.shape[0]  # position of the anchor = committed tokens already in the target cache
     done = _commit(res, [int(anchor)], eos, max_new_tokens)
     while not done:
-        # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the stage's
-        #    confidence sum_k log q(d_k) >= g, anchoring each stage at the previous last draft.
+        # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the gate's confidence
+        #    (papers: sum_k log q(d_k)) >= g, anchoring each stage at the previous last draft.
         stages = [session.draft(anchor, block_size - 1, temperature, generator)]
-        while dloop is not None and dloop.should_continue(len(stages), float(stages[-1].logprobs.sum())):
+        while dloop is not None and dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs)):
             stages.append(session.draft(stages[-1].tokens[-1:], block_size - 1, temperature, generator))
         drafts = torch.cat([s.tokens.reshape(-1) for s in stages]).to(prompt.device)  # d_1..d_m
-        res.draft_time_s += clock.lap()
+        clock.lap("draft")
         # 2. verify: the target sees [anchor, d_1..d_m] at positions start..start+m in one forward;
         #    logits[k] is its distribution for position start+k+1 (the one d_{k+1} claims).
-        out = model(input_ids=torch.cat([anchor.reshape(1), drafts])[None], cache=cache, use_cache=True,
-                    output_hidden_states=layers is not None)
+        out = runner.forward(torch.cat([anchor.reshape(1), drafts]), layers is not None)
         logits = out.logits[0]
-        res.verify_time_s += clock.lap()
+        clock.lap("verify")
         # 3. accept: acc drafts + one bonus token from the target (see sampling.py for the maths).
-        if is_greedy(temperature):
-            acc, bonus = verify_greedy(drafts, logits)
+        #    Greedy: on the device, one host copy per round (the accepted drafts equal the target's
+        #    own picks, so the picks up to the bonus are the committed tokens).
+        if greedy:
+            acc, committed = accept_greedy(drafts, logits)
         else:
             q = torch.cat([s.probs if s.probs is not None else one_hot_probs(s.tokens, logits.shape[-1])
                            for s in stages])
             acc, bonus = verify_sampling(drafts, q, logits, temperature, generator)
+            committed = drafts[:acc].tolist() + [bonus]
         # 4. roll back: the cache keeps anchor + accepted drafts (start+acc+1 positions; the bonus
         #    has no KV yet); the session forgets its speculative stages and receives the newly
         #    committed tokens whose target features are now known.
-        crop_cache(cache, start + acc + 1)
-        res.other_time_s += clock.lap()
+        runner.crop(start + acc + 1)
+        clock.lap("other")
         session.crop(start)
         feats = select_features(out.hidden_states, layers)[0, : acc + 1] if layers is not None else None
         session.extend(torch.cat([anchor.reshape(1), drafts[:acc]]), feats)
-        res.draft_time_s += clock.lap()
+        clock.lap("draft")
+        if record_stages:
+            offset = 0
+            for st in stages:
+                lp, k = st.logprobs.reshape(-1).tolist(), st.tokens.numel()
+                res.stage_records.append((sum(lp), lp[-1], k, min(max(acc - offset, 0), k)))
+                offset += k
         res.accepted_per_round.append(acc)
         res.stages_per_round.append(len(stages))
         res.drafted_per_round.append(int(drafts.shape[0]))
         res.num_target_forwards += 1
         start += acc + 1
-        anchor = torch.tensor([bonus], device=prompt.device)
-        done = _commit(res, drafts[:acc].tolist() + [bonus], eos, max_new_tokens)
-        res.other_time_s += clock.lap()
-    res.decode_time_s = res.draft_time_s + res.verify_time_s + res.other_time_s
+        anchor = torch.tensor([committed[-1]], device=prompt.device)
+        done = _commit(res, committed, eos, max_new_tokens)
+        clock.lap("other")
+    _charge(res, clock)
     return res.finish()
 
 
-def _autoregressive(target, prompt, max_new_tokens, temperature, generator):
+def _charge(res: GenerationResult, clock: _Clock) -> None:
+    spans = clock.totals()
+    res.prefill_time_s = spans.get("prefill", 0.0)
+    res.draft_time_s, res.verify_time_s, res.other_time_s = (spans.get(k, 0.0) for k in ("draft", "verify", "other"))
+    res.decode_time_s = res.draft_time_s + res.verify_time_s + res.other_time_s
+
+
+def _autoregressive(target, prompt, max_new_tokens, temperature, generator, runner: _TargetRunner):
     """Plain decoding, one target forward per token, same KV cache; no hidden states, last logits only."""
-    model, eos = target.model, set(target.eos_token_ids)
+    eos = set(target.eos_token_ids)
     clock = _Clock(prompt.device)
-    cache, tok, _ = _prefill(target, prompt, temperature, generator, None)
-    res = GenerationResult(tokens=[], prefill_time_s=clock.lap(), num_target_forwards=1)
+    tok, _ = _pick_first(runner.prefill(prompt, False), temperature, generator, None)
+    clock.lap("prefill")
+    res = GenerationResult(tokens=[], num_target_forwards=1)
     done = _commit(res, [int(tok)], eos, max_new_tokens)
     while not done:
-        out = model(input_ids=tok[None], cache=cache, use_cache=True, logits_to_keep=1)
+        out = runner.forward(tok.reshape(1), False, last_only=True)
         tok = pick(out.logits[0, -1:], temperature, generator)
         res.num_target_forwards += 1
         done = _commit(res, [int(tok)], eos, max_new_tokens)
-    res.decode_time_s = res.verify_time_s = clock.lap()
+    clock.lap("verify")
+    _charge(res, clock)
     res.accepted_per_round = [0] * (res.num_target_forwards - 1)
     res.stages_per_round = [0] * len(res.accepted_per_round)
     res.drafted_per_round = [0] * len(res.accepted_per_round)
     return res.finish()
+
+
+def check_compile(compile: bool, target) -> None:
+    """``compile`` needs a CUDA target: ``mode="reduce-overhead"`` captures CUDA graphs."""
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    if compile and target.device.type != "cuda":
+        raise ValueError(f"compile=True needs a target on a CUDA device (torch.compile mode='reduce-overhead' "
+                         f"captures CUDA graphs); this target is on {target.device.type}. Decode eagerly "
+                         "(compile=False), or move the target to a GPU")
 
 
 @contextlib.contextmanager
@@ -283,6 +381,10 @@ def generate(
     block_size: int | None = None,
     dloop: DLoopConfig | None = None,
     seed: int | None = None,
+    pool_size: int | None = None,
+    static_cache: bool = False,
+    compile: bool = False,
+    record_stages: bool = False,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -294,10 +396,22 @@ def generate(
     sample of the target's softmax(logits / T), drawn from a ``torch.Generator`` seeded
     with ``seed`` (None: seeded from torch's global RNG). Generation stops after an EOS
     token (``target.eos_token_ids``, emitted) or exactly ``max_new_tokens`` tokens.
+    ``pool_size`` P (drafters with a logit-correction head, Domino): the correction, the pick and q on the
+    top-P tokens of the base logits (1 <= P <= V; None = the full vocabulary, the exact head); the pool
+    changes what is drafted, never the output.
+    ``static_cache``: the target's KV cache is a ``StaticCache`` (fixed capacity, rollback by moving its write
+    position; the same tokens as the default ``DynamicCache``). ``compile`` (CUDA only; implies ``static_cache``):
+    the target's forward runs under ``torch.compile(mode="reduce-overhead")``, so each fixed verify width
+    (``stages x (block_size - 1) + 1``) and the AR step replay as CUDA graphs.
+    ``record_stages``: fill ``stage_records`` (one host copy per stage; DLoop's calibration data).
     All inputs are validated before any decoding (ValueError with the reason).
     """
     input_ids, block_size, dloop = validate(target, drafter, input_ids, max_new_tokens=max_new_tokens,
-                                            temperature=temperature, block_size=block_size, dloop=dloop)
+                                            temperature=temperature, block_size=block_size, dloop=dloop,
+                                            pool_size=pool_size)
+    options = {} if pool_size is None else {"pool_size": pool_size}
+    check_compile(compile, target)
+    static_cache = bool(static_cache or compile)
     temperature = float(temperature)
     device = target.device
     if seed is None:
@@ -305,10 +419,12 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(int(seed))
     results = []
     with _eval_mode(target.model, drafter, inference=drafter is None):
+        budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
         for row in input_ids.to(device):
+            runner = _TargetRunner(target, row.shape[0] + max_new_tokens + budget + 1, static_cache, compile)
             if drafter is None:
-                results.append(_autoregressive(target, row, max_new_tokens, temperature, generator))
+                results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
-                                            dloop, generator))
+                                            dloop, generator, options, runner, record_stages))
     return results[0] if len(results) == 1 else results

@@ -43,15 +43,17 @@ def _timed(target, input_ids, *, max_new_tokens, temperature=0.0, seed=None, **e
             if seed is not None:
                 torch.manual_seed(seed)
             model.generate(ids, attention_mask=mask, max_new_tokens=1, **kwargs)
-            t_first = clock.lap()
+            clock.lap("first")
             if seed is not None:
                 torch.manual_seed(seed)
             out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, **kwargs)
-            t_full = clock.lap()
+            clock.lap("rest")
+        spans = clock.totals()
+        t_first, t_rest = spans["first"], spans["rest"]
         tokens = out[0, ids.shape[1]:].tolist()
         eos = set(target.eos_token_ids)
         cut = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))  # padding after EOS
-        res = GenerationResult(tokens=tokens[:cut], prefill_time_s=t_first, decode_time_s=max(t_full - t_first, 0.0),
+        res = GenerationResult(tokens=tokens[:cut], prefill_time_s=t_first, decode_time_s=max(t_rest - t_first, 0.0),
                                num_target_forwards=0, stop_reason="eos" if cut < len(tokens) or
                                (tokens and tokens[-1] in eos) else "length")
         results.append(res.finish())

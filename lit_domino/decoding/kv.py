@@ -14,14 +14,15 @@ def cache_length(cache) -> int:
     return 0 if cache is None else int(cache.get_seq_length())
 
 
-def crop_cache(cache, length: int) -> None:
+def crop_cache(cache, length: int, current: int | None = None) -> None:
     """Keep the first ``length`` positions of ``cache`` in place (drop positions ``>= length``).
 
     Speculative rollback: after verifying ``[anchor, d_1..d_m]`` at positions
     ``start..start+m`` and accepting ``acc`` drafts, the cache must end at
-    ``start + acc + 1`` (anchor + accepted drafts; the bonus token has no KV yet).
+    ``start + acc + 1`` (anchor + accepted drafts; the bonus token has no KV yet). ``current``: the cache's
+    length when the caller tracks it (a ``StaticCache`` keeps its length on the device; reading it synchronises).
     """
-    current = cache_length(cache)
+    current = cache_length(cache) if current is None else int(current)
     length = int(length)
     if not 0 <= length <= current:
         raise ValueError(f"cannot crop a KV cache of {current} positions to {length}: need 0 <= length <= {current}")

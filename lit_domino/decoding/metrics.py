@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from lit_domino.decoding import hf_peers
 from lit_domino.decoding.dloop import DLoopConfig, dloop_label
-from lit_domino.decoding.engine import GenerationResult, generate
+from lit_domino.decoding.engine import GenerationResult, check_compile, generate
+from lit_domino.models.sessions import check_pool_size
 
 # --------------------------------------------------------------------------- metrics
 
@@ -175,7 +176,7 @@ def merge_results(results: Sequence[GenerationResult]) -> GenerationResult:
     out = GenerationResult(tokens=[], stop_reason=results[-1].stop_reason)
     for r in results:
         out.tokens += r.tokens
-        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round"):
+        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round", "stage_records"):
             getattr(out, name).extend(getattr(r, name))
         for name in ("draft_time_s", "verify_time_s", "other_time_s", "decode_time_s", "prefill_time_s",
                      "num_target_forwards"):
@@ -230,6 +231,9 @@ def summarize(
     while counts and counts[-1] == 0:
         counts.pop()
     row["tau_histogram"] = counts  # index = tau
+    records = [list(rec) for r in results for rec in r.stage_records]
+    if records:
+        row["stage_records"] = records  # [sum log q, last log q, K, accepted] per stage (record_stages)
     return row
 
 
@@ -291,7 +295,11 @@ def benchmark(
     max_new_tokens: int = 256,
     temperatures: Sequence[float] = (0.0,),
     dloops: Sequence[DLoopConfig | None] = (None,),
+    pool_sizes: Sequence[int | None] = (None,),
     block_size: int | None = None,
+    static_cache: bool = False,
+    compile: bool = False,
+    record_stages: bool = False,
     peers: Sequence[str] = (),
     assistant_model=None,
     prompt_lookup_num_tokens: int = 10,
@@ -308,7 +316,11 @@ def benchmark(
     ``assistant_model``, a small Hugging Face LM). Returns one row per
     (benchmark, temperature, method) with :func:`summarize`'s metrics plus
     ``benchmark``, ``method``, ``kind`` (``ar``/``hf``/``drafter``), ``drafter``,
-    ``temperature``, ``dloop``, ``block_size``. The AR baseline (``speedup`` 1) and
+    ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
+    (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
+    (others run once, with none). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
+    baseline and every drafter alike (``compile`` needs a CUDA target). ``record_stages``: drafter rows carry
+    ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
     method alike), after one untimed warm-up decode per method. ``external``: label →
@@ -322,6 +334,10 @@ def benchmark(
         raise ValueError("the 'assisted' peer needs assistant_model (a small Hugging Face causal LM)")
     if not prompts or any(len(v) == 0 for v in prompts.values()):
         raise ValueError("benchmark needs at least one non-empty prompt set")
+    check_compile(compile, target)
+    pool_sizes = list(pool_sizes) or [None]
+    for P in pool_sizes:
+        check_pool_size(P, target.vocab_size)
     budget = 0
     for name, d in drafters.items():
         if d is None:
@@ -329,25 +345,32 @@ def benchmark(
         bs = block_size or int(d.config.block_size)
         budget = max(budget, max((dl.max_stages if dl else 1) for dl in dloops) * (bs - 1))
 
-    def ours(drafter, temperature, dloop, i):
+    def ours(drafter, temperature, dloop, i, pool_size=None):
         return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
                                        block_size=block_size if drafter is not None else None,
-                                       dloop=dloop if drafter is not None else None, seed=seed + i)
+                                       dloop=dloop if drafter is not None else None, seed=seed + i,
+                                       pool_size=pool_size, static_cache=static_cache, compile=compile,
+                                       record_stages=record_stages and drafter is not None)
 
     def peer(fn, temperature, i, **kw):
         return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)
 
     methods: list[tuple[str, str, object, float, DLoopConfig | None, Callable]] = []
+    pools: dict[str, int | None] = {}  # method label -> its candidate pool
     for temperature in temperatures:
         methods.append(("ar", "ar", None, temperature, None, lambda i, t=temperature: ours(None, t, None, i)))
         if hf_baseline:
             methods.append(("hf_generate", "hf", None, temperature, None,
                             lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
         for name, drafter in drafters.items():
-            for dloop in dloops:
-                label = name if dloop is None else f"{name}+dloop({dloop_label(dloop)})"
-                methods.append((label, "drafter", name, temperature, dloop,
-                                lambda i, d=drafter, t=temperature, dl=dloop: ours(d, t, dl, i)))
+            takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
+            for pool_size in (pool_sizes if takes_pool else [None]):
+                for dloop in dloops:
+                    label = name if pool_size is None else f"{name}+pool({pool_size})"
+                    label = label if dloop is None else f"{label}+dloop({dloop_label(dloop)})"
+                    pools[label] = pool_size
+                    methods.append((label, "drafter", name, temperature, dloop,
+                                    lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size: ours(d, t, dl, i, P)))
         for label, fn in (external or {}).items():
             methods.append((label, "peer", None, temperature, None,
                             lambda i, f=fn, t=temperature: (lambda ids, n: f(ids, n, t, seed + i))))
@@ -382,7 +405,8 @@ def benchmark(
                 row["match_baseline"] = float("nan")
             bs = (block_size or int(drafters[dname].config.block_size)) if kind == "drafter" else None
             row = {"benchmark": bench, "method": label, "kind": kind, "drafter": dname,
-                   "temperature": float(temperature), "dloop": dloop_label(dloop), "block_size": bs, **row}
+                   "temperature": float(temperature), "dloop": dloop_label(dloop), "pool_size": pools.get(label),
+                   "block_size": bs, **row}
             if kind == "hf":  # generate() reports no rounds
                 row.update(tau=float("nan"), tau_per_round=float("nan"), accepted_per_round=float("nan"),
                            stages_per_round=float("nan"))

@@ -39,6 +39,19 @@ def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]
     return acc, int(t[acc])
 
 
+def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, list[int]]:
+    """Greedy verification on the device with ONE host copy → ``(acc, committed)``.
+
+    The rule of :func:`verify_greedy`; ``committed = t[:acc+1]``: the accepted drafts equal the target's picks
+    ``t`` and ``t[acc]`` is the bonus, so ``acc`` and the picks travel to the host together.
+    """
+    t = logits.argmax(-1)  # [m+1]
+    acc = torch.cumprod((drafts == t[:-1]).long(), 0).sum()
+    host = torch.cat([acc.view(1), t]).tolist()
+    acc = host[0]
+    return acc, host[1: acc + 2]
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)): the distribution to resample from after rejecting a draft from q.
 

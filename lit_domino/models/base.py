@@ -262,6 +262,9 @@ class Drafter(nn.Module):
     uses_curriculum: ClassVar[bool] = False
     """Whether the method's loss has a λ-weighted base term (Domino's base-anchored curriculum)."""
 
+    draft_options: ClassVar[tuple[str, ...]] = ()
+    """Decoding options the method's session takes (``new_session(**options)``; Domino: ``pool_size``)."""
+
     @classmethod
     def stage_tokens(cls, config: DrafterConfig, requested: int | None = None) -> int:
         """Tokens K one DLoop stage drafts (loop-capable methods): ``block_size - 1`` unless the method lets
@@ -375,9 +378,14 @@ class Drafter(nn.Module):
         are no standalone LM."""
         return None
 
-    def new_session(self):
-        """A fresh per-sequence decoding state (``lit_domino.models.sessions``)."""
-        return self.session_class(self)
+    def new_session(self, **options):
+        """A fresh per-sequence decoding state (``lit_domino.models.sessions``); ``options``: the method's
+        ``draft_options`` (anything else is an error naming the options it takes)."""
+        unknown = sorted(set(options) - set(self.draft_options))
+        if unknown:
+            takes = ", ".join(self.draft_options) or "none"
+            raise ValueError(f"a {self.kind} drafter takes no decoding option {unknown} (it takes: {takes})")
+        return self.session_class(self, **options)
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (own parameters only) into ``directory``."""

@@ -28,7 +28,7 @@ from torch import nn
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, draft_chain
+from lit_domino.models.sessions import StageDraft, check_pool_size, draft_chain
 from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
@@ -95,9 +95,49 @@ class DominoHead(nn.Module):
         """Zero ``W_up``: the correction vanishes, the drafter equals backbone-only."""
         nn.init.zeros_(self.up.weight)
 
+    def correction(self, z: torch.Tensor, up_rows: torch.Tensor | None = None,
+                   base: torch.Tensor | None = None) -> torch.Tensor:
+        """The equation's output side, which every form shares: ``ΔL = W_up · SiLU(z)`` for the rank-r
+        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]. ``up_rows`` [..., P, r], rows of W_up
+        (:meth:`pool_rows`), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
+        computes no other row. ``base`` (decoding, [N, V] or [N, P] with z [N, r]): returns ``base + ΔL``
+        in one fused kernel."""
+        a = F.silu(z)
+        if base is not None:
+            a = a.to(base.dtype)
+            if up_rows is None:
+                return torch.addmm(base, a, self.up.weight.T.to(base.dtype))
+            return torch.baddbmm(base.unsqueeze(-1), up_rows.to(base.dtype), a.unsqueeze(-1)).squeeze(-1)
+        if up_rows is None:
+            return self.up(a)
+        return torch.matmul(up_rows, a.unsqueeze(-1)).squeeze(-1)  # [..., P, r] @ [..., r, 1]
+
+    def pool_rows(self, pool: torch.Tensor) -> torch.Tensor:
+        """The rows of W_up for candidate token ids ``pool`` [...] -> [..., r]."""
+        return self.up.weight.index_select(0, pool.reshape(-1)).view(*pool.shape, -1)
+
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
-        return self.up(F.silu(self.down(torch.cat([H, S], dim=-1))))
+        return self.correction(self.down(torch.cat([H, S], dim=-1)))
+
+    def input_table(self, embed_weight: torch.Tensor) -> torch.Tensor:
+        """``E · W_ihᵀ`` [V, 3d_s]: the GRU input projection of every vocabulary entry (a decode-time GRU step
+        is then a row lookup). Cached until a weight changes: the key holds the storage and the in-place
+        version counter of both weights, which an optimizer step, ``load_state_dict`` or ``.to()`` all move."""
+        w_ih = self.gru.weight_ih_l0
+        key = (w_ih.data_ptr(), w_ih._version, w_ih.dtype, w_ih.device,
+               embed_weight.data_ptr(), embed_weight._version, embed_weight.dtype)
+        cached = self.__dict__.get("_input_table")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                table = embed_weight.to(w_ih.dtype) @ w_ih.T  # [V, 3d_s]
+            self.__dict__["_input_table"] = cached = (key, table)
+        return cached[1]
+
+    def __getstate__(self):  # the decode table is derived data: never pickled or deep-copied
+        state = self.__dict__.copy()
+        state.pop("_input_table", None)
+        return state
 
     def rollout(self, H: torch.Tensor, base: torch.Tensor, anchor_emb: torch.Tensor,
                 embed: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor | None], torch.Tensor]:
@@ -127,22 +167,65 @@ class DominoHead(nn.Module):
                 state["s"] = gru_gates(embed(prev) @ w_ih, state["s_hh"], state["s"])
             s_down, state["s_hh"] = (state["s"] @ w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
             state["i"] = i + 1
-            return torch.addmm(base[:, i], F.silu(h_part[:, i] + s_down).to(base.dtype), w_up)  # [N, V] base + ΔL
+            return base[:, i] + self.correction(h_part[:, i] + s_down).to(base.dtype)  # [N, V] base + ΔL
+
+        return next_logits
+
+    @torch.no_grad()
+    def decode_steps(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+                     pool_size: int | None = None):
+        """The decode-time rollout (no gradient): ``next_logits(prev)`` for :func:`draft_chain` over block
+        positions 1..K of N blocks.
+
+        H [N, K, d], base [N, K, V], anchor [N] ids, ``embed_weight`` [V, d] the target's embedding. GRU inputs
+        come from :meth:`input_table`, W_down's H-part is computed for the whole block at once. ``pool_size``
+        P: the correction is computed on the top-P tokens of each position's base logits only and
+        ``next_logits`` returns the pool ``(logits [N, P], ids [N, P])``; None (or P = V) returns the exact
+        full-vocabulary logits [N, V].
+        """
+        N, d, d_s, r = H.shape[0], H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
+        table = self.input_table(embed_weight)  # [V, 3d_s]
+        w_down = self.down.weight  # [r, d + d_s]
+        w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
+        # W_down's H-part for every position at once, padded so one addmm per step gives [z_i ; W_hh·S]
+        h_part = torch.cat([H @ w_down[:, :d].T, H.new_zeros(N, H.shape[1], 3 * d_s)], -1)  # [N, K, r + 3d_s]
+        up_rows = pool = None
+        if pool_size is not None and pool_size < base.shape[-1]:
+            base, pool = base.topk(pool_size, dim=-1)  # [N, K, P] each, every position at once
+            up_rows = self.pool_rows(pool)  # [N, K, P, r]
+        s = gru_gates(table.index_select(0, anchor), torch.zeros_like(table[:1]), H.new_zeros(N, d_s))  # S_0
+        i, s_hh = 0, None
+
+        def next_logits(prev: torch.Tensor | None):
+            nonlocal s, s_hh, i
+            if prev is not None:  # S_i: consumed the pick at position i
+                s = gru_gates(table.index_select(0, prev), s_hh, s)
+            z, s_hh = torch.addmm(h_part[:, i], s, w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
+            i += 1
+            if pool is None:
+                return self.correction(z, base=base[:, i - 1])  # [N, V] base + ΔL
+            return self.correction(z, up_rows[:, i - 1], base[:, i - 1]), pool[:, i - 1]  # [N, P], [N, P]
 
         return next_logits
 
 
 class DominoSession(ParallelSession):
-    """Backbone block once, then the Domino head's rollout over block positions 1..K."""
+    """Backbone block once, then the Domino head's decode rollout over block positions 1..K.
+
+    ``pool_size`` P (a decoding option, ``generate(..., pool_size=P)``): the correction, the pick and its
+    log-probability on the top-P tokens of the base logits (q = 0 outside them); None = the full vocabulary.
+    """
+
+    def __init__(self, drafter, pool_size: int | None = None):
+        super().__init__(drafter)
+        self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
         H = hidden[1:][None]  # [1, K, d]
         base = drafter.compute_logits(H)  # [1, K, V] backbone logits
-        anchor_emb = drafter.embed.weight[anchor].to(hidden.dtype)  # [1, d]
-        emb_w = drafter.embed.weight
-        step = drafter.head.rollout(H, base, anchor_emb, lambda ids: emb_w[ids].to(hidden.dtype))
-        return draft_chain(step, H.shape[1], temperature, generator)
+        step = drafter.head.decode_steps(H, base, anchor, drafter.embed.weight, self.pool_size)
+        return draft_chain(step, H.shape[1], temperature, generator, vocab_size=base.shape[-1])
 
 
 @register("domino")
@@ -151,6 +234,7 @@ class DominoDrafter(ParallelDrafter):
 
     config_class = DominoConfig
     session_class = DominoSession
+    draft_options = ("pool_size",)
     uses_curriculum = True
 
     def __init__(self, config: DominoConfig):

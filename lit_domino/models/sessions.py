@@ -31,12 +31,23 @@ class StageDraft:
 
     tokens: torch.Tensor
     """[K] long, the drafted tokens."""
-    logprobs: torch.Tensor
-    """[K] log q(token): log_softmax(logits / T) at T > 0, log_softmax(logits) at T = 0 (DLoop's confidence)."""
+    _logprobs: torch.Tensor | None
+    """[K] log q(token) (read :attr:`logprobs`); None at T = 0 until someone asks: plain greedy decoding never
+    pays for a log-softmax over the vocabulary (the official DFlash loop does not either)."""
     probs: torch.Tensor | None = None
-    """[K, V] the draft distributions q = softmax(logits / T) the tokens were sampled from (T > 0 only)."""
+    """[K, V] the draft distributions q = softmax(logits / T) the tokens were sampled from (T > 0 only; 0 outside
+    a candidate pool)."""
     logits: torch.Tensor | None = None
-    """[K, V] the (final) logits each token was picked from, before temperature (diagnostics, tests)."""
+    """[K, V] the (final) logits each token was picked from, before temperature (diagnostics, tests); -inf
+    outside a candidate pool."""
+
+    @property
+    def logprobs(self) -> torch.Tensor:
+        """[K] log q(token): log_softmax(logits / T) at T > 0, log_softmax(logits) at T = 0 (DLoop's confidence);
+        with a candidate pool the softmax runs over the pool. Computed on first use at T = 0."""
+        if self._logprobs is None:
+            self._logprobs = torch.log_softmax(self.logits.float(), -1).gather(-1, self.tokens[:, None])[:, 0]
+        return self._logprobs
 
 
 @dataclass
@@ -55,41 +66,65 @@ def is_greedy(temperature: float | None) -> bool:
 
 
 def pick_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
-    """logits [K, V] -> (tokens [K], logprobs [K], probs [K, V] | None): argmax at T = 0, else sample q."""
+    """logits [K, V] -> (tokens [K], logprobs [K] | None, probs [K, V] | None): argmax at T = 0 (log q left to
+    ``StageDraft.logprobs``), else sample q."""
     if is_greedy(temperature):
-        tokens = logits.argmax(-1)  # [K]
-        logprobs = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None])[:, 0]
-        return tokens, logprobs, None
+        return logits.argmax(-1), None, None  # log q on demand (StageDraft.logprobs)
     logq = torch.log_softmax(logits.float() / temperature, -1)  # [K, V]
     probs = logq.exp()
     tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [K]
     return tokens, logq.gather(-1, tokens[:, None])[:, 0], probs
 
 
-def draft_chain(next_logits: Callable[[torch.Tensor | None], torch.Tensor], num_tokens: int,
-                temperature: float, generator: torch.Generator | None) -> StageDraft:
+def draft_chain(next_logits: Callable[[torch.Tensor | None], torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
+                num_tokens: int, temperature: float, generator: torch.Generator | None,
+                vocab_size: int | None = None) -> StageDraft:
     """The sequential draft loop of every token-by-token drafter (Domino's head, EAGLE-3, the small LM).
 
-    ``next_logits(prev)`` returns the ``[1, V]`` logits of the next position; ``prev`` is None for the
-    first one, else the token just drafted (``[1]``), which the drafter feeds to its state first.
+    ``next_logits(prev)`` returns the next position's logits; ``prev`` is None for the first one, else the
+    token just drafted (``[1]``), which the drafter feeds to its state first. The logits are either
+    ``[1, V]`` (the full vocabulary) or a candidate pool ``(logits [1, P], ids [1, P])``: the pick and its
+    log-probability are then taken on the pool, and the stage's dense ``logits`` are ``-inf`` and ``probs``
+    (q) are 0 outside it (``vocab_size`` V needed), so rejection sampling with q stays exact.
     """
     greedy = is_greedy(temperature)
-    toks, rows, lps, qs = [], [], [], []
+    toks, rows, pools, lqs = [], [], [], []
     prev = None
     for _ in range(num_tokens):
-        logits = next_logits(prev)  # [1, V]
-        rows.append(logits)
+        out = next_logits(prev)
+        logits, ids = out if isinstance(out, tuple) else (out, None)  # [1, P], [1, P] | None
         if greedy:
-            prev = logits.argmax(-1)  # [1]; the log-probs of all picks come in one pass below
+            j = logits.argmax(-1)  # [1]; the log-probs of all picks come in one pass below
         else:
-            prev, lp, q = pick_tokens(logits, temperature, generator)
-            lps.append(lp), qs.append(q)
-        toks.append(prev)
-    tokens, logits = torch.cat(toks), torch.cat(rows)  # [K], [K, V]
-    if greedy:
-        logprobs = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None])[:, 0]
-        return StageDraft(tokens, logprobs, None, logits)
-    return StageDraft(tokens, torch.cat(lps), torch.cat(qs), logits)
+            lqs.append(torch.log_softmax(logits.float() / temperature, -1))  # [1, P]
+            j = torch.multinomial(lqs[-1].exp(), 1, generator=generator)[:, 0]
+        prev = j if ids is None else ids.gather(-1, j[:, None])[:, 0]
+        rows.append(logits), pools.append(ids), toks.append(j)
+    picks, logits = torch.cat(toks), torch.cat(rows)  # [K] (pool indices), [K, P]
+    if pools[0] is None:  # greedy: log q on demand (StageDraft.logprobs)
+        logq = None if greedy else torch.cat(lqs)
+        return StageDraft(picks, None if greedy else logq.gather(-1, picks[:, None])[:, 0],
+                          None if greedy else logq.exp(), logits)
+    logq = torch.log_softmax(logits.float(), -1) if greedy else torch.cat(lqs)  # [K, P]: cheap on the pool
+    logprobs = logq.gather(-1, picks[:, None])[:, 0]
+    if vocab_size is None:
+        raise ValueError("draft_chain needs vocab_size when next_logits returns a candidate pool")
+    ids = torch.cat(pools)  # [K, P]
+    tokens = ids.gather(-1, picks[:, None])[:, 0]
+    dense = logits.new_full((num_tokens, vocab_size), float("-inf")).scatter_(-1, ids, logits)  # [K, V]
+    probs = None if greedy else torch.zeros_like(dense, dtype=logq.dtype).scatter_(-1, ids, logq.exp())
+    return StageDraft(tokens, logprobs, probs, dense)
+
+
+def check_pool_size(pool_size, vocab_size: int) -> int | None:
+    """A decode-time candidate pool P: None (the full vocabulary) or an integer 1 <= P <= V."""
+    if pool_size is None:
+        return None
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 1 <= pool_size <= vocab_size:
+        raise ValueError(f"pool_size must be None (the full vocabulary) or an integer in 1..{vocab_size} "
+                         f"(the vocabulary size), got {pool_size!r}")
+    return pool_size
+
 
 
 def as_ids(tokens, device) -> torch.Tensor:  # -> [n] long

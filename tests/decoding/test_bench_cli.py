@@ -55,3 +55,17 @@ def test_bench_cli_errors():
         load_drafters("oops", None, "cpu")
     with pytest.raises(ValueError, match="never positive"):
         bench.main(["--target", "random", "--dloop", "0.5:2", "--benchmarks", "random:1", "--no-mlflow"])
+
+
+def test_bench_pool_sizes_option():
+    from lit_domino.bench import parse_pool_sizes
+
+    assert parse_pool_sizes("full,16, 64") == [None, 16, 64]
+    with pytest.raises(SystemExit, match="pool-sizes"):
+        parse_pool_sizes("16,lots")
+
+
+def test_bench_compile_needs_cuda():
+    bench = bench_module()
+    with pytest.raises(SystemExit, match="--compile needs --device cuda"):
+        bench.main(["--target", "random", "--compile", "--benchmarks", "random:1", "--no-mlflow"])

@@ -116,3 +116,30 @@ def _check_multi_turn(tiny_target, BenchmarkPrompt):
     base = run_prompt(tiny_target, lambda ids, n: generate(tiny_target, None, ids, max_new_tokens=n), item,
                       max_new_tokens=6)
     assert base.tokens == res.tokens
+
+
+def test_benchmark_pool_sweep_rows(target):
+    """``pool_sizes``: one row per pool for drafters that take one (Domino), one row for the others."""
+    torch.manual_seed(0)
+    backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)
+    domino = build_drafter(drafter_config("domino", target, num_layers=1, block_size=4,
+                                          head=dict(rank=8, gru_hidden=16)), target)
+    torch.nn.init.normal_(domino.head.up.weight, std=0.5)
+    rows = benchmark(target, {"bb": backbone, "dom": domino}, {"toy": PROMPTS[:2]}, max_new_tokens=8,
+                     pool_sizes=(None, 4), hf_baseline=False, warmup=False, progress=False)
+    assert [(r["method"], r["pool_size"]) for r in rows] == [("ar", None), ("bb", None), ("dom", None),
+                                                            ("dom+pool(4)", 4)]
+    assert all(r["match_baseline"] == 1.0 and r["draft_ms_per_round"] > 0 for r in rows[1:])
+    with pytest.raises(ValueError, match="pool_size"):
+        benchmark(target, {"dom": domino}, {"toy": PROMPTS}, pool_sizes=(VOCAB + 1,), progress=False)
+
+
+def test_benchmark_static_cache_rows_match_and_compile_needs_cuda(target):
+    torch.manual_seed(0)
+    backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)
+    rows = benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:1]}, max_new_tokens=8, static_cache=True,
+                     hf_baseline=False, warmup=False, progress=False)
+    assert [r["match_baseline"] for r in rows] == [1.0, 1.0]
+    assert rows[0]["tokens"] == rows[1]["tokens"] == 8
+    with pytest.raises(ValueError, match="CUDA"):
+        benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:1]}, compile=True, progress=False)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.dloop import GATES
 from lit_domino.models import build_drafter, drafter_config, kinds
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
 
@@ -45,8 +46,13 @@ def prompts(n, seed):
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_real_drafter_is_lossless_greedy(targets, kind):
+DECODE_PATHS = [(kind, {}) for kind in KINDS] + [("domino", {"pool_size": 4})]
+"""Every drafter kind with its default decoding, plus each decoding option's path (Domino's candidate pool)."""
+
+
+@pytest.mark.parametrize("kind,options", DECODE_PATHS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items())
+                         if isinstance(v, dict) else v)
+def test_real_drafter_is_lossless_greedy(targets, kind, options):
     n = 20
     ps = prompts(20, seed=KINDS.index(kind))
     accepted = []
@@ -55,14 +61,17 @@ def test_real_drafter_is_lossless_greedy(targets, kind):
         for i, p in enumerate(ps[:6] if which == "plain" else ps):
             expected = hf_greedy(target, p, n)
             block_size = (2, 4, 8, 16)[i % 4]
-            dloop = DLoopConfig(threshold=-4.0 if i % 3 else float("-inf"), max_stages=3) if i % 2 else None
-            res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop)
+            gate = GATES[(i // 2) % len(GATES)]  # every gate (sum = the papers') on its share of the prompts
+            dloop = DLoopConfig(threshold=-4.0 if i % 3 else float("-inf"), max_stages=3, gate=gate) if i % 2 else None
+            res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop,
+                           **options)
             assert res.tokens == expected, (kind, which, i, block_size, dloop)
             accepted += res.accepted_per_round
             # with forced acceptances through the real session
             ref = p + hf_greedy(target, p, n + 3 * 15 + 1)
             mixed = OracleMix(drafter, ref, seed=i)
-            res = generate(target, mixed, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop)
+            res = generate(target, mixed, torch.tensor([p]), max_new_tokens=n, block_size=block_size, dloop=dloop,
+                           **options)
             assert res.tokens == expected, ("oracle-mix", kind, which, i, block_size, dloop)
             accepted += res.accepted_per_round
     assert 0 in accepted and max(accepted) >= 3
@@ -86,8 +95,10 @@ def test_mismatched_real_drafter_is_rejected(targets):
         generate(other, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=4)
 
 
-def test_real_domino_sampling_is_distributed_as_the_target():
-    """T > 0 with a real session's q (Domino: sequential picks inside the block): chi-square on (x1, x2)."""
+@pytest.mark.parametrize("pool_size", [None, 3])
+def test_real_domino_sampling_is_distributed_as_the_target(pool_size):
+    """T > 0 with a real session's q (Domino: sequential picks inside the block): chi-square on (x1, x2);
+    ``pool_size`` 3 of V = 8: q lives on the top-3 base candidates (zero elsewhere), the output still p."""
     V = 8
     target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
                            intermediate_size=32, max_positions=64, seed=3)
@@ -113,7 +124,8 @@ def test_real_domino_sampling_is_distributed_as_the_target():
             exact[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
     n, counts, accepted = 2000, torch.zeros(V, V, dtype=torch.double), set()
     for seed in range(n):
-        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=1.0, seed=seed)
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=1.0, seed=seed,
+                       pool_size=pool_size)
         counts[res.tokens[1], res.tokens[2]] += 1
         accepted.update(res.accepted_per_round)
     assert {0, 1} <= accepted

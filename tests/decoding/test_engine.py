@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.dloop import GATES
 from lit_domino.testing import hf_greedy, random_target
 
 VOCAB = 256
@@ -176,7 +177,7 @@ def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
     seen_accepts = set()
     for i, p in enumerate(ps):
         for block_size in (2, 4, 8, 16):
-            for dloop in (None, DLoopConfig(threshold=-0.5, max_stages=3)):
+            for dloop in (None, DLoopConfig(threshold=-0.5, max_stages=3, gate=GATES[i % len(GATES)])):
                 policy = ("noisy", "random", "oracle", "never")[i % 4] if block_size != 8 else "noisy"
                 drafter = StubDrafter(target, policy, block_size, seed=i, references=refs)
                 res = generate(target, drafter, torch.tensor([p]), max_new_tokens=n, dloop=dloop)
@@ -186,6 +187,42 @@ def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
                 if dloop is None:
                     assert set(res.stages_per_round) == {1}
     assert 0 in seen_accepts and max(seen_accepts) > 15  # rejections and multi-stage acceptances both ran
+
+
+def test_static_cache_path_gives_identical_tokens_and_rounds(target):
+    """The GPU-ready path (StaticCache, rollback by write position, on-device acceptance) on CPU: the same
+    tokens and the same rounds as the DynamicCache path, greedy and sampled, with and without DLoop."""
+    ps = prompts(4, seed=21)
+    refs = {tuple(p): greedy_reference(target, p, 24 + 3 * 7 + 1) for p in ps}
+    accepted = set()
+    for i, p in enumerate(ps):
+        dloop = DLoopConfig(threshold=-0.5, max_stages=3) if i % 2 else None
+        drafter = StubDrafter(target, ("noisy", "random")[i % 2], 8, seed=i, references=refs)
+        for temperature in (0.0, 1.0):
+            runs = [generate(target, drafter, torch.tensor([p]), max_new_tokens=24, dloop=dloop, seed=i,
+                             temperature=temperature, static_cache=static) for static in (False, True)]
+            assert runs[0].tokens == runs[1].tokens, (i, temperature)
+            assert runs[0].accepted_per_round == runs[1].accepted_per_round
+            accepted.update(runs[1].accepted_per_round)
+        assert generate(target, drafter, torch.tensor([p]), max_new_tokens=24, static_cache=True).tokens == \
+            refs[tuple(p)][:24]
+        assert generate(target, None, torch.tensor([p]), max_new_tokens=24, static_cache=True).tokens == \
+            refs[tuple(p)][:24]
+    assert 0 in accepted and max(accepted) >= 3  # rollbacks after rejections and after long acceptances
+
+
+def test_stage_records_say_how_much_of_each_stage_was_accepted(target):
+    p = prompts(1, seed=22)[0]
+    refs = {tuple(p): greedy_reference(target, p, 60)}
+    drafter = StubDrafter(target, "noisy", 4, seed=1, references=refs)
+    res = generate(target, drafter, torch.tensor([p]), max_new_tokens=20, record_stages=True,
+                   dloop=DLoopConfig(float("-inf"), 3))
+    assert len(res.stage_records) == sum(res.stages_per_round) == 3 * res.rounds
+    for r, acc in enumerate(res.accepted_per_round):
+        stages = res.stage_records[3 * r: 3 * r + 3]
+        assert [s[3] for s in stages] == [min(max(acc - 3 * j, 0), 3) for j in range(3)]
+        assert all(s[2] == 3 and s[0] <= s[1] + 1e-6 and s[0] <= 0 for s in stages)
+    assert generate(target, drafter, torch.tensor([p]), max_new_tokens=20).stage_records == []
 
 
 def test_features_and_positions_reach_the_session_exactly(target):
@@ -288,6 +325,8 @@ def test_bad_inputs_fail_before_decoding(target):
         (dict(max_new_tokens=5, block_size=9), "block_size"),
         (dict(max_new_tokens=500), "max_positions"),
         (dict(max_new_tokens=5, dloop="-0.5:3"), "DLoopConfig"),
+        (dict(max_new_tokens=5, compile=True), "compile=True needs a target on a CUDA device"),
+        (dict(max_new_tokens=5, compile="yes"), "compile must be True or False"),
     ]
     for kwargs, word in cases:
         with pytest.raises(ValueError, match=word):

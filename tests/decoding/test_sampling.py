@@ -153,13 +153,15 @@ def q_joint(drafter):
     return drafter.q[0].double()[:, None] * drafter.q[1].double()[None, :]
 
 
-@pytest.mark.parametrize("block_size,dloop,temperature", [
-    (3, None, 1.0),                                       # one stage of 2 drafts (x1, x2 drafted)
-    (2, None, 1.0),                                       # one draft + the bonus (x2 is the bonus)
-    (2, DLoopConfig(threshold=float("-inf"), max_stages=2), 0.7),  # two 1-token stages, one verification
-    (None, None, 1.0),                                    # plain AR sampling (the baseline)
+@pytest.mark.parametrize("block_size,dloop,temperature,static_cache", [
+    (3, None, 1.0, False),                                # one stage of 2 drafts (x1, x2 drafted)
+    (2, None, 1.0, False),                                # one draft + the bonus (x2 is the bonus)
+    (2, DLoopConfig(threshold=float("-inf"), max_stages=2), 0.7, False),  # two 1-token stages, one verification
+    (None, None, 1.0, False),                             # plain AR sampling (the baseline)
+    (3, DLoopConfig(threshold=float("-inf"), max_stages=2), 1.0, True),  # the static-cache (GPU) path
+    (2, DLoopConfig(threshold=-1.5, max_stages=2, gate="last"), 1.0, False),  # a gate that opens sometimes
 ])
-def test_sampling_is_distributed_as_the_target(tiny, block_size, dloop, temperature):
+def test_sampling_is_distributed_as_the_target(tiny, block_size, dloop, temperature, static_cache):
     prompt = [3, 5, 2, 6]
     exact = exact_joint(tiny, prompt, temperature)
     assert exact.max() > 0.05 and exact.max() < 0.9  # non-trivial target distribution
@@ -169,7 +171,7 @@ def test_sampling_is_distributed_as_the_target(tiny, block_size, dloop, temperat
     accepted = []
     for seed in range(n):
         res = generate(tiny, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=temperature,
-                       block_size=block_size, dloop=dloop, seed=seed)
+                       block_size=block_size, dloop=dloop, seed=seed, static_cache=static_cache)
         counts[res.tokens[1], res.tokens[2]] += 1
         accepted += res.accepted_per_round[:1]
     expected = exact * n

@@ -168,3 +168,92 @@ def test_training_gradients_and_variants(target):
             assert p.grad.abs().sum() > 0, (mode, p.shape)
     with pytest.raises(ValueError, match="causal_inputs"):
         dom.forward_train(ids, feats, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), causal_inputs="x")
+
+
+# --------------------------------------------------------------------------- the cheap decode head (candidate pool)
+
+
+def _draft(dom, ids, feats, a, temperature=0.0, seed=0, **options):
+    s = dom.new_session(**options)
+    s.extend(ids[0, :a], feats[0, :a])
+    return s.draft(ids[0, a], B - 1, temperature=temperature, generator=torch.Generator().manual_seed(seed))
+
+
+def test_pool_of_the_whole_vocabulary_is_the_exact_head(target):
+    dom = _drafter(target)
+    ids, feats = _batch(T=30)
+    full, same = _draft(dom, ids, feats, 13), _draft(dom, ids, feats, 13, pool_size=target.vocab_size)
+    assert torch.equal(full.tokens, same.tokens) and torch.equal(full.logits, same.logits)
+
+
+def test_pool_logits_are_the_exact_equation_on_the_pool(target):
+    """On a pool of P base-logit candidates the final logits equal the full head's at those tokens (teacher
+    forced with the pool's own picks), -inf elsewhere; the pick is the pool's argmax."""
+    dom = _drafter(target)
+    ids, feats = _batch(T=30)
+    P, a = 5, 13
+    d = _draft(dom, ids, feats, a, pool_size=P)
+    forced = ids.clone()
+    forced[0, a + 1: a + B] = d.tokens
+    with torch.no_grad():
+        out = dom.forward_train(forced, feats, torch.tensor([[a]]), torch.ones(1, 1, dtype=torch.bool))
+    pool = out.logits[0, 0, 1:].topk(P, -1).indices  # [K, P] top-P of the base logits
+    inside = torch.zeros_like(d.logits, dtype=torch.bool).scatter_(-1, pool, True)
+    torch.testing.assert_close(d.logits[inside], out.final_logits[0, 0, 1:][inside], atol=1e-5, rtol=1e-5)
+    assert torch.isinf(d.logits[~inside]).all()
+    assert d.tokens.tolist() == d.logits.argmax(-1).tolist()
+    torch.testing.assert_close(d.logprobs, torch.log_softmax(d.logits, -1).gather(-1, d.tokens[:, None])[:, 0])
+    assert (d.logprobs > _draft(dom, ids, feats, a).logprobs - 1e-6).all()  # log q on the pool >= on all V
+
+
+def test_pool_sampling_q_lives_on_the_pool(target):
+    dom = _drafter(target)
+    ids, feats = _batch(T=24)
+    d = _draft(dom, ids, feats, 15, temperature=1.3, pool_size=7)
+    assert ((d.probs > 0).sum(-1) == 7).all()
+    torch.testing.assert_close(d.probs.sum(-1), torch.ones(B - 1))
+    torch.testing.assert_close(d.probs, torch.softmax(d.logits / 1.3, -1))
+    torch.testing.assert_close(d.logprobs.exp(), d.probs.gather(-1, d.tokens[:, None])[:, 0])
+
+
+def test_input_table_follows_weight_changes(target):
+    """The cached E·W_ihᵀ table is rebuilt after an optimizer step and after load_state_dict."""
+    dom = _drafter(target)
+    emb = dom.embed.weight
+    head = dom.head
+
+    def fresh():
+        return emb @ head.gru.weight_ih_l0.detach().T
+
+    t0 = head.input_table(emb)
+    assert head.input_table(emb) is t0  # cached
+    torch.testing.assert_close(t0, fresh())
+    opt = torch.optim.SGD(head.parameters(), lr=0.5)
+    head.gru.weight_ih_l0.grad = torch.randn_like(head.gru.weight_ih_l0)
+    opt.step()
+    t1 = head.input_table(emb)
+    assert t1 is not t0
+    torch.testing.assert_close(t1, fresh())
+    other = DominoHead(head.hidden_size, head.gru_hidden, head.down.weight.shape[0], head.up.weight.shape[0])
+    head.load_state_dict(other.state_dict())
+    torch.testing.assert_close(head.input_table(emb), emb @ other.gru.weight_ih_l0.detach().T)
+    import copy
+
+    assert "_input_table" not in copy.deepcopy(head).__dict__  # derived data is not copied
+
+
+def test_pool_size_is_checked_before_decoding(target):
+    from lit_domino.decoding import generate
+
+    dom = _drafter(target)
+    prompt = torch.tensor([[5, 6, 7]])
+    for bad in (0, -3, target.vocab_size + 1, 2.5, True):
+        with pytest.raises(ValueError, match="pool_size"):
+            generate(target, dom, prompt, max_new_tokens=4, pool_size=bad)
+    backbone = build_drafter(drafter_config("backbone", target, block_size=B), target)
+    with pytest.raises(ValueError, match="pool_size=8 needs a drafter with a logit-correction head"):
+        generate(target, backbone, prompt, max_new_tokens=4, pool_size=8)
+    with pytest.raises(ValueError, match="plain decoding"):
+        generate(target, None, prompt, max_new_tokens=4, pool_size=8)
+    with pytest.raises(ValueError, match="takes no decoding option"):
+        backbone.new_session(pool_size=8)

@@ -1,0 +1,118 @@
+"""GPU check of the decode path (< 8 min on one GPU): eager vs compiled, lossless, ours vs the official loop.
+
+    python experiments/gpu/decode_check.py [--preset smoke] [--prompts 4] [--max-new-tokens 128]
+
+1. builds the embedded target (cached; its recipe trains on the CPU, ~1 min for ``smoke``) and loads it on the GPU;
+2. trains the backbone and Domino drafters briefly on the GPU (``trainer.max_epochs`` 1, cached);
+3. decodes the same prompts eagerly (DynamicCache) and compiled (StaticCache + ``torch.compile(mode=
+   "reduce-overhead")``, :func:`lit_domino.decoding.generate`'s ``compile``), each method after an untimed warm-up
+   (compilation), with Domino's candidate pools ``--pool-sizes``;
+4. prints tau, time per token, the compiled/eager speedup per method and whether every row is lossless
+   (the compiled rows must equal the eager AR tokens); and, when ``dflash`` is importable and the suite has
+   its peer row, the official ``dflash_generate`` loop on the same backbone.
+
+Exits with an error naming the problem when no CUDA device is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="smoke", help="embedded target + drafter preset (default: smoke)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per embedded domain (default: 4)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--pool-sizes", default="full,64", help="Domino candidate pools (default: full,64)")
+    p.add_argument("--dtype", default="bfloat16", help="target (and drafter) dtype on the GPU (default: bfloat16)")
+    p.add_argument("--out", default=str(ROOT / "results" / "gpu"), help="where the JSON report goes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("experiments/gpu/decode_check.py needs a CUDA GPU: torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU machine.")
+    from lit_domino.bench import parse_pool_sizes
+    from lit_domino.configs import load_config
+    from lit_domino.data.benchmarks import load_benchmark
+    from lit_domino.decoding import benchmark
+    from lit_domino.decoding.metrics import markdown_table
+    from lit_domino.experiment import train_variant
+    from lit_domino.models import load_drafter
+    from lit_domino.target import load_target
+
+    t0 = time.perf_counter()
+    target = load_target(f"embedded:{args.preset}", dtype=getattr(torch, args.dtype), device="cuda")
+    print(f"[{time.perf_counter() - t0:6.1f}s] target embedded:{args.preset} on {torch.cuda.get_device_name()}")
+    drafters = {}
+    for variant in ("backbone", "domino"):
+        cfg = load_config(variant, args.preset, seed=0, overrides={"trainer.accelerator": "gpu",
+                                                                    "trainer.max_epochs": 1})
+        trained = train_variant(cfg, experiment="gpu-check", progress=False)
+        drafters[variant] = load_drafter(trained.drafter_dir, target=target, map_location="cuda").to(
+            dtype=target.dtype).eval()  # cast once to the target's dtype
+        print(f"[{time.perf_counter() - t0:6.1f}s] {variant} trained ({trained.drafter_dir})")
+    prompts = {f"embedded-{d}": load_benchmark(f"embedded-{d}", args.prompts) for d in ("math", "code", "chat")}
+    pools = parse_pool_sizes(args.pool_sizes)
+    runs = {}
+    for mode, compiled in (("eager", False), ("compiled", True)):
+        runs[mode] = benchmark(target, drafters, prompts, max_new_tokens=args.max_new_tokens, pool_sizes=pools,
+                               compile=compiled, hf_baseline=False, progress=False)
+        print(f"[{time.perf_counter() - t0:6.1f}s] {mode} decoding done")
+    eager = {(r["benchmark"], r["method"]): r for r in runs["eager"]}
+    lines, ok = [], True
+    for r in runs["compiled"]:
+        e = eager[(r["benchmark"], r["method"])]
+        r["compiled_over_eager"] = e["tpot_ms"] / r["tpot_ms"]
+        r["eager_tpot_ms"] = e["tpot_ms"]
+        ok &= r["match_baseline"] == 1.0 and e["match_baseline"] == 1.0
+        lines.append(r)
+    print(markdown_table(lines, ["benchmark", "method", "tau", "eager_tpot_ms", "tpot_ms", "compiled_over_eager",
+                                 "speedup", "draft_ms_per_round", "verify_ms_per_round", "match_baseline"]))
+    peers = _official_loop(target, drafters["backbone"], prompts, args)
+    report = {"args": vars(args), "device": torch.cuda.get_device_name(), "lossless": ok, "rows": lines,
+              "official_loop": peers, "seconds": time.perf_counter() - t0}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"decode-check-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    print(f"lossless: {ok}; wrote {path} ({report['seconds']:.0f} s)")
+    if not ok:
+        raise SystemExit("a decoded row differs from the target's greedy tokens: the decode path is not lossless")
+    return report
+
+
+def _official_loop(target, backbone, prompts, args):
+    """z-lab's ``dflash_generate`` on the same backbone, through the bench's ``--peers dflash`` row
+    (``lit_domino.bench.official_peers``, the interop branch) when this checkout has it."""
+    import lit_domino.bench as bench
+
+    if not hasattr(bench, "official_peers"):
+        return {"skipped": "this checkout has no dflash peer (lit_domino.bench.official_peers, the interop branch)"}
+    try:
+        external = bench.official_peers(["dflash"], {"backbone": backbone}, target)
+    except ImportError as err:
+        return {"skipped": f"dflash is not importable ({err})"}
+    from lit_domino.decoding import benchmark
+
+    rows = benchmark(target, {"backbone": backbone}, prompts, max_new_tokens=args.max_new_tokens, hf_baseline=False,
+                     progress=False, external=external)
+    return {"rows": [{k: r.get(k) for k in ("benchmark", "method", "tau", "tpot_ms", "speedup", "match_baseline")}
+                     for r in rows]}
+
+
+if __name__ == "__main__":
+    main()
