@@ -21,6 +21,7 @@ the token at position start+k), so a block of size B drafts B-1 tokens.
 from __future__ import annotations
 
 import contextlib
+import os
 import math
 import time
 from dataclasses import dataclass, field
@@ -105,6 +106,20 @@ def _as_batch(input_ids) -> torch.Tensor:
     return input_ids.long()
 
 
+def _position_limits(target, drafter) -> dict[str, int | None]:
+    limits = {"target": getattr(target.model.config, "max_position_embeddings", None)}
+    if drafter is not None:
+        limits["drafter"] = getattr(drafter.config, "max_position_embeddings", None)
+    return limits
+
+
+def context_limit(target, drafter) -> int | None:
+    """Positions the target and the drafter both have (None: unbounded). A verify step puts the anchor
+    at position ``start`` and the drafts after it, so a round may draft at most ``limit - 1 - start``."""
+    limits = [v for v in _position_limits(target, drafter).values() if v is not None]
+    return min(limits) if limits else None
+
+
 def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_size, dloop, pool_size=None):
     """Check everything before decoding; returns ``(input_ids [b, T], block_size, dloop)``."""
     input_ids = _as_batch(input_ids)
@@ -139,16 +154,14 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
         if (layers := feature_layers(drafter)) is not None:
             check_layer_ids(layers, target.num_layers)
         budget = (dloop.max_stages if dloop else 1) * (block_size - 1)
-    limits = {"target": getattr(target.model.config, "max_position_embeddings", None)}
-    if drafter is not None:
-        limits["drafter"] = getattr(drafter.config, "max_position_embeddings", None)
-    need = input_ids.shape[1] + max_new_tokens + budget
-    for who, limit in limits.items():
+    # what autoregressive decoding needs; near the end of the context the drafter drafts less
+    # (see context_limit), so the draft budget never makes a request that fits fail
+    need = input_ids.shape[1] + max_new_tokens
+    for who, limit in _position_limits(target, drafter).items():
         if limit is not None and need > limit:
             raise ValueError(
-                f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} + draft budget {budget} "
-                f"(stages x (block_size - 1)) = {need} exceeds the {who}'s max_positions {limit}; "
-                "shorten the prompt or lower max_new_tokens"
+                f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} = {need} exceeds the "
+                f"{who}'s max_positions {limit}; shorten the prompt or lower max_new_tokens"
             )
     return input_ids, block_size, dloop
 
@@ -261,13 +274,21 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
     res = GenerationResult(tokens=[], num_target_forwards=1)
     start = prompt.shape[0]  # position of the anchor = committed tokens already in the target cache
     done = _commit(res, [int(anchor)], eos, max_new_tokens)
+    limit = context_limit(target, drafter)
+
+    def room(drafted: int) -> int:  # drafts the next stage may add: block_size-1, fewer at the context's end
+        return block_size - 1 if limit is None else min(block_size - 1, limit - 1 - start - drafted)
+
     while not done:
         # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the gate's confidence
-        #    (papers: sum_k log q(d_k)) >= g, anchoring each stage at the previous last draft.
-        stages = [session.draft(anchor, block_size - 1, temperature, generator)]
-        while dloop is not None and dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs)):
-            stages.append(session.draft(stages[-1].tokens[-1:], block_size - 1, temperature, generator))
-        drafts = torch.cat([s.tokens.reshape(-1) for s in stages]).to(prompt.device)  # d_1..d_m
+        #    (papers: sum_k log q(d_k)) >= g, anchoring each stage at the previous last draft. At the
+        #    end of the context a stage drafts fewer tokens (none: the round is a plain target step).
+        stages = [session.draft(anchor, room(0), temperature, generator)] if room(0) > 0 else []
+        while (dloop is not None and stages and room(m := sum(st.tokens.numel() for st in stages)) > 0
+               and dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs))):
+            stages.append(session.draft(stages[-1].tokens[-1:], room(m), temperature, generator))
+        drafts = (torch.cat([s.tokens.reshape(-1) for s in stages]).to(prompt.device) if stages
+                  else torch.zeros(0, dtype=torch.long, device=prompt.device))  # d_1..d_m
         clock.lap("draft")
         # 2. verify: the target sees [anchor, d_1..d_m] at positions start..start+m in one forward;
         #    logits[k] is its distribution for position start+k+1 (the one d_{k+1} claims).
@@ -281,7 +302,7 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
             acc, committed = accept_greedy(drafts, logits)
         else:
             q = torch.cat([s.probs if s.probs is not None else one_hot_probs(s.tokens, logits.shape[-1])
-                           for s in stages])
+                           for s in stages]) if stages else logits.new_zeros(0, logits.shape[-1])
             acc, bonus = verify_sampling(drafts, q, logits, temperature, generator)
             committed = drafts[:acc].tolist() + [bonus]
         # 4. roll back: the cache keeps anchor + accepted drafts (start+acc+1 positions; the bonus
@@ -349,6 +370,30 @@ def check_compile(compile: bool, target) -> None:
                          "(compile=False), or move the target to a GPU")
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _bounded_threads(threads: int | None):
+    """torch's intra-op threads for the block: ``threads``, or at most the usable CPUs; restored after."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    before = torch.get_num_threads()
+    wanted = threads if threads is not None else min(before, usable_cpus())
+    if wanted != before:
+        torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        if wanted != before:
+            torch.set_num_threads(before)
+
+
 @contextlib.contextmanager
 def _eval_mode(*modules, inference: bool = False):
     """Eval mode + no grad for the call; training flags are restored afterwards.
@@ -385,6 +430,7 @@ def generate(
     static_cache: bool = False,
     compile: bool = False,
     record_stages: bool = False,
+    threads: int | None = None,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -404,6 +450,10 @@ def generate(
     the target's forward runs under ``torch.compile(mode="reduce-overhead")``, so each fixed verify width
     (``stages x (block_size - 1) + 1``) and the AR step replay as CUDA graphs.
     ``record_stages``: fill ``stage_records`` (one host copy per stage; DLoop's calibration data).
+    ``threads``: torch intra-op threads for the call (restored after); None = torch's setting, bounded by
+    the CPUs this process may use (a container's torch often counts the host's cores, and oversubscribed
+    threads spin: one small call measured 17 s instead of 0.2 s on a busy 2-core machine). Tiny models
+    decode fastest on 1 thread on a shared machine (the studies pin it).
     All inputs are validated before any decoding (ValueError with the reason).
     """
     input_ids, block_size, dloop = validate(target, drafter, input_ids, max_new_tokens=max_new_tokens,
@@ -418,10 +468,13 @@ def generate(
         seed = int(torch.randint(0, 2**62, ()).item())
     generator = torch.Generator(device=device).manual_seed(int(seed))
     results = []
-    with _eval_mode(target.model, drafter, inference=drafter is None):
+    with _eval_mode(target.model, drafter, inference=drafter is None), _bounded_threads(threads):
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
         for row in input_ids.to(device):
-            runner = _TargetRunner(target, row.shape[0] + max_new_tokens + budget + 1, static_cache, compile)
+            capacity = row.shape[0] + max_new_tokens + budget + 1
+            if (limit := context_limit(target, drafter)) is not None:
+                capacity = min(capacity, limit)  # rounds near the context's end draft less (context_limit)
+            runner = _TargetRunner(target, capacity, static_cache, compile)
             if drafter is None:
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
             else:

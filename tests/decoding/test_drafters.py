@@ -150,4 +150,7 @@ def test_drafter_position_limit_is_checked_before_decoding(targets):
     drafter = build_drafter(cfg, target)
     with pytest.raises(ValueError, match="drafter's max_positions 32"):
         generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=30)
-    assert len(generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=26).tokens) == 26
+    # the whole context (3 + 29 = 32) decodes: the last rounds draft less, the output is the target's
+    prompt = torch.tensor([[5, 6, 7]])
+    assert generate(target, drafter, prompt, max_new_tokens=29).tokens == generate(target, None, prompt,
+                                                                                   max_new_tokens=29).tokens

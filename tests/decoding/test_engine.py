@@ -323,7 +323,7 @@ def test_bad_inputs_fail_before_decoding(target):
         (dict(max_new_tokens=5, temperature=-0.1), "temperature"),
         (dict(max_new_tokens=5, block_size=1), "block_size"),
         (dict(max_new_tokens=5, block_size=9), "block_size"),
-        (dict(max_new_tokens=500), "max_positions"),
+        (dict(max_new_tokens=600), "max_positions"),
         (dict(max_new_tokens=5, dloop="-0.5:3"), "DLoopConfig"),
         (dict(max_new_tokens=5, compile=True), "compile=True needs a target on a CUDA device"),
         (dict(max_new_tokens=5, compile="yes"), "compile must be True or False"),
@@ -339,11 +339,23 @@ def test_bad_inputs_fail_before_decoding(target):
                           intermediate_size=64)
     with pytest.raises(ValueError, match="fingerprint"):
         generate(other, d, p, max_new_tokens=5)
-    # the draft budget (stages x (B-1)) counts against max_positions too
-    n = 512 - p.shape[1] - 7
-    with pytest.raises(ValueError, match="draft budget 21"):
-        generate(target, d, p, max_new_tokens=n, dloop=DLoopConfig(-0.5, 3))
     assert not calls
+
+
+@pytest.mark.parametrize("dloop", [None, DLoopConfig(-0.5, 3)])
+def test_a_request_that_fits_the_context_is_decoded_drafting_less_at_its_end(target, dloop):
+    """prompt + max_new_tokens == max_positions: autoregressive decoding accepts it, so speculative decoding
+    must too; the last rounds draft fewer tokens (the last ones none), the output is still the target's."""
+    p = torch.tensor([prompts(1, seed=13)[0]])
+    n = 512 - p.shape[1]
+    d = StubDrafter(target, "oracle", 8)  # proposes the target's own tokens: every round would fill a block
+    res = generate(target, d, p, max_new_tokens=n, dloop=dloop)
+    assert res.tokens == generate(target, None, p, max_new_tokens=n).tokens and len(res.tokens) == n
+    assert max(res.drafted_per_round) == (3 if dloop else 1) * 7  # full blocks before the end
+    start = p.shape[1]  # every round's anchor + drafts fit the 512 positions
+    for acc, drafted in zip(res.accepted_per_round, res.drafted_per_round):
+        assert start + drafted <= 511
+        start += acc + 1
 
 
 def test_drafter_training_flag_is_restored(target):
@@ -355,3 +367,29 @@ def test_drafter_training_flag_is_restored(target):
     d = ModuleDrafter().train()
     generate(target, d, torch.tensor([prompts(1)[0]]), max_new_tokens=6)
     assert d.training and not target.model.training
+
+
+def test_generate_bounds_its_threads_and_restores_them(target, monkeypatch):
+    from lit_domino.decoding import engine
+
+    p = torch.tensor([prompts(1, seed=13)[0]])
+    seen = []
+    real = engine._autoregressive
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_autoregressive", spy)
+    before = torch.get_num_threads()
+    generate(target, None, p, max_new_tokens=2, threads=1)
+    monkeypatch.setattr(engine, "usable_cpus", lambda: 1)  # torch would use more threads than the CPUs it may run on
+    torch.set_num_threads(2)
+    try:
+        generate(target, None, p, max_new_tokens=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1]
+    with pytest.raises(ValueError, match="threads"):
+        generate(target, None, p, max_new_tokens=2, threads=0)
