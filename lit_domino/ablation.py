@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import mlflow
+import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -95,6 +97,33 @@ def _warn_if_replacing(out_dir: Path, plan: dict, t0: float) -> None:
 
 def _log(msg: str, t0: float) -> None:
     print(f"[ablation {time.time() - t0:6.0f}s] {msg}", flush=True)
+
+
+class StageTimes:
+    """Wall-clock seconds per stage of the job (``stage_times.json`` beside the tables, and a summary at
+    the end): the README's figures come from a run, not an estimate."""
+
+    def __init__(self):
+        self.t0 = time.time()
+        self.stages: list[dict] = []
+
+    def record(self, name: str, start: float, **info) -> None:
+        self.stages.append({"stage": name, "seconds": round(time.time() - start, 1), **info})
+
+    def summary(self) -> dict:
+        total = time.time() - self.t0
+        return {"total_seconds": round(total, 1), "stages": self.stages,
+                "machine": {"cpus": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+                            "torch_threads": torch.get_num_threads()}}
+
+    def report(self) -> str:
+        total = max(time.time() - self.t0, 1e-9)
+        lines = ["where the time went:"]
+        for s in self.stages:
+            extra = " (cached)" if s.get("cached") else ""
+            lines.append(f"  {s['stage']:<32} {s['seconds'] / 60:6.1f} min  {100 * s['seconds'] / total:5.1f} %{extra}")
+        lines.append(f"  {'total':<32} {total / 60:6.1f} min")
+        return "\n".join(lines)
 
 
 def _eta(done: int, total: int, elapsed: float) -> str:
@@ -205,7 +234,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     ``train_only``: stop after stage 2 (the drafters are cached); a later run without it decodes.
     Decoding is timed, so train on a busy machine (or seeds in parallel processes) and decode alone."""
 
-    t0 = time.time()
+    clock = StageTimes()
+    t0 = clock.t0
     plan = study_plan(preset, variants, seeds)
     if overrides:
         plan["overrides"] = dict(overrides)
@@ -218,7 +248,9 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']})", t0)
     _log(f"stage 1/4 target {configs[0]['data']['target']}", t0)
+    start = time.time()
     target = load_target(configs[0]["data"]["target"])
+    clock.record("target", start)
 
     trained, t_train = [], time.time()
     for i, cfg in enumerate(configs):
@@ -229,17 +261,28 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
                  " (restarting its interrupted MLflow run)" if (path / CHECKPOINT_DIR / RUN_ID_FILE).exists() else "")
         _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{state}; "
              f"{_eta(i, len(configs), time.time() - t_train)}", t0)
+        start = time.time()
         trained.append(train_variant(cfg, experiment=f"ablation-{preset}", progress=progress))
+        clock.record(f"train {cfg['tracking']['variant']} s{cfg['seed_everything']}", start,
+                     cached=trained[-1].from_cache)
     if train_only:
-        _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)", t0)
+        write_json(clock.summary(), out_dir / "stage_times.json")
+        _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)\n{clock.report()}", t0)
         return {"trained": trained, "seconds": time.time() - t0}
 
     def decode() -> list[dict]:
         _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers)", t0)
         return evaluate(target, trained, plan, progress=progress)
 
-    rows = cached_rows(eval_key(plan, trained, target), f"ablation-{preset}", decode,
-                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
+    start, reused = time.time(), []
+
+    def on_reuse():
+        reused.append(True)
+        _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
+
+    rows = cached_rows(eval_key(plan, trained, target), f"ablation-{preset}", decode, on_reuse=on_reuse)
+    clock.record("decode", start, cached=bool(reused))
+    start = time.time()
 
     _log("stage 4/4 tables", t0)
     records = records_from_rows(rows)
@@ -257,6 +300,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"],
                "overrides": plan.get("overrides")}
     write_json(summary, out_dir / "summary.json")
+    clock.record("tables", start)
+    write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
     log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
 
     print(f"\n## Main table ({preset}; speedup = our AR baseline time per token / speculative, prefill excluded)\n")
@@ -266,7 +311,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     print(f"\n## Speedup beside the Hugging Face peers ({preset})\n")
     print(peers)
     print(f"\nwritten to {out_dir}; MLflow experiment ablation-{preset} at {default_tracking_uri()}")
-    _log(f"done in {seconds / 60:.1f} min", t0)
+    _log(f"done in {seconds / 60:.1f} min\n{clock.report()}", t0)
     return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
 
 

@@ -94,8 +94,13 @@ def test_smoke_ablation_end_to_end(tmp_path):
             assert row[f"{col}/tau"][0] >= 1.0
     studies = [r["study"] for r in out["tables"]["ablations"]["rows"]]
     assert studies == ["head", "causal_inputs", "curriculum"]
-    for name in ("main.md", "main.json", "ablations.md", "ablations.json", "peers.md"):
+    for name in ("main.md", "main.json", "ablations.md", "ablations.json", "peers.md", "stage_times.json"):
         assert (tmp_path / "results" / name).is_file()
+    times = json.loads((tmp_path / "results" / "stage_times.json").read_text())
+    names = [s["stage"] for s in times["stages"]]
+    assert names[0] == "target" and names[-2:] == ["decode", "tables"] and len(names) == 2 + 6 + 1
+    assert all(s["cached"] for s in times["stages"] if s["stage"].startswith("train "))  # trained by --train-only
+    assert times["total_seconds"] >= sum(s["seconds"] for s in times["stages"]) - 1.0
     # every decoded method reproduced the target's greedy output
     assert all(r["match_baseline"] == 1.0 for r in out["rows"] if r["kind"] == "drafter")
     client = MlflowClient(default_tracking_uri())
