@@ -8,19 +8,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import torch
-from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
 from lit_domino.data.benchmarks import load_benchmark, parse_benchmark_list
 from lit_domino.decoding import DLoopConfig, benchmark
 from lit_domino.decoding.metrics import markdown_table
 from lit_domino.models import build_drafter, drafter_config, load_drafter
-from lit_domino.study import POSITIONS, log_metrics, mlflow_name, pinned_threads, row_metrics, write_json
+from lit_domino.study import POSITIONS, log_command_run, pinned_threads, row_metrics, write_json
 from lit_domino.target import load_target
 from lit_domino.testing import random_target
-from lit_domino.tracking import default_tracking_uri, mlflow_run
 
 BENCH_KEYS = ("tau", "accepted_per_round", "speedup", "tpot_ms", "speedup_vs_hf_generate", "match_baseline",
               POSITIONS)
@@ -170,11 +167,5 @@ def run_bench(options: Mapping | Any) -> list[dict]:
 def _log_bench(args: dict, rows: list[dict], md_path: Path, json_path: Path) -> str:
     """The bench's MLflow run: options as params, ``{benchmark}/{method}/T{t}/{key}`` metrics, both files."""
     metrics = row_metrics(rows, BENCH_KEYS, by=lambda r: (r["benchmark"], r["method"], f"T{r['temperature']:g}"))
-    with mlflow_run(args["experiment"], run_name=f"bench-{time.strftime('%Y%m%d-%H%M%S')}",
-                    tags={"table": "bench", "target": args["target"]}) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in args.items()})
-        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id,
-                    {mlflow_name(k): v for k, v in metrics.items()})
-        mlflow.log_artifact(str(md_path))
-        mlflow.log_artifact(str(json_path))
-        return run.info.run_id
+    return log_command_run(args["experiment"], f"bench-{time.strftime('%Y%m%d-%H%M%S')}",
+                           {"table": "bench", "target": args["target"]}, args, metrics, [md_path, json_path])

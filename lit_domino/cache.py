@@ -201,16 +201,22 @@ def invalidate(path: Path) -> None:
         (Path(path) / _COMPLETE).unlink()
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def write_metadata(path: Path, name: str, text: str) -> None:
     """Rewrite a small file of a finished artifact (``report.json``, a run id) and update its marker entry.
 
     Files rewritten behind the marker's back read as corrupt; this keeps the promise true.
     """
     path = Path(path)
-    target = path / name
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    target = write_text_atomic(path / name, text)
     marker = _read_marker(path)
     if marker and "files" in marker:
         size = target.stat().st_size
@@ -218,9 +224,7 @@ def write_metadata(path: Path, name: str, text: str) -> None:
         if size <= CHECKSUM_MAX_BYTES:
             entry["sha256"] = _sha256(target)
         marker["files"][Path(name).as_posix()] = entry
-        mtmp = path / f"{_COMPLETE}.tmp"
-        mtmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
-        os.replace(mtmp, path / _COMPLETE)
+        write_text_atomic(path / _COMPLETE, json.dumps(marker, indent=1, sort_keys=True))
 
 
 def clear(path: Path) -> None:

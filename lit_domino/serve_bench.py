@@ -17,7 +17,6 @@ level has finished.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -120,12 +119,6 @@ def serve_bench(servers: Mapping[str, ServerClient], prompts: list[list[dict]], 
     return rows
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def run_serve_bench(options: Mapping | Any) -> list[dict]:
     """The command: measure, then write ``<out>/serve_bench-<time>.md`` + ``.json`` and log one MLflow run.
 
@@ -149,7 +142,8 @@ def run_serve_bench(options: Mapping | Any) -> list[dict]:
                        chat_template_kwargs=kwargs, baseline="baseline" if "baseline" in servers else None,
                        warmup=args.get("warmup", 1), progress=not args.get("no_progress"))
     from lit_domino.decoding.metrics import markdown_table
-    from lit_domino.study import to_json
+    from lit_domino.cache import write_text_atomic
+    from lit_domino.study import write_json
 
     table = markdown_table(rows, SERVE_COLUMNS)
     out = Path(args["out"])
@@ -161,8 +155,8 @@ def run_serve_bench(options: Mapping | Any) -> list[dict]:
               f"({len(prompts)} prompts, first turn), max_tokens {args['max_tokens']}, temperature "
               f"{args.get('temperature', 0.0):g}. tokens_per_s = output tokens of a level / its wall time; latency per "
               "request; speedup = tokens_per_s / the baseline's at the same concurrency.\n\n")
-    _atomic_write(md_path, header + table + "\n")
-    _atomic_write(json_path, json.dumps(to_json({"args": args, "rows": rows}), indent=2, allow_nan=False))
+    write_text_atomic(md_path, header + table + "\n")
+    write_json({"args": args, "rows": rows}, json_path, indent=2)
     print(table)
     print(f"\nwrote {md_path} and {json_path}")
     if not args.get("no_mlflow"):
@@ -172,18 +166,8 @@ def run_serve_bench(options: Mapping | Any) -> list[dict]:
 
 def _log(args: dict, rows: list[dict], md_path: Path, json_path: Path) -> str:
     """One MLflow run: options as params, ``{server}/c{concurrency}/{key}`` metrics, both files as artifacts."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.study import log_metrics, mlflow_name, row_metrics
-    from lit_domino.tracking import default_tracking_uri, mlflow_run
+    from lit_domino.study import log_command_run, row_metrics
 
     metrics = row_metrics(rows, SERVE_KEYS, by=lambda r: (r["server"], f"c{r['concurrency']}"))
-    with mlflow_run(args["experiment"], run_name=md_path.stem,
-                    tags={"table": "serve_bench", "server": args["url"], "baseline": args.get("baseline") or ""}) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in args.items()})
-        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id,
-                    {mlflow_name(k): v for k, v in metrics.items()})
-        mlflow.log_artifact(str(md_path))
-        mlflow.log_artifact(str(json_path))
-        return run.info.run_id
+    tags = {"table": "serve_bench", "server": args["url"], "baseline": args.get("baseline") or ""}
+    return log_command_run(args["experiment"], md_path.stem, tags, args, metrics, [md_path, json_path])

@@ -62,11 +62,10 @@ def to_json(obj: Any, convert: Callable[[Any], Any] | None = None) -> Any:
 
 
 def write_json(obj: Any, path: str | Path, indent: int = 1, convert: Callable[[Any], Any] | None = None) -> Path:
-    """Write :func:`to_json` of ``obj`` to ``path`` as strict JSON (no bare NaN/Infinity); returns the path."""
+    """Write :func:`to_json` of ``obj`` to ``path`` as strict JSON (no bare NaN/Infinity), atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_json(obj, convert), indent=indent, allow_nan=False))
-    return path
+    return cache.write_text_atomic(path, json.dumps(to_json(obj, convert), indent=indent, allow_nan=False))
 
 
 # --------------------------------------------------------------------------- threads
@@ -208,6 +207,24 @@ def drafter_metrics(rows: Iterable[Mapping], *, keys: Sequence[str] = DECODE_KEY
 def mlflow_name(name: str) -> str:
     """``name`` with the characters MLflow refuses in metric names replaced by ``_``."""
     return re.sub(r"[^A-Za-z0-9_\-./ :]", "_", name)
+
+
+def log_command_run(experiment: str, run_name: str, tags: Mapping[str, str], params: Mapping[str, Any],
+                    metrics: Mapping[str, float], files: Sequence[Path]) -> str:
+    """One MLflow run of a measuring command (bench, serve_bench): its options as params (values cut to
+    MLflow's 500 characters), ``metrics`` under MLflow-safe names, ``files`` as artifacts; returns the run id."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.tracking import default_tracking_uri, mlflow_run  # tracking imports MLflow lazily, so here too
+
+    with mlflow_run(experiment, run_name=run_name, tags=dict(tags)) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id,
+                    {mlflow_name(k): v for k, v in metrics.items()})
+        for path in files:
+            mlflow.log_artifact(str(path))
+        return run.info.run_id
 
 
 def log_metrics(client, run_id: str, metrics: Mapping[str, float], step: int = 0) -> int:
