@@ -171,7 +171,12 @@ def test_embedded_target_identity_does_not_depend_on_where_the_cache_lives(tmp_p
     assert here.startswith("embedded:") and str(tmp_path) not in here
 
 
-def test_a_loaded_targets_name_is_its_identity(tiny_target_dir):
+def test_a_loaded_targets_name_is_its_identity(tiny_target_dir, monkeypatch):
+    """The embedded target's name (in the data and feature cache keys) is its recipe, not its directory."""
+    from lit_domino import tiny_target
     from lit_domino.target import load_target, target_identity
 
     assert load_target(tiny_target_dir).name == target_identity(tiny_target_dir)
+    monkeypatch.setattr(tiny_target, "build_tiny_target", lambda preset: tiny_target_dir)  # no 1-minute build
+    embedded = load_target("embedded:smoke")
+    assert embedded.name == target_identity("embedded:smoke") and str(tiny_target_dir) not in embedded.name
