@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import logging
+import multiprocessing
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import mlflow
@@ -31,15 +33,18 @@ from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
 from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
-from lit_domino.cli import CHECKPOINT_DIR, RUN_ID_FILE, ConfigError, check_config
+from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, ConfigError, check_config
 from lit_domino.data.benchmarks import load_benchmark
+from lit_domino.data.datamodule import DrafterDataModule
+from lit_domino.decoding.engine import usable_cpus
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
+from lit_domino.jobclock import JobClock
 from lit_domino.models import load_drafter
 from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
 from lit_domino.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
-from lit_domino.target import load_target
+from lit_domino.target import EMBEDDED_PREFIX, load_target
 from lit_domino.tracking import default_tracking_uri, ensure_experiment, ensure_run, run_tags
 
 
@@ -63,10 +68,15 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
     return plan
 
 
-def eval_key(plan: dict, trained: list, target) -> dict:
+def eval_key(plan: dict, drafter_dirs: list, target) -> dict:
     """The measured rows' cache key: every drafter, the evaluation plan (table membership aside) and the target."""
-    return {"drafters": [str(t.drafter_dir) for t in trained],
-            "plan": {k: v for k, v in plan.items() if k != "tables"}, "target": target.fingerprint()}
+    return {"drafters": [str(d) for d in drafter_dirs],
+            "plan": {k: v for k, v in plan.items() if k not in ("tables", "reference_seconds")},
+            "target": target.fingerprint()}
+
+
+def eval_name(preset: str) -> str:
+    return f"ablation-{preset}"
 
 
 def default_out_dir(preset: str, plan: dict) -> Path:
@@ -99,37 +109,121 @@ def _log(msg: str, t0: float) -> None:
     print(f"[ablation {time.time() - t0:6.0f}s] {msg}", flush=True)
 
 
-class StageTimes:
-    """Wall-clock seconds per stage of the job (``stage_times.json`` beside the tables, and a summary at
-    the end): the README's figures come from a run, not an estimate."""
-
-    def __init__(self):
-        self.t0 = time.time()
-        self.stages: list[dict] = []
-
-    def record(self, name: str, start: float, **info) -> None:
-        self.stages.append({"stage": name, "seconds": round(time.time() - start, 1), **info})
-
-    def summary(self) -> dict:
-        total = time.time() - self.t0
-        return {"total_seconds": round(total, 1), "stages": self.stages,
-                "machine": {"cpus": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-                            "torch_threads": torch.get_num_threads()}}
-
-    def report(self) -> str:
-        total = max(time.time() - self.t0, 1e-9)
-        lines = ["where the time went:"]
-        for s in self.stages:
-            extra = " (cached)" if s.get("cached") else ""
-            lines.append(f"  {s['stage']:<32} {s['seconds'] / 60:6.1f} min  {100 * s['seconds'] / total:5.1f} %{extra}")
-        lines.append(f"  {'total':<32} {total / 60:6.1f} min")
-        return "\n".join(lines)
+# --------------------------------------------------------------------------- stages 1-2: target, data, trainings
 
 
-def _eta(done: int, total: int, elapsed: float) -> str:
-    if not done:
-        return "ETA: measuring"
-    return f"ETA {elapsed / done * (total - done) / 60:.1f} min for the remaining {total - done}"
+def training_jobs(jobs: int | str, configs: list[dict]) -> int:
+    """How many trainings run at once: ``auto`` = one per usable CPU core, at most 2 and at most one per
+    training, when the trainings run on the CPU (a 1-thread training uses a core better than half of a
+    2-thread one: tiny models scale badly across threads); 1 on accelerators. An int is taken as given."""
+    if jobs != "auto":
+        if int(jobs) < 1:
+            raise ValueError(f"jobs must be >= 1 or 'auto', got {jobs!r}")
+        return int(jobs)
+    on_cpu = all(c["trainer"].get("accelerator") == "cpu" or
+                 (c["trainer"].get("accelerator") in ("auto", None) and not torch.cuda.is_available()) for c in configs)
+    return max(1, min(2, usable_cpus(), len(configs))) if on_cpu else 1
+
+
+def _target_cached(spec: str) -> bool:
+    """Whether loading ``spec`` is only a load (True for a local or hub model: nothing is built here)."""
+    if not spec.startswith(EMBEDDED_PREFIX):
+        return True
+    from lit_domino.tiny_target import preset_config, target_dir
+    return cache.is_complete(target_dir(preset_config(spec[len(EMBEDDED_PREFIX):])), warn=False)
+
+
+def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
+    """One DataModule per distinct data the trainings read (the seeds and the variants of one feature rule
+    share it), named for the log: regenerating and caching it once, here, before the trainings fan out,
+    keeps the parallel workers from waiting on each other's data locks."""
+    seen, out = set(), []
+    for cfg in configs:
+        data = dict(cfg["data"])
+        key = json.dumps({k: v for k, v in data.items() if k not in ("seed", "batch_size", "num_anchors",
+                                                                    "group_by_length", "num_workers")},
+                         sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        dm = DrafterDataModule(**data)
+        out.append((f"features {data.get('feature_rule', 'dflash')} {dm.feature_layers}", dm))
+    return out
+
+
+def _train_worker_init(threads: int) -> None:
+    """A training worker: ``threads`` torch threads and only Lightning's warnings (the parent logs the stages)."""
+    torch.set_num_threads(threads)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+
+
+def _train_in_worker(cfg: dict, experiment: str):
+    return train_variant(cfg, experiment=experiment, progress=False)
+
+
+def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: dict, progress: bool) -> list:
+    """Train (or find cached) every config; ``clock.jobs`` at once in worker processes, the longest first
+    (by reference seconds) so the workers finish together. Returns the trained drafters in config order.
+
+    A training that fails lets the others running finish (nothing half-trained is lost: they resume from
+    checkpoints anyway), then its error is raised."""
+    t0 = clock.t0
+    names = [f"train {c['tracking']['variant']} s{c['seed_everything']}" for c in configs]
+    paths = [drafter_artifact(cfg) for cfg in configs]
+    todo = [i for i, path in enumerate(paths) if not cache.is_complete(path, warn=False)]
+    parallel = clock.jobs > 1 and len(todo) > 1
+    states = {}
+    for i, (name, cfg, path) in enumerate(zip(names, configs, paths)):
+        states[name] = (" (cached)" if i not in todo else
+                        " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else
+                        " (restarting its interrupted MLflow run)" if (path / CHECKPOINT_DIR / RUN_ID_FILE).exists()
+                        else "")
+        clock.plan(name, reference.get("train", {}).get(cfg["tracking"]["variant"], 0.0), cached=i not in todo,
+                   parallel=parallel)
+    total = len(configs)
+    results: dict[int, object] = {}
+    for i, (name, cfg) in enumerate(zip(names, configs)):
+        if parallel and i in todo:
+            continue  # trained below, in the workers
+        _log(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
+        clock.start(name)
+        results[i] = train_variant(cfg, experiment=experiment, progress=progress)
+        clock.finish(name, cached=results[i].from_cache)
+    if len(results) == total:
+        return [results[i] for i in range(total)]
+
+    order = sorted(todo, key=lambda i: -clock.stages[names[i]].reference)
+    threads = max(1, usable_cpus() // clock.jobs)
+    _log(f"stage 2/4 train {len(todo)} drafters, {clock.jobs} at a time in worker processes ({threads} thread(s) "
+         f"each; progress bars off); {clock.eta()}", t0)
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools or locks
+    with ProcessPoolExecutor(clock.jobs, mp_context=ctx, initializer=_train_worker_init, initargs=(threads,)) as pool:
+        running, error = {}, None
+        pending = list(order)
+        while pending or running:
+            while pending and len(running) < clock.jobs and error is None:
+                i = pending.pop(0)
+                clock.start(names[i])
+                _log(f"stage 2/4 train [{len(todo) - len(pending)}/{len(todo)}] {names[i][6:]}{states[names[i]]} "
+                     f"started; {clock.eta()}", t0)
+                running[pool.submit(_train_in_worker, configs[i], experiment)] = i
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = running.pop(future)
+                try:
+                    results[i] = future.result()
+                except BaseException as err:  # noqa: BLE001 (re-raised once the running ones finish)
+                    error = error or err
+                    _log(f"stage 2/4 train {names[i][6:]} failed: {err!r}", t0)
+                    continue
+                seconds = clock.finish(names[i], cached=results[i].from_cache)
+                _log(f"stage 2/4 train {names[i][6:]} done in {seconds / 60:.1f} min; {clock.eta()}", t0)
+        if error is not None:
+            raise error
+    return [results[i] for i in range(total)]
 
 
 def load_prompts(plan: dict) -> dict:
@@ -224,7 +318,7 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
 
 def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
                  out_dir: Path | None = None, progress: bool = True, overrides: dict | None = None,
-                 train_only: bool = False) -> dict:
+                 train_only: bool = False, jobs: int | str = "auto") -> dict:
     """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``.
 
     ``overrides``: dotted config keys applied to every variant's training config (for example
@@ -232,57 +326,82 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     plain study's artifacts are left alone. Pair them with ``out_dir``.
 
     ``train_only``: stop after stage 2 (the drafters are cached); a later run without it decodes.
-    Decoding is timed, so train on a busy machine (or seeds in parallel processes) and decode alone."""
+    Decoding is timed, so train on a busy machine and decode alone.
 
-    clock = StageTimes()
-    t0 = clock.t0
+    ``jobs``: trainings at once in worker processes (``auto``: :func:`training_jobs`). The log has one line
+    per stage with the job's ETA (:class:`~lit_domino.jobclock.JobClock`, from the study file's
+    ``reference_seconds``); ``stage_times.json`` beside the tables holds what each stage took."""
+
     plan = study_plan(preset, variants, seeds)
     if overrides:
         plan["overrides"] = dict(overrides)
     out_dir = Path(out_dir or default_out_dir(preset, plan))
-    _warn_if_replacing(out_dir, plan, t0)
-    out_dir.mkdir(parents=True, exist_ok=True)
     configs = [load_config(v, preset, s, overrides) for v in plan["variants"] for s in plan["seeds"]]
     for cfg in configs:  # a mistyped --set key fails here, before any training or cache reuse
         check_config(cfg)
+    reference = plan.get("reference_seconds") or {}
+    spec = configs[0]["data"]["target"]
+    target_cached = _target_cached(spec)
+    busy = not target_cached or not all(cache.is_complete(drafter_artifact(c), warn=False) for c in configs)
+    clock = JobClock(calibration=reference.get("calibration") if busy else None, jobs=training_jobs(jobs, configs))
+    t0 = clock.t0
+    _warn_if_replacing(out_dir, plan, t0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clock.plan("target", reference.get("target", 0.0), cached=target_cached)
+    clock.plan("regenerate data", reference.get("regenerate", 0.0))  # cached-ness known once the target is
+    _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
+         f"trainings {clock.jobs} at a time", t0)
 
-    _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']})", t0)
-    _log(f"stage 1/4 target {configs[0]['data']['target']}", t0)
-    start = time.time()
-    target = load_target(configs[0]["data"]["target"])
-    clock.record("target", start)
+    _log(f"stage 1/4 target {spec}{' (cached)' if target_cached else ''}; {clock.eta()}", t0)
+    clock.start("target")
+    target = load_target(spec)
+    clock.finish("target", cached=target_cached)
 
-    trained, t_train = [], time.time()
-    for i, cfg in enumerate(configs):
-        name = f"{cfg['tracking']['variant']} seed {cfg['seed_everything']}"
-        path = drafter_artifact(cfg)
-        state = (" (cached)" if cache.is_complete(path, warn=False) else
-                 " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else
-                 " (restarting its interrupted MLflow run)" if (path / CHECKPOINT_DIR / RUN_ID_FILE).exists() else "")
-        _log(f"stage 2/4 train [{i + 1}/{len(configs)}] {name}{state}; "
-             f"{_eta(i, len(configs), time.time() - t_train)}", t0)
-        start = time.time()
-        trained.append(train_variant(cfg, experiment=f"ablation-{preset}", progress=progress))
-        clock.record(f"train {cfg['tracking']['variant']} s{cfg['seed_everything']}", start,
-                     cached=trained[-1].from_cache)
+    modules = data_modules(configs)
+    for name, dm in modules:
+        clock.plan(name, reference.get("features", 0.0), cached=dm.cached()["features"])
+    clock.stages["regenerate data"].cached = all(dm.cached()["regen"] for _, dm in modules)
+    if clock.stages["regenerate data"].cached:
+        clock.stages["regenerate data"].reference = 0.0
+    if not train_only:
+        key = eval_key(plan, [drafter_artifact(c) / EXPORT_DIR for c in configs], target)
+        decoded = cache.is_complete(cache.artifact_dir("evals", key, name=eval_name(preset)), warn=False)
+        clock.plan("decode", reference.get("decode", 0.0), cached=decoded)
+        clock.plan("tables", reference.get("tables", 0.0))
+    regen_cached = clock.stages["regenerate data"].cached
+    _log(f"stage 1/4 regenerate the training data{' (cached)' if regen_cached else ''}; {clock.eta()}", t0)
+    clock.start("regenerate data")
+    modules[0][1].regenerate(progress=progress)
+    clock.finish("regenerate data", cached=regen_cached)
+    for name, dm in modules:  # every feature cache the trainings share, once, before they fan out
+        cached = clock.stages[name].cached
+        _log(f"stage 1/4 {name}{' (cached)' if cached else ''}; {clock.eta()}", t0)
+        clock.start(name)
+        dm.prepare_data()
+        clock.finish(name, cached=cached)
+
+    trained = train_all(configs, f"ablation-{preset}", clock, reference, progress)
     if train_only:
         write_json(clock.summary(), out_dir / "stage_times.json")
         _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)\n{clock.report()}", t0)
         return {"trained": trained, "seconds": time.time() - t0}
 
     def decode() -> list[dict]:
-        _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers)", t0)
+        _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers); "
+             f"{clock.eta()}", t0)
         return evaluate(target, trained, plan, progress=progress)
 
-    start, reused = time.time(), []
+    reused = []
 
     def on_reuse():
         reused.append(True)
         _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
 
-    rows = cached_rows(eval_key(plan, trained, target), f"ablation-{preset}", decode, on_reuse=on_reuse)
-    clock.record("decode", start, cached=bool(reused))
-    start = time.time()
+    clock.start("decode")
+    rows = cached_rows(eval_key(plan, [t.drafter_dir for t in trained], target), eval_name(preset), decode,
+                       on_reuse=on_reuse)
+    clock.finish("decode", cached=bool(reused))
+    clock.start("tables")
 
     _log("stage 4/4 tables", t0)
     records = records_from_rows(rows)
@@ -300,7 +419,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"],
                "overrides": plan.get("overrides")}
     write_json(summary, out_dir / "summary.json")
-    clock.record("tables", start)
+    clock.finish("tables")
     write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
     log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
 
@@ -325,6 +444,15 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def jobs_arg(text: str) -> int | str:
+    """``--jobs``: ``auto`` or an integer >= 1."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs is 'auto' or an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def main(argv=None) -> dict:
     """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script)."""
     parser = argparse.ArgumentParser(prog="ablation", description="Train every drafter variant, decode for real, "
@@ -340,7 +468,16 @@ def main(argv=None) -> dict:
                              "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable)")
     parser.add_argument("--train-only", action="store_true",
                         help="train (or find cached) every drafter, then stop; rerun without it to decode and tabulate")
+    parser.add_argument("--jobs", default="auto", type=jobs_arg,
+                        help="trainings at once, in worker processes (default auto: 2 on a CPU machine with 2+ "
+                             "cores, 1 with accelerators)")
     args = parser.parse_args(argv)
+    if args.no_progress:  # the libraries' own bars too (dataset saves, weight loading)
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
     try:
         return run_ablation(
             args.preset,
@@ -350,6 +487,7 @@ def main(argv=None) -> dict:
             progress=not args.no_progress,
             overrides=dict(args.set),
             train_only=args.train_only,
+            jobs=args.jobs,
         )
     except ConfigError as err:  # a mistyped --set key: one line, no traceback
         parser.error(str(err))

@@ -45,16 +45,17 @@ class TinyTargetConfig:
     """Human-readable tag in the cache directory name."""
     vocab_size: int = 4096
     """BPE vocabulary; 4096 keeps the LM head cheap on CPU while words stay whole."""
-    hidden_size: int = 192
-    """Model width d (drafters share it)."""
+    hidden_size: int = 128
+    """Model width d (drafters share it). 128, not 192: every stage of the default job (target, regeneration,
+    features, 12 drafter trainings, decoding) costs about half, and the job must finish in 45 min on 2 cores."""
     num_layers: int = 8
     """Depth: 8 gives distinct DFlash ([1, 3, 5]) and EAGLE-3 ([1, 3, 4]) feature layers, and a
     target step costs several draft steps, as it does at 8B scale."""
     num_heads: int = 4
     num_kv_heads: int = 2
     """Grouped-query attention as in Qwen3 (2 query heads per KV head)."""
-    head_dim: int = 48
-    intermediate_size: int = 576
+    head_dim: int = 32
+    intermediate_size: int = 384
     """SwiGLU width, 3 x hidden."""
     max_positions: int = 1024
     """Context length: prompt + response of every embedded example fits."""
@@ -64,12 +65,14 @@ class TinyTargetConfig:
     corpus_seed: int = 0
     seq_len: int = 256
     """Training window length (documents packed back to back)."""
-    batch_size: int = 16
+    batch_size: int = 8
+    """Windows per step. 8, not 16: at this size learning is limited by steps more than by tokens (at
+    step 400 the batch-8 run's loss was below the batch-16 run's), so half the tokens per step."""
     max_steps: int = 2000
-    """Optimizer steps: ~8.2M tokens (~2.8 passes over the corpora), ~25 minutes on 2 quiet CPU
-    cores. Measured on this recipe: at 600 steps the model writes the worked-solution template
-    with invented numbers (2 % greedy math accuracy); copying the prompt's numbers appears
-    around step 800 and correct arithmetic after it (21 % at 1200 steps)."""
+    """Optimizer steps: ~4.1M tokens (~1.4 passes over the corpora). Measured (math accuracy on 50
+    held-out problems along the way): 0 % at step 400, 2 % at 800, 12 % at 1200, 20 % at 1600, and
+    26 % greedy math accuracy (200 problems) at the end. The former recipe (d = 192, batch 16,
+    8.2M tokens, ~25 min) reached 80 %; a 1400-step run at lr 4e-3 only 5 %."""
     lr: float = 3e-3
     """Peak AdamW learning rate; tiny models tolerate (and need) a high one."""
     warmup_ratio: float = 0.05

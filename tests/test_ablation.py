@@ -7,6 +7,7 @@ import pytest
 
 from lit_domino.ablation import main, run_ablation, study_plan
 from lit_domino.configs import available_variants, load_config, parse_override
+from lit_domino.decoding.engine import usable_cpus
 
 
 def test_plan_and_config_errors():
@@ -36,16 +37,15 @@ def test_table_membership_comes_from_the_study_file():
     assert plan["tables"] == {"main": study["variants"]["main"], "ablations": study["variants"]["ablations"]}
     assert plan["variants"] == ["domino"]  # membership is the study's, whatever subset runs
 
-    class Trained:
-        drafter_dir = "artifacts/drafters/domino-s0-abc"
-
     class Target:
         def fingerprint(self):
             return "fp"
 
-    key = eval_key(plan, [Trained()], Target())
-    # the measured rows' cache key is what it was before the plan carried the table membership
-    old_plan = {**study["presets"]["smoke"], "variants": ["domino"], "seeds": [0]}
+    key = eval_key(plan, ["artifacts/drafters/domino-s0-abc"], Target())
+    # the measured rows' cache key is what it was before the plan carried the table membership and the
+    # ETA's reference times
+    smoke = {k: v for k, v in study["presets"]["smoke"].items() if k != "reference_seconds"}
+    old_plan = {**smoke, "variants": ["domino"], "seeds": [0]}
     assert key == {"drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan, "target": "fp"}
 
 
@@ -98,7 +98,11 @@ def test_smoke_ablation_end_to_end(tmp_path):
         assert (tmp_path / "results" / name).is_file()
     times = json.loads((tmp_path / "results" / "stage_times.json").read_text())
     names = [s["stage"] for s in times["stages"]]
-    assert names[0] == "target" and names[-2:] == ["decode", "tables"] and len(names) == 2 + 6 + 1
+    assert names[:2] == ["target", "regenerate data"] and names[-2:] == ["decode", "tables"]
+    assert sorted(n.split(" [")[0] for n in names if n.startswith("features")) == ["features dflash",
+                                                                                    "features eagle3"]
+    assert len([n for n in names if n.startswith("train ")]) == 6
+    assert times["jobs"] == min(2, usable_cpus())  # trainings two at a time on a CPU machine with 2+ cores
     assert all(s["cached"] for s in times["stages"] if s["stage"].startswith("train "))  # trained by --train-only
     assert times["total_seconds"] >= sum(s["seconds"] for s in times["stages"]) - 1.0
     # every decoded method reproduced the target's greedy output

@@ -186,6 +186,14 @@ class EpochShuffleSampler(DistributedSampler):
         return mine
 
 
+def feature_cache_dir(target, layer_ids: list[int], max_length: int, root: Path | None = None,
+                      key_extra: dict | None = None) -> tuple[Path, dict]:
+    """Where the features of ``layer_ids`` are cached, and their key."""
+    key = {"target": target.fingerprint(), "target_name": target.name, "layers": layer_ids, "max_length": max_length,
+           **(key_extra or {})}
+    return cache.artifact_dir("features", key, root=root), key
+
+
 def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root: Path | None = None,
                         key_extra: dict | None = None, batch_tokens: int = 8192):
     """Compute (or reuse) the fp16 features of every sequence; returns (memmap, offsets).
@@ -194,8 +202,7 @@ def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root:
     renamed into place when finished (a failure leaves nothing behind); a corrupt cached
     file (truncated, wrong shape) is rebuilt with a warning naming the folder.
     """
-    key = {"target": target.fingerprint(), "target_name": target.name, "layers": layer_ids, "max_length": max_length, **(key_extra or {})}
-    path = cache.artifact_dir("features", key, root=root)
+    path, key = feature_cache_dir(target, layer_ids, max_length, root, key_extra)
     lengths = [min(len(ids), max_length) for ids in ds["input_ids"]]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     F = len(layer_ids) * target.hidden_size
@@ -381,7 +388,32 @@ class DrafterDataModule(L.LightningDataModule):
         self._build("train")
         self._build("eval")
 
+    def cached(self) -> dict[str, bool]:
+        """What :meth:`prepare_data` would find in the cache: ``{"regen": .., "features": ..}`` (both splits)."""
+        target = self.load_target()
+        regen = all(cache.is_complete(regen_dir(target, self.regen_config(s)), warn=False) for s in ("train", "eval"))
+        features = self.hparams.features != "cached" or all(
+            cache.is_complete(feature_cache_dir(target, self.feature_layers, self.hparams.max_length,
+                                                key_extra={"regen": asdict(self.regen_config(s))})[0], warn=False)
+            for s in ("train", "eval"))
+        return {"regen": regen, "features": features}
+
+    def regenerate(self, progress: bool = True) -> None:
+        """Regenerate (or find cached) both splits' answers, without their features."""
+        for split in ("train", "eval"):
+            self._regenerated(split, progress)
+
     def _build(self, split: str):
+        target, ds = self.load_target(), self._regenerated(split)
+        feats = offsets = None
+        if self.hparams.features == "cached":
+            feats, offsets = build_feature_cache(
+                target, ds, self.feature_layers, self.hparams.max_length,
+                key_extra={"regen": asdict(self.regen_config(split))},
+            )
+        return RegenSequences(ds, self.hparams.max_length, feats, offsets)
+
+    def _regenerated(self, split: str, progress: bool | None = None):
         target = self.load_target()
         cfg = self.regen_config(split)
         if self.hparams.regen_missing == "error" and not cache.is_complete(regen_dir(target, cfg), warn=False):
@@ -395,17 +427,12 @@ class DrafterDataModule(L.LightningDataModule):
                 "prepare_data instead"
             )
         # regeneration bars follow the trainer's (`--no-progress`, enable_progress_bar: false)
-        progress = self.trainer is None or self.trainer.progress_bar_callback is not None
+        if progress is None:
+            progress = self.trainer is None or self.trainer.progress_bar_callback is not None
         ds = regenerate(target, cfg, progress=progress)
         if len(ds) == 0:
             raise ValueError(f"the regenerated {split} set is empty; raise train_examples/val_examples")
-        feats = offsets = None
-        if self.hparams.features == "cached":
-            feats, offsets = build_feature_cache(
-                target, ds, self.feature_layers, self.hparams.max_length,
-                key_extra={"regen": asdict(self.regen_config(split))},
-            )
-        return RegenSequences(ds, self.hparams.max_length, feats, offsets)
+        return ds
 
     def setup(self, stage: str | None = None):
         if self.train_set is None:

@@ -82,6 +82,15 @@ def _flex(q, k, v, block_mask: BlockMask, enable_gqa: bool) -> torch.Tensor:
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
+class StructuredAttention:
+    """An attention pattern that computes itself instead of being a mask tensor: ``pattern(q, k, v) -> out``
+    with q [b, H, n, hd], k/v [b, KV, keys, hd], out [b, H, n, hd]. For patterns whose dense mask is mostly
+    empty (EAGLE-3's training-time test, :class:`lit_domino.models.eagle.ChainAttention`)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
 def call_layer(layer: nn.Module, *args, recompute: bool = False):
     """``layer(*args)``, under ``torch.utils.checkpoint`` when ``recompute`` and gradients are on."""
     if recompute and torch.is_grad_enabled():
@@ -237,7 +246,7 @@ class Attention(nn.Module):
         x_pos: torch.Tensor,  # [n] | [b, n]
         ctx: torch.Tensor | None = None,  # [b, c, in] extra context (keys/values only)
         ctx_pos: torch.Tensor | None = None,  # [c] | [b, c]
-        mask: torch.Tensor | BlockMask | None = None,  # bool [b|1, 1, n, m + c + n] or a BlockMask; None = all
+        mask: torch.Tensor | BlockMask | StructuredAttention | None = None,  # bool [b|1, 1, n, m + c + n]; None = all
         kv_cache: KVCache | None = None,
         append_x: bool = False,
     ) -> torch.Tensor:  # [b, n, out]
@@ -263,6 +272,8 @@ class Attention(nn.Module):
         gqa = self.num_heads != self.num_kv_heads
         if isinstance(mask, BlockMask):
             out = _flex(q, k, v, mask, gqa)  # [b, H, n, hd]
+        elif isinstance(mask, StructuredAttention):
+            out = mask(q, k, v)  # [b, H, n, hd]
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # [b, H, n, hd]
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))  # [b, n, out]

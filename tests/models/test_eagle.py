@@ -97,3 +97,22 @@ def test_eagle_loss_weights_and_backward(drafter, target):
     total.backward()
     assert d.fc.weight.grad.abs().sum() > 0 and d.self_attn.q_proj.weight.grad.abs().sum() > 0
     assert d.self_attn.q_proj.weight.shape == (4 * 16, 2 * 64)  # q/k/v take 2d
+
+
+@pytest.mark.parametrize("T, s", [(9, 1), (9, 3), (5, 6)])  # (5, 6): some chain keys lie before every query
+def test_chain_attention_equals_sdpa_under_the_dense_ttt_mask(T, s):
+    import torch.nn.functional as F
+
+    from lit_domino.models.eagle import ChainAttention, ttt_mask
+
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(2, 4, T, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, (s + 1) * T, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, (s + 1) * T, 8, generator=g, requires_grad=True)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=ttt_mask(T, s), enable_gqa=True)
+    out = ChainAttention(T, s)(q, k, v)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

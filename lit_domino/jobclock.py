@@ -1,0 +1,140 @@
+"""The clock of a long job (the ablation): measured seconds per stage and an ETA for the whole job.
+
+Every stage is planned up front with its *reference seconds*: what it took in a measured run on a
+quiet 2-core machine (the study file's ``reference_seconds``, copied from that run's
+``stage_times.json``). A stage found in the cache costs nothing. The ETA is the remaining stages'
+reference seconds times this machine's *slowness*: before a stage has finished, a one-second
+calibration workload timed against the reference machine's figure; once stages have finished, their
+measured seconds over their reference seconds. Stages that run in parallel workers (the trainings)
+count ``1 / jobs`` of their time. So a busy or a slower machine gets an ETA in its own seconds, and
+the estimate is revised at every stage.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Stage:
+    name: str
+    """What the log and ``stage_times.json`` call it (``target``, ``train domino s0``, ...)."""
+    reference: float
+    """Its seconds on the reference machine (0 = unknown or cached: it adds nothing to the ETA)."""
+    cached: bool = False
+    parallel: bool = False
+    """Runs beside other parallel stages (counts 1/jobs of its time in the ETA)."""
+    started: float | None = None
+    seconds: float | None = None
+    """Measured wall seconds, once done."""
+    info: dict = field(default_factory=dict)
+
+
+def calibration_seconds(threads: int | None = None) -> float:
+    """Seconds of a fixed fp32 workload like the suite's (matmuls of a d = 192 layer, forward and backward,
+    about 27 GFLOP) on ``threads`` torch threads (None: the current setting)."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2048, 192, generator=g)
+        w = torch.randn(192, 576, generator=g, requires_grad=True)
+        (x @ w).sum().backward()  # warm-up
+        start = time.perf_counter()
+        for _ in range(20):
+            (x @ w).relu().sum().backward()
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
+
+
+class JobClock:
+    """Stages of one job: plan them (with reference seconds), start and finish them, read the ETA.
+
+    ``calibration``: the reference machine's :func:`calibration_seconds` (None = no calibration: the
+    slowness is 1 until a stage has finished). ``jobs``: how many parallel stages run at once."""
+
+    def __init__(self, calibration: float | None = None, jobs: int = 1):
+        self.t0 = time.time()
+        self.jobs = max(1, int(jobs))
+        self.stages: dict[str, Stage] = {}
+        self.calibrated: float | None = None
+        if calibration:
+            self.calibrated = calibration_seconds() / float(calibration)
+
+    def plan(self, name: str, reference: float = 0.0, *, cached: bool = False, parallel: bool = False) -> None:
+        self.stages[name] = Stage(name, 0.0 if cached else float(reference or 0.0), cached, parallel)
+
+    def start(self, name: str) -> None:
+        if name not in self.stages:
+            self.plan(name)
+        self.stages[name].started = time.time()
+
+    def finish(self, name: str, **info) -> float:
+        """Mark ``name`` done (``info`` goes to its record, e.g. ``cached=True``); returns its seconds."""
+        stage = self.stages[name]
+        stage.seconds = time.time() - (stage.started or time.time())
+        stage.info.update(info)
+        if info.get("cached"):
+            stage.cached, stage.reference = True, 0.0
+        return stage.seconds
+
+    def slowness(self) -> float:
+        """This machine's seconds per reference second (1 = as fast as the reference machine)."""
+        done = [s for s in self.stages.values() if s.seconds is not None and not s.cached and s.reference > 0]
+        if done:
+            ref = sum(s.reference / (self.jobs if s.parallel else 1) for s in done)
+            took = sum(s.seconds / (self.jobs if s.parallel else 1) for s in done)
+            return took / ref
+        return self.calibrated or 1.0
+
+    def eta_seconds(self) -> float:
+        """Seconds until every planned stage is done, at the current :meth:`slowness`."""
+        f, now, left = self.slowness(), time.time(), 0.0
+        for s in self.stages.values():
+            if s.seconds is not None or s.cached:
+                continue
+            remaining = s.reference * f - (now - s.started if s.started else 0.0)
+            left += max(0.0, remaining) / (self.jobs if s.parallel else 1)
+        return left
+
+    def eta(self) -> str:
+        known = any(s.reference > 0 for s in self.stages.values() if s.seconds is None and not s.cached)
+        if not known:
+            return "job ETA: no reference times for what is left"
+        return f"job ETA {self.eta_seconds() / 60:.1f} min"
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    # ------------------------------------------------------------------ the record
+
+    def finished(self) -> list[Stage]:
+        """The finished stages in the order they started."""
+        return sorted((s for s in self.stages.values() if s.seconds is not None), key=lambda s: s.started or 0.0)
+
+    def summary(self) -> dict:
+        """``stage_times.json``: seconds per finished stage (each marked cached or not), the total, the machine."""
+        stages = [{"stage": s.name, "seconds": round(s.seconds, 1), "cached": s.cached, **s.info}
+                  for s in self.finished()]
+        return {"total_seconds": round(self.elapsed(), 1), "stages": stages, "jobs": self.jobs,
+                "machine": {"cpus": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+                            "torch_threads": torch.get_num_threads(),
+                            "slowness_vs_reference": round(self.slowness(), 3)}}
+
+    def report(self) -> str:
+        """Where the time went: one line per finished stage, its share of the wall time, then the total.
+
+        Parallel stages overlap, so their shares can add up to more than their phase's."""
+        total = max(self.elapsed(), 1e-9)
+        lines = ["where the time went:"]
+        for s in self.finished():
+            extra = " (cached)" if s.cached else " (in parallel)" if s.parallel and self.jobs > 1 else ""
+            lines.append(f"  {s.name:<32} {s.seconds / 60:6.1f} min  {100 * s.seconds / total:5.1f} %{extra}")
+        lines.append(f"  {'total':<32} {total / 60:6.1f} min")
+        return "\n".join(lines)

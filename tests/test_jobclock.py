@@ -1,0 +1,59 @@
+"""The job clock's ETA: reference seconds scaled by the measured slowness, parallel stages shared."""
+
+import pytest
+
+from lit_domino import jobclock
+from lit_domino.jobclock import JobClock
+
+
+@pytest.fixture
+def now(monkeypatch):
+    t = [1000.0]
+    monkeypatch.setattr(jobclock.time, "time", lambda: t[0])
+    return t
+
+
+def test_eta_follows_the_measured_slowness_of_finished_stages(now):
+    clock = JobClock(jobs=2)
+    clock.plan("target", 600)
+    clock.plan("cached data", 300, cached=True)  # costs nothing
+    for name in ("train a", "train b"):
+        clock.plan(name, 200, parallel=True)
+    clock.plan("decode", 100)
+    assert clock.eta_seconds() == pytest.approx(600 + 200 + 100)  # parallel trainings share 2 workers
+    clock.start("target")
+    now[0] += 300
+    assert clock.eta_seconds() == pytest.approx(300 + 200 + 100)  # the running stage's elapsed time counts
+    now[0] += 900  # the target took 1200 s: this machine is 2x slower than the reference
+    clock.finish("target")
+    assert clock.slowness() == pytest.approx(2.0)
+    assert clock.eta_seconds() == pytest.approx(2 * (200 + 100))
+    assert clock.eta() == "job ETA 10.0 min"
+    clock.start("train a")
+    clock.start("train b")
+    now[0] += 400
+    clock.finish("train a")
+    clock.finish("train b", cached=True)  # found in the cache after all: no longer in the slowness
+    assert clock.slowness() == pytest.approx((1200 + 400 / 2) / (600 + 200 / 2))
+    summary = clock.summary()
+    assert [s["stage"] for s in summary["stages"]] == ["target", "train a", "train b"]
+    assert summary["stages"][2]["cached"] and summary["jobs"] == 2
+    assert "where the time went" in clock.report() and "(in parallel)" in clock.report()
+
+
+def test_eta_before_any_stage_uses_the_calibration(monkeypatch):
+    monkeypatch.setattr(jobclock, "calibration_seconds", lambda threads=None: 3.0)
+    clock = JobClock(calibration=2.0)  # the reference machine ran the workload in 2 s: we are 1.5x slower
+    clock.plan("target", 100)
+    assert clock.slowness() == pytest.approx(1.5) and clock.eta_seconds() == pytest.approx(150)
+    empty = JobClock()
+    empty.plan("target", 0)
+    assert "no reference times" in empty.eta()
+
+
+def test_the_calibration_workload_measures_and_restores_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    assert jobclock.calibration_seconds(threads=1) > 0
+    assert torch.get_num_threads() == before
