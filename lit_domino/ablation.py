@@ -162,6 +162,20 @@ def _train_in_worker(cfg: dict, experiment: str):
     return train_variant(cfg, experiment=experiment, progress=False)
 
 
+def training_names(configs: list[dict]) -> list[str]:
+    return [f"train {c['tracking']['variant']} s{c['seed_everything']}" for c in configs]
+
+
+def plan_trainings(configs: list[dict], clock: JobClock, reference: dict) -> list[int]:
+    """Put every training on the clock (before the job's first stage, so that every ETA counts them);
+    returns the indices of those not in the cache."""
+    todo = [i for i, c in enumerate(configs) if not cache.is_complete(drafter_artifact(c), warn=False)]
+    for i, (name, cfg) in enumerate(zip(training_names(configs), configs)):
+        clock.plan(name, reference.get("train", {}).get(cfg["tracking"]["variant"], 0.0), cached=i not in todo,
+                   parallel=clock.jobs > 1 and len(todo) > 1)
+    return todo
+
+
 def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: dict, progress: bool) -> list:
     """Train (or find cached) every config; ``clock.jobs`` at once in worker processes, the longest first
     (by reference seconds) so the workers finish together. Returns the trained drafters in config order.
@@ -169,18 +183,16 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
     A training that fails lets the others running finish (nothing half-trained is lost: they resume from
     checkpoints anyway), then its error is raised."""
     t0 = clock.t0
-    names = [f"train {c['tracking']['variant']} s{c['seed_everything']}" for c in configs]
-    paths = [drafter_artifact(cfg) for cfg in configs]
-    todo = [i for i, path in enumerate(paths) if not cache.is_complete(path, warn=False)]
+    names = training_names(configs)
+    todo = plan_trainings(configs, clock, reference)
     parallel = clock.jobs > 1 and len(todo) > 1
     states = {}
-    for i, (name, cfg, path) in enumerate(zip(names, configs, paths)):
+    for i, (name, cfg) in enumerate(zip(names, configs)):
+        path = drafter_artifact(cfg)
         states[name] = (" (cached)" if i not in todo else
                         " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else
                         " (restarting its interrupted MLflow run)" if (path / CHECKPOINT_DIR / RUN_ID_FILE).exists()
                         else "")
-        clock.plan(name, reference.get("train", {}).get(cfg["tracking"]["variant"], 0.0), cached=i not in todo,
-                   parallel=parallel)
     total = len(configs)
     results: dict[int, object] = {}
     for i, (name, cfg) in enumerate(zip(names, configs)):
@@ -349,6 +361,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     out_dir.mkdir(parents=True, exist_ok=True)
     clock.plan("target", reference.get("target", 0.0), cached=target_cached)
     clock.plan("regenerate data", reference.get("regenerate", 0.0))  # cached-ness known once the target is
+    plan_trainings(configs, clock, reference)  # (the decode stage is planned once the target is loaded)
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
          f"trainings {clock.jobs} at a time", t0)
 

@@ -56,7 +56,7 @@ def calibration_seconds(threads: int | None = None) -> float:
 class JobClock:
     """Stages of one job: plan them (with reference seconds), start and finish them, read the ETA.
 
-    ``calibration``: the reference machine's :func:`calibration_seconds` (None = no calibration: the
+    ``calibration``: the reference machine's :func:`calibration_seconds` (its best of three; None = no calibration: the
     slowness is 1 until a stage has finished). ``jobs``: how many parallel stages run at once."""
 
     def __init__(self, calibration: float | None = None, jobs: int = 1):
@@ -64,8 +64,10 @@ class JobClock:
         self.jobs = max(1, int(jobs))
         self.stages: dict[str, Stage] = {}
         self.calibrated: float | None = None
+        self.calibration: float | None = None  # this machine's calibration_seconds(), when measured
         if calibration:
-            self.calibrated = calibration_seconds() / float(calibration)
+            self.calibration = min(calibration_seconds() for _ in range(3))  # the least disturbed of three
+            self.calibrated = self.calibration / float(calibration)
 
     def plan(self, name: str, reference: float = 0.0, *, cached: bool = False, parallel: bool = False) -> None:
         self.stages[name] = Stage(name, 0.0 if cached else float(reference or 0.0), cached, parallel)
@@ -125,6 +127,7 @@ class JobClock:
         return {"total_seconds": round(self.elapsed(), 1), "stages": stages, "jobs": self.jobs,
                 "machine": {"cpus": os.cpu_count(), "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
                             "torch_threads": torch.get_num_threads(),
+                            "calibration_seconds": None if self.calibration is None else round(self.calibration, 3),
                             "slowness_vs_reference": round(self.slowness(), 3)}}
 
     def report(self) -> str:
