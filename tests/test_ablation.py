@@ -135,3 +135,16 @@ def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeyp
     assert "replaces them" in capsys.readouterr().out
     ablation._warn_if_replacing(tmp_path, {"variants": ["domino"], "seeds": [0]}, 0.0)
     assert capsys.readouterr().out == ""
+
+
+def test_every_training_is_on_the_clock_before_the_first_stage():
+    from lit_domino.ablation import plan_trainings
+    from lit_domino.jobclock import JobClock
+
+    configs = [load_config(v, "smoke", s) for v in ("backbone", "domino") for s in (7, 8)]  # seeds nothing trained
+    clock = JobClock(jobs=2)
+    todo = plan_trainings(configs, clock, {"train": {"backbone": 10.0, "domino": 20.0}})
+    assert todo == [0, 1, 2, 3]
+    assert [s.reference for s in clock.stages.values()] == [10.0, 10.0, 20.0, 20.0]
+    assert all(s.parallel for s in clock.stages.values())
+    assert clock.eta_seconds() == 60.0 / 2  # two workers share the four trainings
