@@ -361,7 +361,10 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     out_dir.mkdir(parents=True, exist_ok=True)
     clock.plan("target", reference.get("target", 0.0), cached=target_cached)
     clock.plan("regenerate data", reference.get("regenerate", 0.0))  # cached-ness known once the target is
-    plan_trainings(configs, clock, reference)  # (the decode stage is planned once the target is loaded)
+    plan_trainings(configs, clock, reference)
+    if not train_only:  # whether the decode is cached is known once the target is loaded (below)
+        clock.plan("decode", reference.get("decode", 0.0))
+        clock.plan("tables", reference.get("tables", 0.0))
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
          f"trainings {clock.jobs} at a time", t0)
 
@@ -378,9 +381,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
         clock.stages["regenerate data"].reference = 0.0
     if not train_only:
         key = eval_key(plan, [drafter_artifact(c) / EXPORT_DIR for c in configs], target)
-        decoded = cache.is_complete(cache.artifact_dir("evals", key, name=eval_name(preset)), warn=False)
-        clock.plan("decode", reference.get("decode", 0.0), cached=decoded)
-        clock.plan("tables", reference.get("tables", 0.0))
+        if cache.is_complete(cache.artifact_dir("evals", key, name=eval_name(preset)), warn=False):
+            clock.plan("decode", cached=True)
     regen_cached = clock.stages["regenerate data"].cached
     _log(f"stage 1/4 regenerate the training data{' (cached)' if regen_cached else ''}; {clock.eta()}", t0)
     clock.start("regenerate data")
