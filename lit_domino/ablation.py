@@ -374,9 +374,10 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     clock.finish("target", cached=target_cached)
 
     modules = data_modules(configs)
-    for name, dm in modules:
-        clock.plan(name, reference.get("features", 0.0), cached=dm.cached()["features"])
-    clock.stages["regenerate data"].cached = all(dm.cached()["regen"] for _, dm in modules)
+    found = [dm.cached() for _, dm in modules]
+    for (name, _), parts in zip(modules, found):
+        clock.plan(name, reference.get("features", 0.0), cached=parts["features"])
+    clock.stages["regenerate data"].cached = all(parts["regen"] for parts in found)
     if clock.stages["regenerate data"].cached:
         clock.stages["regenerate data"].reference = 0.0
     if not train_only:
