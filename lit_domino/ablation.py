@@ -65,6 +65,10 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
     plan["variants"] = list(variants or known)
     plan["seeds"] = [int(s) for s in (seeds if seeds else plan["seeds"])]
     plan["tables"] = tables
+    # Domino variants whose inner backbone is decoded alone too: only those an ablation row reports
+    # (``inner_backbone: true``), each extra row costs a full decode of every prompt
+    plan["inner_backbone"] = sorted({v for ab in study.get("ablations") or () if ab.get("inner_backbone")
+                                     for v in (ab["from"], ab["to"]) if v in plan["variants"]})
     return plan
 
 
@@ -248,8 +252,8 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
     for t in trained:
         d = load_drafter(t.drafter_dir, target=target)
         drafters[f"{t.variant}/s{t.seed}"] = d
-        inner = d.base_view()  # Domino's backbone decoded alone: did it collapse without the curriculum?
-        if inner is not None:
+        inner = d.base_view() if t.variant in plan.get("inner_backbone", ()) else None
+        if inner is not None:  # Domino's backbone decoded alone: did it collapse without the curriculum?
             drafters[f"{t.variant}/s{t.seed}/backbone"] = inner
         assistant = assistant or d.hf_model()  # the small LM is HF assisted generation's assistant
     peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]

@@ -42,10 +42,12 @@ def test_table_membership_comes_from_the_study_file():
             return "fp"
 
     key = eval_key(plan, ["artifacts/drafters/domino-s0-abc"], Target())
-    # the measured rows' cache key is what it was before the plan carried the table membership and the
-    # ETA's reference times
+    # the measured rows' cache key: the evaluation settings, not the table membership or the ETA's
+    # reference times; the inner backbone is decoded for the curriculum ablation's variants only
     smoke = {k: v for k, v in study["presets"]["smoke"].items() if k != "reference_seconds"}
-    old_plan = {**smoke, "variants": ["domino"], "seeds": [0]}
+    old_plan = {**smoke, "variants": ["domino"], "seeds": [0], "inner_backbone": ["domino"]}
+    assert study_plan("smoke")["inner_backbone"] == ["domino", "domino_nocurriculum"]
+    assert study_plan("smoke", variants=["domino_ttt", "backbone"])["inner_backbone"] == []
     assert key == {"drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan, "target": "fp"}
 
 
@@ -105,6 +107,9 @@ def test_smoke_ablation_end_to_end(tmp_path):
     assert times["jobs"] == min(2, usable_cpus())  # trainings two at a time on a CPU machine with 2+ cores
     assert all(s["cached"] for s in times["stages"] if s["stage"].startswith("train "))  # trained by --train-only
     assert times["total_seconds"] >= sum(s["seconds"] for s in times["stages"]) - 1.0
+    # the backbone inside Domino is decoded alone only where the curriculum ablation reports it
+    assert sorted({r["drafter"] for r in out["rows"] if str(r["drafter"]).endswith("/backbone")}) == [
+        "domino/s0/backbone", "domino_nocurriculum/s0/backbone"]
     # every decoded method reproduced the target's greedy output
     assert all(r["match_baseline"] == 1.0 for r in out["rows"] if r["kind"] == "drafter")
     client = MlflowClient(default_tracking_uri())
