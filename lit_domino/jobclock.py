@@ -4,7 +4,8 @@ Every stage is planned up front with its *reference seconds*: what it took in a 
 quiet 2-core machine (the study file's ``reference_seconds``, copied from that run's
 ``stage_times.json``). A stage found in the cache costs nothing. The ETA is the remaining stages'
 reference seconds times this machine's *slowness*: before a stage has finished, a one-second
-calibration workload timed against the reference machine's figure; once stages have finished, their
+calibration workload timed against the reference machine's figure (a noisy measure, trusted by its square
+root: :data:`CALIBRATION_WEIGHT`); once stages have finished, their
 measured seconds over their reference seconds. Stages that run in parallel workers (the trainings)
 count ``1 / jobs`` of their time. So a busy or a slower machine gets an ETA in its own seconds, and
 the estimate is revised at every stage.

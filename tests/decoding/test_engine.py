@@ -158,6 +158,19 @@ def test_oracle_drafter_gives_tau_equal_block_size(target, block_size):
     assert res.num_target_forwards == rounds + 1
 
 
+def test_tau_counts_the_tokens_a_cut_final_round_emits(target):
+    """A final round cut by max_new_tokens counts what it emitted (as dflash_generate does), not what the
+    target accepted: every round's acc + 1 tokens add up to the output."""
+    prompt, B = prompts(1, seed=3)[0], 4
+    n = 1 + 2 * B + 2  # x_0 from the prefill, two full rounds, then 2 of the third round's B tokens
+    ref = {tuple(prompt): greedy_reference(target, prompt, n + B)}
+    res = generate(target, StubDrafter(target, "oracle", B, references=ref), torch.tensor([prompt]),
+                   max_new_tokens=n)
+    assert res.tokens == hf_greedy(target, prompt, n)
+    assert res.accepted_per_round == [B - 1, B - 1, 1]
+    assert sum(a + 1 for a in res.accepted_per_round) == len(res.tokens) - 1
+
+
 @pytest.mark.parametrize("block_size", [2, 8])
 def test_never_matching_drafter_gives_tau_one(target, block_size):
     prompt = prompts(1, seed=4)[0]
