@@ -135,7 +135,6 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
     if dloop is not None and not isinstance(dloop, DLoopConfig):
         raise ValueError(f"dloop must be a DLoopConfig or None, got {type(dloop).__name__}")
-    budget = 0
     if drafter is None and pool_size is not None:
         raise ValueError(f"pool_size={pool_size!r} is a drafter option; plain decoding (drafter=None) has no draft")
     if drafter is not None:
@@ -154,7 +153,6 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
         check_pool_size(pool_size, vocab)
         if (layers := feature_layers(drafter)) is not None:
             check_layer_ids(layers, target.num_layers)
-        budget = (dloop.max_stages if dloop else 1) * (block_size - 1)
     # what autoregressive decoding needs; near the end of the context the drafter drafts less
     # (see context_limit), so the draft budget never makes a request that fits fail
     need = input_ids.shape[1] + max_new_tokens

@@ -155,7 +155,6 @@ class DominoHead(nn.Module):
         w_down = self.down.weight  # [r, d + d_s]
         h_part = H @ w_down[:, :d].T  # [N, K, r] W_down's H-part, every position at once
         w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
-        w_up = self.up.weight.T.to(base.dtype)  # [r, V]
         w_ih = self.gru.weight_ih_l0.T  # [d, 3d_s]
         s = H.new_zeros(H.shape[0], d_s)  # [N, d_s]
         s = gru_gates(anchor_emb @ w_ih, s @ w_state[:, r:], s)  # S_0: consumed x_a

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module
 from lit_domino.lit.loop import LoopModule
-from lit_domino.models import DrafterConfig, build_drafter, drafter_config
+from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models import DrafterMismatchError, load_drafter
 from lit_domino.objectives import LambdaSchedule
 from lit_domino.testing import hf_greedy, random_target

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lit_domino.models import DrafterConfig, ParallelDrafter, build_drafter, drafter_config
+from lit_domino.models import ParallelDrafter, build_drafter, drafter_config
 from lit_domino.testing import random_target
 
 B = 5

@@ -9,7 +9,7 @@ loop-aware fine-tuned drafters are decoded in tests/lit/test_loop.py.)
 import pytest
 import torch
 
-from lit_domino.models import DrafterConfig, build_drafter, drafter_config
+from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.loop import loop_forward
 from lit_domino.testing import random_target
 
