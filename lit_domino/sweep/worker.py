@@ -2,7 +2,10 @@
 the stop condition, and the recovery of a crashed sweep (:func:`recover_study`).
 
 ``n_trials`` is the study's total of finished (COMPLETE + PRUNED) trials, shared by all workers:
-a worker stops starting trials once finished + RUNNING trials cover it.
+a worker stops starting trials once finished + RUNNING trials cover it. The check and the next
+trial's start are not one transaction, so workers that finish trials at the same moment may each
+start one more: a study can end with up to ``workers - 1`` trials over the target (as with
+Optuna's own ``MaxTrialsCallback``); none is lost, the summary counts them all.
 
 Crash handling is Optuna's heartbeat (RDB storages, ``heartbeat`` > 0, see
 :func:`lit_domino.sweep.storage.open_storage`): every RUNNING trial beats every ``heartbeat`` s;

@@ -35,22 +35,31 @@ def add_trials(study, space, n: int) -> None:
         study.tell(trial, fake_value(space.suggest(trial)))
 
 
+def wait_for(ready, timeout: float = 120.0) -> None:
+    """Poll ``ready()`` (or a path's existence) until true or ``timeout`` s passed (the test's asserts then fail)."""
+    check = ready.exists if isinstance(ready, Path) else ready
+    give_up = time.monotonic() + timeout
+    while not check() and time.monotonic() < give_up:
+        time.sleep(0.05)
+
+
 def fake_evaluator(ctx: sweep.TrialContext) -> sweep.TrialOutcome:
     """A deterministic objective of the sampled params, with the sweep's MLflow and pruning plumbing.
 
     ``$SWEEP_TEST_CRASH = kill|raise:<trial number>:<marker file>`` kills the worker process
     (SIGKILL: the trial stays RUNNING, its heartbeat stops) or raises in that trial, once (the
-    marker file remembers). ``$SWEEP_TEST_WORKERS = <folder>:<n>``: a trial waits until ``n``
-    processes have started one (each leaves its pid in the folder), so every worker runs a trial
-    however slowly it starts.
+    marker file remembers). With ``kill``, trial ``<number> - 1`` finishes only after the kill (it
+    waits for the marker), so the trial counts the workers see are the same on every run: the other
+    worker finishes its first trial, starts the doomed one, and when this one finishes, finished +
+    RUNNING trials cover the target (two workers finishing at once would both start another trial).
+    ``$SWEEP_TEST_WORKERS = <folder>:<n>``: a trial waits until ``n`` processes have started one
+    (each leaves its pid in the folder), so every worker runs a trial however slowly it starts.
     """
     workers = os.environ.get("SWEEP_TEST_WORKERS")
     if workers:
         folder, n = workers.rsplit(":", 1)
         (Path(folder) / str(os.getpid())).touch()
-        give_up = time.monotonic() + 120
-        while len(list(Path(folder).iterdir())) < int(n) and time.monotonic() < give_up:
-            time.sleep(0.05)
+        wait_for(lambda: len(list(Path(folder).iterdir())) >= int(n))
     ctx.start_run()
     value = fake_value(ctx.params)
     for step in range(2):
@@ -58,6 +67,8 @@ def fake_evaluator(ctx: sweep.TrialContext) -> sweep.TrialOutcome:
     crash = os.environ.get("SWEEP_TEST_CRASH")
     if crash:
         mode, number, marker = crash.split(":", 2)
+        if mode == "kill" and ctx.trial.number == int(number) - 1:
+            wait_for(Path(marker))
         if ctx.trial.number == int(number) and not Path(marker).exists():
             Path(marker).touch()
             if mode == "kill":

@@ -23,9 +23,9 @@ def test_kill_a_worker_then_resume(tmp_path, importable_tests, monkeypatch, caps
     """Two worker processes on one study; the one running trial 2 is SIGKILLed (its heartbeat stops); --resume
     fails that trial once its heartbeat is stale, retries its configuration and finishes the study.
 
-    Both workers run a trial (the first trials wait for each other), and trial 2 is the last one the target
-    lets start, so no live worker asks for another trial (and fails the stale one itself, as Optuna's
-    optimize does) before the launcher returns."""
+    Both workers run a trial (the first trials wait for each other; trial 1 ends only after trial 2's kill),
+    and trial 2 is the last one the target lets start, so no live worker asks for another trial (and fails
+    the stale one itself, as Optuna's optimize does) before the launcher returns."""
     main = cli().main
     storage = f"sqlite:///{tmp_path / 'kill.db'}"
     args = ["run", "--study-name", "kill", "--storage", storage, "--preset", "smoke", "--n-trials", "3",
