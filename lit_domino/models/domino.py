@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.layers import init_weights
+from lit_domino.models.layers import init_weights, outside_inference_mode
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, draft_chain
 from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
@@ -129,7 +129,7 @@ class DominoHead(nn.Module):
                embed_weight.data_ptr(), embed_weight._version, embed_weight.dtype)
         cached = self.__dict__.get("_input_table")
         if cached is None or cached[0] != key:
-            with torch.no_grad():
+            with outside_inference_mode():  # built while decoding, kept while training
                 table = embed_weight.to(w_ih.dtype) @ w_ih.T  # [V, 3d_s]
             self.__dict__["_input_table"] = cached = (key, table)
         return cached[1]

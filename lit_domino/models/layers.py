@@ -18,6 +18,7 @@ backward on CPU (torch 2.13), so ``auto`` means flex on CUDA and dense elsewhere
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -119,6 +120,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., hd] -> [..., hd]
     return torch.cat((-x2, x1), dim=-1)
 
 
+@contextlib.contextmanager
+def outside_inference_mode():
+    """A block whose tensors are ordinary ones even inside ``torch.inference_mode`` (and record no gradient):
+    for what a module caches on itself during decoding (``generate`` runs in inference mode) and reuses
+    later, when the module may be training again; an inference tensor saved for backward raises there."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
+
+
 class Rotary(nn.Module):
     """Rotary position embedding tables for absolute positions (HF Qwen3 convention)."""
 
@@ -130,7 +140,8 @@ class Rotary(nn.Module):
     def forward(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``pos`` [b, n] (long) -> (cos, sin), each [b, 1, n, hd] in ``dtype``."""
         if self._inv_freq.device != pos.device:
-            self._inv_freq = self._inv_freq.to(pos.device)
+            with outside_inference_mode():  # kept for training too
+                self._inv_freq = self._inv_freq.to(pos.device)
         freqs = pos[..., None].float() * self._inv_freq  # [b, n, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [b, n, hd]
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]

@@ -10,9 +10,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
 
+from lit_domino.decoding import generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module, SmallLMModule
 from lit_domino.objectives import LambdaSchedule
-from lit_domino.testing import random_target
+from lit_domino.testing import hf_greedy, random_target
 
 V, D, LAYERS = 64, 32, 4
 FEATURE_LAYERS = [1, 3]
@@ -104,6 +105,31 @@ class LossRecorder(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.losses.append(float(outputs["loss"]))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_trains_on_after_decoding(tmp_path, target, variant):
+    """``generate`` runs the drafter in ``torch.inference_mode``: what it leaves cached on the drafter (the
+    Domino head's input table, RoPE tables) must not break the next training step (the eval callback decodes
+    mid-training), and the next decode uses the updated weights."""
+    torch.manual_seed(0)
+    module = VARIANTS[variant](target)
+    data = FixedData(target, repeat=2, feature_layers=target.layer_ids("eagle3") if variant == "eagle3" else None)
+    trainer(tmp_path, max_steps=1).fit(module, datamodule=data)
+    drafter, prompt = module.drafter, data.rows["input_ids"][0, :6]
+    greedy = hf_greedy(target, prompt.tolist(), 10)
+    assert generate(target, drafter, prompt, max_new_tokens=10).tokens == greedy
+    drafter.train()
+    batch = next(iter(data.train_dataloader()))
+    module.forward_step(batch, "train").loss.backward()  # raises if an inference tensor was saved for backward
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.grad is not None:
+                p -= 0.5 * p.grad
+    if variant.startswith("domino"):
+        table = drafter.head.input_table(drafter.embed.weight)
+        assert torch.equal(table, drafter.embed.weight @ drafter.head.gru.weight_ih_l0.T)  # rebuilt: new weights
+    assert generate(target, drafter, prompt, max_new_tokens=10).tokens == greedy
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
