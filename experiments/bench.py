@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="for the assisted peer: the name of a small_lm drafter in --drafters, or an HF model dir")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
     p.add_argument("--no-hf-baseline", action="store_true", help="skip HF generate (no speedup_vs_hf_generate)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="decodes per prompt and method, the method order reversed on every other one; times are "
+                        "their mean (default: 1; 2 for a comparison of close loops, e.g. ours vs dflash_generate)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu")

@@ -145,7 +145,8 @@ def run_bench(options: Mapping | Any) -> list[dict]:
                          static_cache=bool(args.get("static_cache")), compile=bool(args.get("compile")),
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
-                         seed=args["seed"], progress=not args["no_progress"], external=external)
+                         seed=args["seed"], progress=not args["no_progress"], external=external,
+                         repeats=int(args.get("repeats") or 1))
         threads = torch.get_num_threads()
     table = markdown_table(rows, BENCH_COLUMNS)
     out = Path(args["out"])
@@ -154,7 +155,9 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     md_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
     header = (f"# Speculative decoding benchmark\n\ntarget `{args['target']}`, max_new_tokens {args['max_new_tokens']}, "
               f"torch threads {threads}. speedup = mean TPOT of our AR baseline / mean TPOT "
-              "(prefill excluded, same process, same prompts); tau includes the bonus token.\n\n")
+              "(prefill excluded, same process, same prompts); tau includes the bonus token and is the papers' mean "
+              "over prompts of each prompt's τ, while accepted_per_round pools all rounds (short prompts that stop "
+              "at EOS after a few long rounds weigh more in tau: the two need not differ by 1).\n\n")
     md_path.write_text(header + table + "\n")
     write_json({"args": args, "rows": rows}, json_path, indent=2)
     print(table)

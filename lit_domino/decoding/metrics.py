@@ -17,6 +17,8 @@ benchmark), measured in the same process on the same prompts.
 
 from __future__ import annotations
 
+import copy
+
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -308,6 +310,7 @@ def benchmark(
     warmup: bool = True,
     progress: bool = True,
     external: Mapping[str, Callable] | None = None,
+    repeats: int = 1,
 ) -> list[dict]:
     """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
 
@@ -326,7 +329,12 @@ def benchmark(
     method alike), after one untimed warm-up decode per method. ``external``: label →
     ``decode(ids [1, T], max_new_tokens, temperature, seed) -> GenerationResult``, other
     projects' decoding loops (e.g. ``dflash_generate``), rows of kind ``peer`` after the drafters.
+    ``repeats`` R: every prompt is decoded R times per method, the method order reversed on every other
+    repeat (whoever runs first or after whom is no longer one method's luck); a result's times are the mean
+    of its R decodes, whose tokens must agree (they do: decoding is deterministic per seed).
     """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
     unknown = set(peers) - {"prompt_lookup", "assisted"}
     if unknown:
         raise ValueError(f"unknown peers {sorted(unknown)}; choose from prompt_lookup, assisted")
@@ -384,18 +392,25 @@ def benchmark(
                                 tg, assistant_model, ids, **kw), t, i)))
 
     rows = []
-    bar = _progress(len(methods) * sum(len(v) for v in prompts.values()), progress, "benchmark")
+    bar = _progress(repeats * len(methods) * sum(len(v) for v in prompts.values()), progress, "benchmark")
     for bench, items in prompts.items():
         if warmup:  # untimed: lazy initialisation, allocator growth
             for *_, make in methods:
                 run_prompt(target, make(0), items[0], max_new_tokens=min(8, max_new_tokens), budget=budget)
         outputs: list[list[GenerationResult]] = [[] for _ in methods]
         for i, item in enumerate(items):  # methods interleaved per prompt: background load hits all alike
-            for (label, _, _, temperature, _, make), out in zip(methods, outputs):
-                out.append(run_prompt(target, make(i), item, max_new_tokens=max_new_tokens, budget=budget))
-                if bar is not None:
-                    bar.set_postfix_str(f"{bench} {label} T={temperature:g}")
-                    bar.update(1)
+            decodes: list[list[GenerationResult]] = [[] for _ in methods]
+            for rep in range(repeats):
+                order = list(range(len(methods)))[:: -1 if rep % 2 else 1]
+                for j in order:
+                    label, _, _, temperature, _, make = methods[j]
+                    decodes[j].append(run_prompt(target, make(i), item, max_new_tokens=max_new_tokens,
+                                                 budget=budget))
+                    if bar is not None:
+                        bar.set_postfix_str(f"{bench} {label} T={temperature:g}")
+                        bar.update(1)
+            for (label, *_), out, runs_i in zip(methods, outputs, decodes):
+                out.append(mean_times(runs_i, f"{label} on {bench} prompt {i}"))
         runs = [(*m[:5], out) for m, out in zip(methods, outputs)]
         base = {t: res for label, _, _, t, _, res in runs if label == "ar"}
         hf = {t: res for label, _, _, t, _, res in runs if label == "hf_generate"}
@@ -414,6 +429,21 @@ def benchmark(
     if bar is not None:
         bar.close()
     return rows
+
+
+def mean_times(results: Sequence[GenerationResult], what: str = "a prompt") -> GenerationResult:
+    """Repeated decodes of one prompt → the first, its times the mean of all (the tokens must agree)."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    if any(r.tokens != first.tokens for r in results[1:]):
+        raise RuntimeError(f"repeated decodes of {what} gave different tokens: decoding is not deterministic")
+    out = copy.copy(first)
+    for name in ("draft_time_s", "verify_time_s", "other_time_s", "decode_time_s", "prefill_time_s"):
+        setattr(out, name, sum(getattr(r, name) for r in results) / len(results))
+    if first.decode_time_s > 0:  # the same tokens (a multi-turn result's turn count included): tpot scales
+        out.tpot_ms = first.tpot_ms * out.decode_time_s / first.decode_time_s
+    return out
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:

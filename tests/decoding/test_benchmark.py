@@ -143,3 +143,31 @@ def test_benchmark_static_cache_rows_match_and_compile_needs_cuda(target):
     assert rows[0]["tokens"] == rows[1]["tokens"] == 8
     with pytest.raises(ValueError, match="CUDA"):
         benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:1]}, compile=True, progress=False)
+
+
+def _timed_peer(target, calls: list, name: str, seconds: list[float], tokens_shift: int = 0):
+    """An external peer that records its calls and reports ``seconds[k]`` as its k-th decode time."""
+    def decode(ids, n, temperature, seed):
+        calls.append(name)
+        res = generate(target, None, ids, max_new_tokens=n)
+        res.decode_time_s = seconds[calls.count(name) - 1]
+        if tokens_shift and calls.count(name) > 1:
+            res.tokens = [(t + tokens_shift) % VOCAB for t in res.tokens]
+        return res.finish()
+    return decode
+
+
+def test_benchmark_repeats_reverse_the_order_and_average_the_times(target):
+    calls = []
+    external = {"a": _timed_peer(target, calls, "a", [1.0, 3.0]), "b": _timed_peer(target, calls, "b", [2.0, 4.0])}
+    rows = benchmark(target, {}, {"toy": PROMPTS[:1]}, max_new_tokens=6, hf_baseline=False, warmup=False,
+                     progress=False, external=external, repeats=2)
+    assert calls == ["a", "b", "b", "a"]  # the second repeat runs the methods in reverse order
+    tpot = {r["method"]: r["tpot_ms"] for r in rows}
+    assert tpot["a"] == pytest.approx(1e3 * 2.0 / 5) and tpot["b"] == pytest.approx(1e3 * 3.0 / 5)  # mean of two
+    with pytest.raises(ValueError, match="repeats"):
+        benchmark(target, {}, {"toy": PROMPTS[:1]}, repeats=0, progress=False)
+    shifty = {"c": _timed_peer(target, [], "c", [1.0, 1.0], tokens_shift=1)}
+    with pytest.raises(RuntimeError, match="different tokens"):
+        benchmark(target, {}, {"toy": PROMPTS[:1]}, max_new_tokens=6, hf_baseline=False, warmup=False,
+                  progress=False, external=shifty, repeats=2)
