@@ -39,7 +39,7 @@ from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.decoding.engine import usable_cpus
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
-from lit_domino.jobclock import JobClock
+from lit_domino.jobclock import JobClock, StageProgress
 from lit_domino.models import load_drafter
 from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
@@ -374,6 +374,14 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 
     _log(f"stage 1/4 target {spec}{' (cached)' if target_cached else ''}; {clock.eta()}", t0)
     clock.start("target")
+    if not target_cached and spec.startswith(EMBEDDED_PREFIX):  # built here: its steps revise the ETA
+        from lit_domino.tiny_target import build_tiny_target
+
+        def echo(step, total):
+            _log(f"stage 1/4 target: step {step}/{total}; {clock.eta()}", t0)
+
+        build_tiny_target(spec[len(EMBEDDED_PREFIX):], progress=progress,
+                          callbacks=[StageProgress(clock, "target", echo)])
     target = load_target(spec)
     clock.finish("target", cached=target_cached)
 

@@ -5,8 +5,9 @@ quiet 2-core machine (the study file's ``reference_seconds``, copied from that r
 ``stage_times.json``). A stage found in the cache costs nothing. The ETA is the remaining stages'
 reference seconds times this machine's *slowness*: before a stage has finished, a one-second
 calibration workload timed against the reference machine's figure (a noisy measure, trusted by its square
-root: :data:`CALIBRATION_WEIGHT`); once stages have finished, their
-measured seconds over their reference seconds. Stages that run in parallel workers (the trainings)
+root: :data:`CALIBRATION_WEIGHT`), replaced as soon as the running stage reports its progress
+(:meth:`JobClock.progress`; the embedded target's training does, :class:`StageProgress`) by its own rate;
+once stages have finished, their measured seconds over their reference seconds. Stages that run in parallel workers (the trainings)
 count ``1 / jobs`` of their time. So a busy or a slower machine gets an ETA in its own seconds, and
 the estimate is revised at every stage.
 """
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 
 @dataclass
@@ -33,7 +35,13 @@ class Stage:
     seconds: float | None = None
     """Measured wall seconds, once done."""
     info: dict = field(default_factory=dict)
+    marks: list = field(default_factory=list)
+    """``(time, fraction done)`` of its first and latest :meth:`JobClock.progress` report."""
 
+
+MIN_PROGRESS = 0.02
+"""A running stage's rate revises the slowness once it spans this fraction of the stage (the embedded target:
+32 of 1,600 steps, ~20 s); before that, one slow first step would dominate it."""
 
 CALIBRATION_WEIGHT = 0.5
 """Before any stage has finished, the slowness is (calibration ratio) ** CALIBRATION_WEIGHT: the calibration is
@@ -94,6 +102,21 @@ class JobClock:
             stage.cached, stage.reference = True, 0.0
         return stage.seconds
 
+    def progress(self, name: str, fraction: float) -> None:
+        """The running stage ``name`` is ``fraction`` (0..1) done. Until a stage has finished, the slowness is
+        its rate between its first and latest report (fixed costs before the first report do not count)."""
+        marks = self.stages[name].marks
+        mark = (time.time(), min(1.0, max(0.0, float(fraction))))
+        marks[:] = [marks[0], mark] if marks else [mark]
+
+    def _progress_rate(self) -> float | None:
+        for s in self.stages.values():
+            if s.seconds is None and s.reference > 0 and len(s.marks) == 2:
+                (t0, f0), (t1, f1) = s.marks
+                if f1 - f0 >= MIN_PROGRESS:
+                    return (t1 - t0) / ((f1 - f0) * s.reference)
+        return None
+
     def slowness(self) -> float:
         """This machine's seconds per reference second (1 = as fast as the reference machine)."""
         done = [s for s in self.stages.values() if s.seconds is not None and not s.cached and s.reference > 0]
@@ -101,7 +124,7 @@ class JobClock:
             ref = sum(s.reference / (self.jobs if s.parallel else 1) for s in done)
             took = sum(s.seconds / (self.jobs if s.parallel else 1) for s in done)
             return took / ref
-        return self.calibrated or 1.0
+        return self._progress_rate() or self.calibrated or 1.0
 
     def eta_seconds(self) -> float:
         """Seconds until every planned stage is done, at the current :meth:`slowness`."""
@@ -109,7 +132,11 @@ class JobClock:
         for s in self.stages.values():
             if s.seconds is not None or s.cached:
                 continue
-            remaining = s.reference * f - (now - s.started if s.started else 0.0)
+            if s.marks:  # what its progress says is left
+                t1, f1 = s.marks[-1]
+                remaining = (1.0 - f1) * s.reference * f - (now - t1)
+            else:
+                remaining = s.reference * f - (now - s.started if s.started else 0.0)
             left += max(0.0, remaining) / (self.jobs if s.parallel else 1)
         return left
 
@@ -149,3 +176,21 @@ class JobClock:
             lines.append(f"  {s.name:<32} {s.seconds / 60:6.1f} min  {100 * s.seconds / total:5.1f} %{extra}")
         lines.append(f"  {'total':<32} {total / 60:6.1f} min")
         return "\n".join(lines)
+
+
+class StageProgress(Callback):
+    """A Lightning callback that reports a training's optimizer steps to a :class:`JobClock` stage, and calls
+    ``echo(step, max_steps)`` once the training passes each fraction in ``at`` (a log line with the ETA)."""
+
+    def __init__(self, clock: JobClock, stage: str, echo=None, at=(0.05, 0.5)):
+        self.clock, self.stage, self.echo, self.pending = clock, stage, echo, sorted(at)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        total = trainer.max_steps
+        if not total or total <= 0:
+            return
+        self.clock.progress(self.stage, trainer.global_step / total)
+        while self.pending and trainer.global_step >= self.pending[0] * total:
+            self.pending.pop(0)
+            if self.echo is not None:
+                self.echo(trainer.global_step, total)

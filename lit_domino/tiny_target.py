@@ -399,12 +399,14 @@ def target_dir(cfg: TinyTargetConfig, root: Path | None = None) -> Path:
     return cache.artifact_dir("target", cfg, name=cfg.name, root=root)
 
 
-def build_tiny_target(cfg: TinyTargetConfig | str = "default", root: Path | None = None, progress: bool = True) -> Path:
+def build_tiny_target(cfg: TinyTargetConfig | str = "default", root: Path | None = None, progress: bool = True,
+                      callbacks=()) -> Path:
     """Build (or reuse) the embedded target; returns its ``save_pretrained`` directory.
 
     One process builds it (others wait on its lock, then reuse it); an interrupted build
     resumes exactly from its last checkpoint; a failure before the first checkpoint
-    leaves no folder behind; the caller's random state is left as it was.
+    leaves no folder behind; the caller's random state is left as it was. ``callbacks``: extra Lightning
+    callbacks of its training (the ablation's :class:`~lit_domino.jobclock.StageProgress`).
     """
     if isinstance(cfg, str):
         cfg = preset_config(cfg)
@@ -418,7 +420,7 @@ def build_tiny_target(cfg: TinyTargetConfig | str = "default", root: Path | None
         path.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
         tokenizer = build_tokenizer(cfg, root)
-        model, stats = train_model(cfg, tokenizer, path, progress=progress)
+        model, stats = train_model(cfg, tokenizer, path, progress=progress, callbacks=callbacks)
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.save_pretrained(path)

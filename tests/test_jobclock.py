@@ -59,3 +59,40 @@ def test_the_calibration_workload_measures_and_restores_threads():
     before = torch.get_num_threads()
     assert jobclock.calibration_seconds(threads=1) > 0
     assert torch.get_num_threads() == before
+
+
+def test_a_running_stage_that_reports_progress_revises_the_eta(now, monkeypatch):
+    monkeypatch.setattr(jobclock, "calibration_seconds", lambda threads=None: 1.0)
+    clock = JobClock(calibration=2.0)  # the calibration says: 2x faster than the reference machine
+    clock.plan("target", 1000)
+    clock.plan("decode", 100)
+    clock.start("target")
+    now[0] += 60  # tokenizer, packing: a fixed cost before the first step
+    clock.progress("target", 0.001)
+    now[0] += 15
+    clock.progress("target", 0.011)  # less than MIN_PROGRESS of the stage so far: the calibration still rules
+    assert clock.slowness() == pytest.approx(0.5 ** jobclock.CALIBRATION_WEIGHT)
+    now[0] += 45  # 5 % of the stage in 60 s: 1.2x the reference machine's time, whatever the calibration said
+    clock.progress("target", 0.051)
+    assert clock.slowness() == pytest.approx(60 / (0.05 * 1000))
+    assert clock.eta_seconds() == pytest.approx(1.2 * (0.949 * 1000 + 100))
+    now[0] += 2000
+    clock.finish("target")  # finished stages take over
+    assert clock.slowness() == pytest.approx(2120 / 1000)
+
+
+def test_stage_progress_callback_reports_steps_and_echoes_at_fractions(now):
+    from types import SimpleNamespace
+
+    clock = JobClock()
+    clock.plan("target", 100)
+    clock.start("target")
+    said = []
+    cb = jobclock.StageProgress(clock, "target", echo=lambda step, total: said.append(step), at=(0.05, 0.5))
+    trainer = SimpleNamespace(max_steps=200, global_step=0)
+    for step in range(1, 121):
+        now[0] += 0.5
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, None, None, None, step - 1)
+    assert said == [10, 100]  # once each, when passed
+    assert clock.slowness() == pytest.approx(0.5 / (100 / 200))  # 0.5 s per step, 0.5 s per reference step
