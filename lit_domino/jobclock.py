@@ -7,9 +7,9 @@ reference seconds times this machine's *slowness*: before a stage has finished, 
 calibration workload timed against the reference machine's figure (a noisy measure, trusted by its square
 root: :data:`CALIBRATION_WEIGHT`), replaced as soon as the running stage reports its progress
 (:meth:`JobClock.progress`; the embedded target's training does, :class:`StageProgress`) by its own rate;
-once stages have finished, their measured seconds over their reference seconds. Stages that run in parallel workers (the trainings)
-count ``1 / jobs`` of their time. So a busy or a slower machine gets an ETA in its own seconds, and
-the estimate is revised at every stage.
+once stages have finished, their measured seconds over their reference seconds. Stages that run in
+parallel workers (the trainings) count ``1 / jobs`` of their time. So a busy or a slower machine gets
+an ETA in its own seconds, and the estimate is revised at every stage.
 """
 
 from __future__ import annotations

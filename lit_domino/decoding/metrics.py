@@ -18,7 +18,6 @@ benchmark), measured in the same process on the same prompts.
 from __future__ import annotations
 
 import copy
-
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
