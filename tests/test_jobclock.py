@@ -15,6 +15,7 @@ def now(monkeypatch):
 
 def test_eta_follows_the_measured_slowness_of_finished_stages(now):
     clock = JobClock(jobs=2)
+    assert not clock.measured()
     clock.plan("target", 600)
     clock.plan("cached data", 300, cached=True)  # costs nothing
     for name in ("train a", "train b"):
@@ -48,6 +49,7 @@ def test_eta_before_any_stage_uses_the_calibration(monkeypatch):
     factor = 1.5 ** jobclock.CALIBRATION_WEIGHT  # a noisy measure: only partly trusted
     assert 1.0 < clock.slowness() < 1.5 and clock.slowness() == pytest.approx(factor)
     assert clock.eta_seconds() == pytest.approx(100 * factor)
+    assert not clock.measured() and "provisional" in clock.eta()  # a guess until the job measures itself
     empty = JobClock()
     empty.plan("target", 0)
     assert "no reference times" in empty.eta()
@@ -75,6 +77,7 @@ def test_a_running_stage_that_reports_progress_revises_the_eta(now, monkeypatch)
     now[0] += 45  # 5 % of the stage in 60 s: 1.2x the reference machine's time, whatever the calibration said
     clock.progress("target", 0.051)
     assert clock.slowness() == pytest.approx(60 / (0.05 * 1000))
+    assert clock.measured() and "provisional" not in clock.eta()
     assert clock.eta_seconds() == pytest.approx(1.2 * (0.949 * 1000 + 100))
     now[0] += 2000
     clock.finish("target")  # finished stages take over
@@ -88,11 +91,13 @@ def test_stage_progress_callback_reports_steps_and_echoes_at_fractions(now):
     clock.plan("target", 100)
     clock.start("target")
     said = []
-    cb = jobclock.StageProgress(clock, "target", echo=lambda step, total: said.append(step), at=(0.05, 0.5))
-    trainer = SimpleNamespace(max_steps=200, global_step=0)
-    for step in range(1, 121):
+    etas = []
+    cb = jobclock.StageProgress(clock, "target", echo=lambda step, total: (said.append(step), etas.append(clock.eta())))
+    trainer = SimpleNamespace(max_steps=1600, global_step=0)
+    for step in range(1, 901):
         now[0] += 0.5
         trainer.global_step = step
         cb.on_train_batch_end(trainer, None, None, None, step - 1)
-    assert said == [10, 100]  # once each, when passed
-    assert clock.slowness() == pytest.approx(0.5 / (100 / 200))  # 0.5 s per step, 0.5 s per reference step
+    assert said == [80, 800]  # once each, when passed (the default fractions: 5 % and 50 %)
+    assert all("provisional" not in eta for eta in etas)  # the first echo already has a measured rate
+    assert clock.slowness() == pytest.approx(0.5 / (100 / 1600))  # 0.5 s per step, 1/16 s per reference step
