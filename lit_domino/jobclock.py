@@ -78,7 +78,8 @@ class JobClock:
     """Stages of one job: plan them (with reference seconds), start and finish them, read the ETA.
 
     ``calibration``: the reference machine's :func:`calibration_seconds` (its best of three; None = no calibration: the
-    slowness is 1 until a stage has finished; see :data:`CALIBRATION_WEIGHT`). ``jobs``: how many parallel stages run at once."""
+    slowness is 1 until a stage reports progress or finishes; see :data:`CALIBRATION_WEIGHT`). ``jobs``: how many
+    parallel stages run at once."""
 
     def __init__(self, calibration: float | None = None, jobs: int = 1):
         self.t0 = time.time()
