@@ -12,7 +12,8 @@ Final logits ``L_i = L_base_i + ΔL_i`` for i >= 1; position 0 gets ΔL = 0.
 The equation has two forms, both here on :class:`DominoHead`: :meth:`~DominoHead.delta`
 when every S is known at once (teacher forcing: one ``nn.GRU`` pass over the true
 tokens), and :meth:`~DominoHead.rollout` when each S depends on the previous pick
-(training-time test and decoding, which share it).
+(training-time test), and :meth:`~DominoHead.draft`, the same recurrence written for
+decoding (six ops per position).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.layers import init_weights, outside_inference_mode
+from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, check_pool_size, draft_chain
+from lit_domino.models.sessions import StageDraft, check_pool_size, is_greedy, pool_stage
 from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
@@ -98,19 +99,16 @@ class DominoHead(nn.Module):
     def correction(self, z: torch.Tensor, up_rows: torch.Tensor | None = None,
                    base: torch.Tensor | None = None) -> torch.Tensor:
         """The equation's output side, which every form shares: ``ΔL = W_up · SiLU(z)`` for the rank-r
-        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]. ``up_rows`` [..., P, r], rows of W_up
+        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]. ``up_rows`` [P, r], rows of W_up
         (:meth:`pool_rows`), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
-        computes no other row. ``base`` (decoding, [N, V] or [N, P] with z [N, r]): returns ``base + ΔL``
-        in one fused kernel."""
-        a = F.silu(z)
-        if base is not None:
-            a = a.to(base.dtype)
-            if up_rows is None:
-                return torch.addmm(base, a, self.up.weight.T.to(base.dtype))
-            return torch.baddbmm(base.unsqueeze(-1), up_rows.to(base.dtype), a.unsqueeze(-1)).squeeze(-1)
-        if up_rows is None:
-            return self.up(a)
-        return torch.matmul(up_rows, a.unsqueeze(-1)).squeeze(-1)  # [..., P, r] @ [..., r, 1]
+        computes no other row. ``base`` (decoding: [n, V] or [n, P] with z [n, r]) returns ``base + ΔL``,
+        the final logits, in one kernel and the base's dtype."""
+        a, w = F.silu(z), self.up.weight if up_rows is None else up_rows  # w [V or P, r]
+        if base is None:
+            return F.linear(a, w)
+        if a.dtype != base.dtype:
+            a, w = a.to(base.dtype), w.to(base.dtype)
+        return torch.addmm(base, a, w.T)
 
     def pool_rows(self, pool: torch.Tensor) -> torch.Tensor:
         """The rows of W_up for candidate token ids ``pool`` [...] -> [..., r]."""
@@ -119,25 +117,6 @@ class DominoHead(nn.Module):
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
         return self.correction(self.down(torch.cat([H, S], dim=-1)))
-
-    def input_table(self, embed_weight: torch.Tensor) -> torch.Tensor:
-        """``E · W_ihᵀ`` [V, 3d_s]: the GRU input projection of every vocabulary entry (a decode-time GRU step
-        is then a row lookup). Cached until a weight changes: the key holds the storage and the in-place
-        version counter of both weights, which an optimizer step, ``load_state_dict`` or ``.to()`` all move."""
-        w_ih = self.gru.weight_ih_l0
-        key = (w_ih.data_ptr(), w_ih._version, w_ih.dtype, w_ih.device,
-               embed_weight.data_ptr(), embed_weight._version, embed_weight.dtype)
-        cached = self.__dict__.get("_input_table")
-        if cached is None or cached[0] != key:
-            with outside_inference_mode():  # built while decoding, kept while training
-                table = embed_weight.to(w_ih.dtype) @ w_ih.T  # [V, 3d_s]
-            self.__dict__["_input_table"] = cached = (key, table)
-        return cached[1]
-
-    def __getstate__(self):  # the decode table is derived data: never pickled or deep-copied
-        state = self.__dict__.copy()
-        state.pop("_input_table", None)
-        return state
 
     def rollout(self, H: torch.Tensor, base: torch.Tensor, anchor_emb: torch.Tensor,
                 embed: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor | None], torch.Tensor]:
@@ -171,41 +150,64 @@ class DominoHead(nn.Module):
         return next_logits
 
     @torch.no_grad()
-    def decode_steps(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
-                     pool_size: int | None = None):
-        """The decode-time rollout (no gradient): ``next_logits(prev)`` for :func:`draft_chain` over block
-        positions 1..K of N blocks.
+    def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+              pool_size: int | None = None, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> "HeadDraft":
+        """The decode-time rollout of one block: positions 1..K in turn, each pick fed to the GRU.
 
-        H [N, K, d], base [N, K, V], anchor [N] ids, ``embed_weight`` [V, d] the target's embedding. GRU inputs
-        come from :meth:`input_table`, W_down's H-part is computed for the whole block at once. ``pool_size``
-        P: the correction is computed on the top-P tokens of each position's base logits only and
-        ``next_logits`` returns the pool ``(logits [N, P], ids [N, P])``; None (or P = V) returns the exact
-        full-vocabulary logits [N, V].
+        H [K, d] backbone hidden states, base [K, V] their logits, anchor [1] the id of x_a, ``embed_weight``
+        [V, d] the target's embedding. Position i's pick is ``argmax(L_i / T + G_i)``: G = 0 at T = 0; at T > 0
+        Gumbel noise ``-log E``, E ~ Exp(1) drawn once for the block (the exponential race: an exact sample of
+        softmax(L_i / T), and one code path for greedy and sampling). ``pool_size`` P: the correction, the pick
+        and q live on the top-P tokens of each position's base logits; None (or P = V) is the exact
+        full-vocabulary head.
+
+        Built for a dispatch-bound loop (every op ~2-10 µs of overhead on a CPU, a kernel launch on a GPU):
+        everything that does not depend on the previous pick is computed for the whole block up front
+        (W_down's H-part, the pool's W_up and embedding rows), and a position then costs six ops: one fused
+        ``gru_cell``, W_down's S-part, the fused ``base + ΔL``, the pick, the pick's embedding row.
         """
-        N, d, d_s, r = H.shape[0], H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
-        table = self.input_table(embed_weight)  # [V, 3d_s]
-        w_down = self.down.weight  # [r, d + d_s]
-        w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
-        # W_down's H-part for every position at once, padded so one addmm per step gives [z_i ; W_hh·S]
-        h_part = torch.cat([H @ w_down[:, :d].T, H.new_zeros(N, H.shape[1], 3 * d_s)], -1)  # [N, K, r + 3d_s]
-        up_rows = pool = None
+        K, d = H.shape
+        greedy = is_greedy(temperature)
+        w_down, w_ih, w_hh = self.down.weight, self.gru.weight_ih_l0, self.gru.weight_hh_l0
+        w_state = w_down[:, d:].T  # [d_s, r] W_down's S-part
+        h_part = (H @ w_down[:, :d].T).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part
+        ids = None
         if pool_size is not None and pool_size < base.shape[-1]:
-            base, pool = base.topk(pool_size, dim=-1)  # [N, K, P] each, every position at once
-            up_rows = self.pool_rows(pool)  # [N, K, P, r]
-        s = gru_gates(table.index_select(0, anchor), torch.zeros_like(table[:1]), H.new_zeros(N, d_s))  # S_0
-        i, s_hh = 0, None
+            base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
+            ups = self.pool_rows(ids).unbind(0)  # K x [P, r]
+            embs = embed_weight.index_select(0, ids.reshape(-1)).view(K, pool_size, -1).unbind(0)  # K x [P, d]
+        else:
+            ups, embs = [None] * K, [embed_weight] * K
+        bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
+        noise = None if greedy else (-torch.empty_like(base, dtype=torch.float32)
+                                     .exponential_(generator=generator).log()).unsqueeze(1).unbind(0)
+        s, x = H.new_zeros(1, self.gru_hidden), embed_weight.index_select(0, anchor)  # S_{-1} = 0, x_a
+        picks, rows = [], []
+        for i in range(K):
+            s = torch.gru_cell(x if x.dtype == w_ih.dtype else x.to(w_ih.dtype), s, w_ih, w_hh)  # consumed x
+            L = self.correction(torch.addmm(h_part[i], s, w_state), ups[i], bases[i])  # [1, P] L_base + ΔL
+            j = (L if greedy else L.float() / temperature + noise[i]).argmax(-1)  # [1] index into the pool
+            picks.append(j), rows.append(L)
+            if i < K - 1:
+                x = embs[i].index_select(0, j)  # the pick's embedding, the GRU's next input
+        picks = torch.cat(picks)  # [K]
+        tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
+        return HeadDraft(tokens, picks, torch.cat(rows), ids)
 
-        def next_logits(prev: torch.Tensor | None):
-            nonlocal s, s_hh, i
-            if prev is not None:  # S_i: consumed the pick at position i
-                s = gru_gates(table.index_select(0, prev), s_hh, s)
-            z, s_hh = torch.addmm(h_part[:, i], s, w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
-            i += 1
-            if pool is None:
-                return self.correction(z, base=base[:, i - 1])  # [N, V] base + ΔL
-            return self.correction(z, up_rows[:, i - 1], base[:, i - 1]), pool[:, i - 1]  # [N, P], [N, P]
 
-        return next_logits
+@dataclass
+class HeadDraft:
+    """:meth:`DominoHead.draft`'s result for one block of K positions."""
+
+    tokens: torch.Tensor
+    """[K] the drafted token ids."""
+    picks: torch.Tensor
+    """[K] each pick's index into its row of ``logits`` (the pool index; the token id without a pool)."""
+    logits: torch.Tensor
+    """[K, P] the final logits ``L_base + ΔL`` on each position's pool (P = V without a pool)."""
+    ids: torch.Tensor | None
+    """[K, P] the pool's token ids; None without a pool."""
 
 
 class DominoSession(ParallelSession):
@@ -221,10 +223,10 @@ class DominoSession(ParallelSession):
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
-        H = hidden[1:][None]  # [1, K, d]
-        base = drafter.compute_logits(H)  # [1, K, V] backbone logits
-        step = drafter.head.decode_steps(H, base, anchor, drafter.embed.weight, self.pool_size)
-        return draft_chain(step, H.shape[1], temperature, generator, vocab_size=base.shape[-1])
+        H = hidden[1:]  # [K, d]
+        base = drafter.compute_logits(H)  # [K, V] backbone logits
+        out = drafter.head.draft(H, base, anchor, drafter.embed.weight, self.pool_size, temperature, generator)
+        return pool_stage(out.tokens, out.picks, out.logits, out.ids, temperature, base.shape[-1])
 
 
 @register("domino")

@@ -76,44 +76,47 @@ def pick_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gener
     return tokens, logq.gather(-1, tokens[:, None])[:, 0], probs
 
 
-def draft_chain(next_logits: Callable[[torch.Tensor | None], torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
-                num_tokens: int, temperature: float, generator: torch.Generator | None,
-                vocab_size: int | None = None) -> StageDraft:
-    """The sequential draft loop of every token-by-token drafter (Domino's head, EAGLE-3, the small LM).
+def draft_chain(next_logits: Callable[[torch.Tensor | None], torch.Tensor], num_tokens: int, temperature: float,
+                generator: torch.Generator | None) -> StageDraft:
+    """The sequential draft loop of the autoregressive drafters (EAGLE-3, the small LM).
 
-    ``next_logits(prev)`` returns the next position's logits; ``prev`` is None for the first one, else the
-    token just drafted (``[1]``), which the drafter feeds to its state first. The logits are either
-    ``[1, V]`` (the full vocabulary) or a candidate pool ``(logits [1, P], ids [1, P])``: the pick and its
-    log-probability are then taken on the pool, and the stage's dense ``logits`` are ``-inf`` and ``probs``
-    (q) are 0 outside it (``vocab_size`` V needed), so rejection sampling with q stays exact.
+    ``next_logits(prev)`` returns the next position's logits ``[1, V]``; ``prev`` is None for the first one,
+    else the token just drafted (``[1]``), which the drafter feeds to its state first.
     """
     greedy = is_greedy(temperature)
-    toks, rows, pools, lqs = [], [], [], []
+    toks, rows, lqs = [], [], []
     prev = None
     for _ in range(num_tokens):
-        out = next_logits(prev)
-        logits, ids = out if isinstance(out, tuple) else (out, None)  # [1, P], [1, P] | None
+        logits = next_logits(prev)  # [1, V]
         if greedy:
-            j = logits.argmax(-1)  # [1]; the log-probs of all picks come in one pass below
+            prev = logits.argmax(-1)  # [1]; log q on demand (StageDraft.logprobs)
         else:
-            lqs.append(torch.log_softmax(logits.float() / temperature, -1))  # [1, P]
-            j = torch.multinomial(lqs[-1].exp(), 1, generator=generator)[:, 0]
-        prev = j if ids is None else ids.gather(-1, j[:, None])[:, 0]
-        rows.append(logits), pools.append(ids), toks.append(j)
-    picks, logits = torch.cat(toks), torch.cat(rows)  # [K] (pool indices), [K, P]
-    if pools[0] is None:  # greedy: log q on demand (StageDraft.logprobs)
-        logq = None if greedy else torch.cat(lqs)
-        return StageDraft(picks, None if greedy else logq.gather(-1, picks[:, None])[:, 0],
-                          None if greedy else logq.exp(), logits)
-    logq = torch.log_softmax(logits.float(), -1) if greedy else torch.cat(lqs)  # [K, P]: cheap on the pool
-    logprobs = logq.gather(-1, picks[:, None])[:, 0]
-    if vocab_size is None:
-        raise ValueError("draft_chain needs vocab_size when next_logits returns a candidate pool")
-    ids = torch.cat(pools)  # [K, P]
-    tokens = ids.gather(-1, picks[:, None])[:, 0]
-    dense = logits.new_full((num_tokens, vocab_size), float("-inf")).scatter_(-1, ids, logits)  # [K, V]
+            lqs.append(torch.log_softmax(logits.float() / temperature, -1))  # [1, V]
+            prev = torch.multinomial(lqs[-1].exp(), 1, generator=generator)[:, 0]
+        rows.append(logits), toks.append(prev)
+    tokens, logits = torch.cat(toks), torch.cat(rows)  # [K], [K, V]
+    if greedy:
+        return StageDraft(tokens, None, None, logits)
+    logq = torch.cat(lqs)  # [K, V]
+    return StageDraft(tokens, logq.gather(-1, tokens[:, None])[:, 0], logq.exp(), logits)
+
+
+def pool_stage(tokens: torch.Tensor, picks: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor | None,
+               temperature: float, vocab_size: int) -> StageDraft:
+    """A stage picked from candidate pools: ``logits`` [K, P] on the token ids ``ids`` [K, P] (None: P = V, the
+    whole vocabulary), ``picks`` [K] the index of each pick in its row, ``tokens`` [K] the ids. The pick's
+    log-probability is taken on the pool, and the stage's dense ``logits`` are ``-inf`` and ``probs`` (q) 0
+    outside it, so rejection sampling with q stays exact."""
+    greedy = is_greedy(temperature)
+    if ids is None:
+        if greedy:
+            return StageDraft(tokens, None, None, logits)  # log q on demand (StageDraft.logprobs)
+        logq = torch.log_softmax(logits.float() / temperature, -1)  # [K, V]
+        return StageDraft(tokens, logq.gather(-1, picks[:, None])[:, 0], logq.exp(), logits)
+    logq = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), -1)  # [K, P]: cheap on the pool
+    dense = logits.new_full((logits.shape[0], vocab_size), float("-inf")).scatter_(-1, ids, logits)  # [K, V]
     probs = None if greedy else torch.zeros_like(dense, dtype=logq.dtype).scatter_(-1, ids, logq.exp())
-    return StageDraft(tokens, logprobs, probs, dense)
+    return StageDraft(tokens, logq.gather(-1, picks[:, None])[:, 0], probs, dense)
 
 
 def check_pool_size(pool_size, vocab_size: int) -> int | None:

@@ -109,9 +109,9 @@ class LossRecorder(Callback):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_each_variant_trains_on_after_decoding(tmp_path, target, variant):
-    """``generate`` runs the drafter in ``torch.inference_mode``: what it leaves cached on the drafter (the
-    Domino head's input table, RoPE tables) must not break the next training step (the eval callback decodes
-    mid-training), and the next decode uses the updated weights."""
+    """``generate`` runs the drafter in ``torch.inference_mode``: what it leaves cached on the drafter (RoPE
+    tables) must not break the next training step (the eval callback decodes mid-training), and the next
+    decode uses the updated weights."""
     torch.manual_seed(0)
     module = VARIANTS[variant](target)
     data = FixedData(target, repeat=2, feature_layers=target.layer_ids("eagle3") if variant == "eagle3" else None)
@@ -126,9 +126,6 @@ def test_each_variant_trains_on_after_decoding(tmp_path, target, variant):
         for p in drafter.parameters():
             if p.grad is not None:
                 p -= 0.5 * p.grad
-    if variant.startswith("domino"):
-        table = drafter.head.input_table(drafter.embed.weight)
-        assert torch.equal(table, drafter.embed.weight @ drafter.head.gru.weight_ih_l0.T)  # rebuilt: new weights
     assert generate(target, drafter, prompt, max_new_tokens=10).tokens == greedy
 
 

@@ -216,30 +216,80 @@ def test_pool_sampling_q_lives_on_the_pool(target):
     torch.testing.assert_close(d.logprobs.exp(), d.probs.gather(-1, d.tokens[:, None])[:, 0])
 
 
-def test_input_table_follows_weight_changes(target):
-    """The cached E·W_ihᵀ table is rebuilt after an optimizer step and after load_state_dict."""
-    dom = _drafter(target)
-    emb = dom.embed.weight
-    head = dom.head
+def _rollout_picks(head, H, base, anchor, emb, P=None, temperature=0.0, noise=None):
+    """The reference: training-time test's rollout (``nn.GRU``'s equations written out), picking
+    ``argmax(L_i / T + G_i)`` on the top-P pool of the base logits at each position."""
+    step = head.rollout(H[None], base[None], emb[anchor], lambda t: emb[t])
+    ids = base.topk(P, -1).indices if P else None
+    prev, toks, rows = None, [], []
+    for i in range(H.shape[0]):
+        L = step(prev)[0]  # [V]
+        if ids is not None:
+            L = L[ids[i]]
+        j = (L if temperature == 0 else L / temperature + noise[i]).argmax(-1)
+        prev = (j if ids is None else ids[i, j]).view(1)
+        toks.append(prev), rows.append(L)
+    return torch.cat(toks), torch.stack(rows)
 
-    def fresh():
-        return emb @ head.gru.weight_ih_l0.detach().T
 
-    t0 = head.input_table(emb)
-    assert head.input_table(emb) is t0  # cached
-    torch.testing.assert_close(t0, fresh())
-    opt = torch.optim.SGD(head.parameters(), lr=0.5)
-    head.gru.weight_ih_l0.grad = torch.randn_like(head.gru.weight_ih_l0)
-    opt.step()
-    t1 = head.input_table(emb)
-    assert t1 is not t0
-    torch.testing.assert_close(t1, fresh())
-    other = DominoHead(head.hidden_size, head.gru_hidden, head.down.weight.shape[0], head.up.weight.shape[0])
-    head.load_state_dict(other.state_dict())
-    torch.testing.assert_close(head.input_table(emb), emb @ other.gru.weight_ih_l0.detach().T)
-    import copy
+@pytest.mark.parametrize("P", [None, 6])
+def test_decode_draft_equals_the_training_rollout(P):
+    """``DominoHead.draft`` (decoding: fused ``gru_cell``, the pool's rows gathered up front) picks what the
+    training-time-test rollout picks, with the same final logits, for a weak and a strong correction."""
+    torch.manual_seed(0)
+    K, d, V = 7, 16, 40
+    head = DominoHead(d, 24, 8, V)
+    emb = torch.randn(V, d)
+    H, base, anchor = torch.randn(K, d), torch.randn(K, V), torch.tensor([3])
+    changed = []
+    for std in (0.0, 0.3, 3.0):
+        torch.nn.init.normal_(head.up.weight, std=std)
+        with torch.no_grad():
+            out = head.draft(H, base, anchor, emb, pool_size=P)
+            want, rows = _rollout_picks(head, H, base, anchor, emb, P)
+        assert torch.equal(out.tokens, want), std
+        torch.testing.assert_close(out.logits, rows, atol=1e-5, rtol=1e-5)
+        assert torch.equal(out.tokens, out.picks if P is None else out.ids.gather(-1, out.picks[:, None])[:, 0])
+        changed.append(int((out.tokens != base.argmax(-1)).sum()))
+    assert changed[0] == 0 and changed[2] > 0, changed  # W_up = 0 keeps the base picks; a strong head does not
 
-    assert "_input_table" not in copy.deepcopy(head).__dict__  # derived data is not copied
+
+def test_decode_sampling_is_the_exponential_race():
+    """At T > 0 each pick is ``argmax(L_i / T - log E_i)``, E ~ Exp(1) drawn once per block from the generator
+    (an exact sample of softmax(L_i / T)), fed to the GRU like a greedy pick."""
+    torch.manual_seed(0)
+    K, d, V, P, T = 7, 16, 40, 9, 1.7
+    head = DominoHead(d, 24, 8, V)
+    torch.nn.init.normal_(head.up.weight, std=3.0)
+    emb = torch.randn(V, d)
+    H, base, anchor = torch.randn(K, d), torch.randn(K, V), torch.tensor([3])
+    with torch.no_grad():
+        out = head.draft(H, base, anchor, emb, pool_size=P, temperature=T, generator=torch.Generator().manual_seed(5))
+        noise = -torch.empty(K, P).exponential_(generator=torch.Generator().manual_seed(5)).log()
+        want, _ = _rollout_picks(head, H, base, anchor, emb, P, T, noise)
+    assert torch.equal(out.tokens, want)
+    assert not torch.equal(out.tokens, head.draft(H, base, anchor, emb, pool_size=P).tokens)  # not the greedy picks
+
+
+def test_first_pick_is_distributed_as_the_draft_q():
+    """The exponential race samples q = softmax(L_1 / T): χ² of 3,000 first picks on a pool of 5 against q
+    itself (the lossless tests check whole generations against the target)."""
+    from tests.decoding.test_sampling import chi2_critical, chi_square, dof_after_pooling
+
+    torch.manual_seed(0)
+    K, d, V, P, T, n = 3, 8, 12, 5, 0.8, 3000
+    head = DominoHead(d, 8, 4, V)
+    torch.nn.init.normal_(head.up.weight, std=1.0)
+    H, base, emb, g = torch.randn(K, d), torch.randn(K, V), torch.randn(V, d), torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        draws = [head.draft(H, base, torch.tensor([3]), emb, pool_size=P, temperature=T, generator=g)
+                 for _ in range(n)]
+    q = torch.softmax(draws[0].logits[0] / T, -1)  # position 1 does not depend on earlier picks
+    counts = torch.bincount(torch.stack([o.picks[0] for o in draws]), minlength=P).double()
+    expected = q.double() * n
+    assert chi_square(counts, expected) < chi2_critical(dof_after_pooling(expected))
+    wrong = torch.softmax(draws[0].logits[0] / (2 * T), -1).double() * n
+    assert chi_square(counts, wrong) > chi2_critical(dof_after_pooling(wrong))
 
 
 def test_pool_size_is_checked_before_decoding(target):
