@@ -165,7 +165,8 @@ class DominoHead(nn.Module):
         Built for a dispatch-bound loop (every op ~2-10 µs of overhead on a CPU, a kernel launch on a GPU):
         everything that does not depend on the previous pick is computed for the whole block up front
         (W_down's H-part, the pool's W_up and embedding rows), and a position then costs six ops: one fused
-        ``gru_cell``, W_down's S-part, the fused ``base + ΔL``, the pick, the pick's embedding row.
+        ``gru_cell``, W_down's S-part, SiLU, ``base + W_up·a`` in one ``addmm``, the pick, the pick's
+        embedding row.
         """
         K, d = H.shape
         greedy = is_greedy(temperature)
