@@ -58,10 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--static-cache", action="store_true",
-                   help="the target's KV cache as a transformers StaticCache (the GPU-ready path; same tokens)")
+                   help="the target's KV cache as a transformers StaticCache and the parallel drafters' static K/V "
+                        "buffers (the fixed-shape path --compile compiles, run eagerly; same tokens)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile(mode='reduce-overhead') of the target's forward over a StaticCache, for the "
-                        "AR baseline and every drafter alike (CUDA only: needs --device cuda)")
+                   help="torch.compile of the target's forward over a StaticCache (the AR baseline and every "
+                        "drafter alike) and of the parallel drafters' fixed-shape block forward (CUDA graphs on "
+                        "cuda, inductor's C++ kernels on cpu; compiled in an untimed "
+                        "warm-up over every prompt)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", default=str(ROOT / "results"), help="output directory (default: results/)")
     p.add_argument("--experiment", default="bench", help="MLflow experiment (default: bench)")

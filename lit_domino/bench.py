@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from lit_domino.data.benchmarks import load_benchmark, parse_benchmark_list
 from lit_domino.decoding import DLoopConfig, benchmark
+from lit_domino.decoding.engine import check_compile
 from lit_domino.decoding.metrics import markdown_table
 from lit_domino.models import build_drafter, drafter_config, load_drafter
 from lit_domino.study import POSITIONS, log_command_run, pinned_threads, row_metrics, write_json
@@ -127,9 +128,10 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     names); they are the run's params and the JSON's ``args``. Returns the benchmark rows.
     """
     args = dict(options if isinstance(options, Mapping) else vars(options))
-    if args.get("compile") and not str(args["device"]).startswith("cuda"):
-        raise SystemExit(f"--compile needs --device cuda (torch.compile mode='reduce-overhead' captures CUDA "
-                         f"graphs); got --device {args['device']}")
+    try:  # before any loading: a compile request the device cannot serve
+        check_compile(bool(args.get("compile")), args["device"])
+    except ValueError as err:
+        raise SystemExit(f"--compile: {err}") from None
     with pinned_threads(args["threads"] or None):
         temperatures = [float(t) for t in args["temperatures"].split(",") if t.strip()]
         dloops = [DLoopConfig.parse(s) for s in args["dloop"].split(",") if s.strip()] or [None]

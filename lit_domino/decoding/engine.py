@@ -21,8 +21,9 @@ the token at position start+k), so a block of size B drafts B-1 tokens.
 from __future__ import annotations
 
 import contextlib
-import os
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -234,12 +235,33 @@ class _TargetRunner:
 
 
 def compiled_forward(target):
-    """The target's forward under ``torch.compile(mode="reduce-overhead")``, compiled once per target."""
+    """The target's forward under ``torch.compile``, compiled once per target (:func:`compile_mode` says how).
+
+    Shapes are static (``dynamic=False``): one graph per verify width, hidden-state flag and cache capacity
+    (:func:`static_capacity` buckets it), replayed from then on. Those combinations outnumber dynamo's default
+    of 8 recompiles per function (a benchmark's AR step and block widths over two capacities already reach
+    it, and past the limit dynamo silently runs the forward eagerly), so the limit is raised to 64.
+    """
     fn = getattr(target, "_compiled_forward", None)
     if fn is None:
-        fn = torch.compile(target.model.forward, mode="reduce-overhead", dynamic=False)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        fn = torch.compile(target.model.forward, mode=compile_mode(target.device), dynamic=False)
         target._compiled_forward = fn
     return fn
+
+
+def compile_mode(device: torch.device) -> str:
+    """``torch.compile``'s mode for the decode path on ``device``: ``"reduce-overhead"`` on CUDA (each verify
+    width replays as a CUDA graph), ``"default"`` on a CPU (inductor's fused C++ kernels; on the default
+    preset's target they make the verify step ~2x faster than eager, whose time is mostly per-op dispatch)."""
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+def static_capacity(needed: int, limit: int | None) -> int:
+    """A ``StaticCache``'s capacity for ``needed`` positions: the next power of two (at least 256), so that
+    prompts of different lengths share the compiled graphs of one capacity; at most ``limit`` (the context)."""
+    capacity = max(256, 1 << (int(needed) - 1).bit_length())
+    return capacity if limit is None else min(capacity, limit)
 
 
 def _pick_first(out, temperature, generator, layers):
@@ -361,14 +383,26 @@ def _autoregressive(target, prompt, max_new_tokens, temperature, generator, runn
     return res.finish()
 
 
-def check_compile(compile: bool, target) -> None:
-    """``compile`` needs a CUDA target: ``mode="reduce-overhead"`` captures CUDA graphs."""
+def check_compile(compile: bool, device: torch.device | str) -> None:
+    """``compile`` runs on a CUDA device (CUDA graphs) or a CPU (inductor's C++ kernels, which need a C++
+    compiler on the PATH); other devices are refused before any decoding."""
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r}")
-    if compile and target.device.type != "cuda":
-        raise ValueError(f"compile=True needs a target on a CUDA device (torch.compile mode='reduce-overhead' "
-                         f"captures CUDA graphs); this target is on {target.device.type}. Decode eagerly "
-                         "(compile=False), or move the target to a GPU")
+    if not compile:
+        return
+    device = torch.device(device).type
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"compile=True runs on a CUDA or CPU target; this target is on {device}. "
+                         "Decode eagerly (compile=False)")
+    if device == "cpu" and not cpp_compiler():
+        raise ValueError("compile=True on a CPU needs a C++ compiler for torch.compile's inductor kernels "
+                         "(set CXX, or install g++ or clang++); decode eagerly (compile=False) without one")
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would use on a CPU: ``$CXX``, else g++, c++ or clang++ on the PATH (None)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return next((path for name in names if (path := shutil.which(name))), None)
 
 
 def usable_cpus() -> int:
@@ -448,9 +482,12 @@ def generate(
     top-P tokens of the base logits (1 <= P <= V; None = the full vocabulary, the exact head); the pool
     changes what is drafted, never the output.
     ``static_cache``: the target's KV cache is a ``StaticCache`` (fixed capacity, rollback by moving its write
-    position; the same tokens as the default ``DynamicCache``). ``compile`` (CUDA only; implies ``static_cache``):
-    the target's forward runs under ``torch.compile(mode="reduce-overhead")``, so each fixed verify width
-    (``stages x (block_size - 1) + 1``) and the AR step replay as CUDA graphs.
+    position; the same tokens as the default ``DynamicCache``), and a parallel drafter (backbone, Domino) drafts
+    with its fixed-shape block forward over static K/V buffers (``ParallelSession``'s ``static_capacity``).
+    ``compile`` (implies ``static_cache``): the target's forward and that block forward run under
+    ``torch.compile`` (:func:`compile_mode`: CUDA graphs on a GPU, inductor's fused kernels on a CPU), one graph
+    per fixed verify width (``stages x (block_size - 1) + 1``), the AR step and each cache capacity
+    (:func:`static_capacity`); the first decode of each pays for its compilation.
     ``record_stages``: fill ``stage_records`` (one host copy per stage; DLoop's calibration data).
     ``threads``: torch intra-op threads for the call (restored after); None = torch's setting, bounded by
     the CPUs this process may use (a container's torch often counts the host's cores, and oversubscribed
@@ -462,7 +499,7 @@ def generate(
                                             temperature=temperature, block_size=block_size, dloop=dloop,
                                             pool_size=pool_size)
     options = {} if pool_size is None else {"pool_size": pool_size}
-    check_compile(compile, target)
+    check_compile(compile, target.device)
     static_cache = bool(static_cache or compile)
     temperature = float(temperature)
     device = target.device
@@ -474,9 +511,15 @@ def generate(
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
         for row in input_ids.to(device):
             capacity = row.shape[0] + max_new_tokens + budget + 1
-            if (limit := context_limit(target, drafter)) is not None:
+            if static_cache:  # a shared capacity per bucket: the compiled graphs fit every prompt in it
+                capacity = static_capacity(capacity, context_limit(target, drafter))
+            elif (limit := context_limit(target, drafter)) is not None:
                 capacity = min(capacity, limit)  # rounds near the context's end draft less (context_limit)
             runner = _TargetRunner(target, capacity, static_cache, compile)
+            if static_cache and "static_capacity" in getattr(drafter, "draft_options", ()):
+                # the drafter's fixed-shape block forward: the target's capacity + one padded context block
+                options = {**options, "static_capacity": capacity + int(drafter.config.block_size),
+                           "compile": compile}
             if drafter is None:
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
             else:

@@ -321,7 +321,8 @@ def benchmark(
     ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
     (others run once, with none). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
-    baseline and every drafter alike (``compile`` needs a CUDA target). ``record_stages``: drafter rows carry
+    baseline and every drafter alike (``compile``: a CUDA or CPU target; its untimed warm-up decodes every
+    prompt in full, so every graph is compiled before the timed decodes). ``record_stages``: drafter rows carry
     ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
@@ -341,7 +342,7 @@ def benchmark(
         raise ValueError("the 'assisted' peer needs assistant_model (a small Hugging Face causal LM)")
     if not prompts or any(len(v) == 0 for v in prompts.values()):
         raise ValueError("benchmark needs at least one non-empty prompt set")
-    check_compile(compile, target)
+    check_compile(compile, target.device)
     pool_sizes = list(pool_sizes) or [None]
     for P in pool_sizes:
         check_pool_size(P, target.vocab_size)
@@ -393,9 +394,12 @@ def benchmark(
     rows = []
     bar = _progress(repeats * len(methods) * sum(len(v) for v in prompts.values()), progress, "benchmark")
     for bench, items in prompts.items():
-        if warmup:  # untimed: lazy initialisation, allocator growth
+        if warmup:  # untimed: lazy initialisation, allocator growth; compiled: every graph the timed decodes use
+            #            (each prompt's verify widths and cache capacity), so no compilation is timed
             for *_, make in methods:
-                run_prompt(target, make(0), items[0], max_new_tokens=min(8, max_new_tokens), budget=budget)
+                for item in (items if compile else items[:1]):
+                    run_prompt(target, make(0), item, max_new_tokens=max_new_tokens if compile else
+                               min(8, max_new_tokens), budget=budget)
         outputs: list[list[GenerationResult]] = [[] for _ in methods]
         for i, item in enumerate(items):  # methods interleaved per prompt: background load hits all alike
             decodes: list[list[GenerationResult]] = [[] for _ in methods]

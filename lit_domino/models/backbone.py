@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from lit_domino.models.base import Drafter, DrafterConfig
-from lit_domino.models.layers import DecoderLayer, KVCache, RMSNorm, call_layer, flex_block_mask, init_weights
+from lit_domino.models.layers import (DecoderLayer, KVCache, RMSNorm, StaticKVCache, call_layer, flex_block_mask,
+                                     init_weights)
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import DraftSession, StageDraft, Stage, pick_tokens
@@ -101,11 +102,21 @@ class ParallelSession(DraftSession):
     A round computes only the new context positions and the block. ``stages[i].hidden``
     holds each stage's block hidden states (after the final norm); for a DLoop stage,
     the previous stage's ``hidden[k+1]`` stands in as the fused feature at ``start + k``.
+
+    ``static_capacity`` (``generate(..., static_cache=True)``): the caches are :class:`StaticKVCache` buffers
+    of that many positions and every round's block forward has the same shapes: its new context rows padded
+    to ``block_size`` (a longer context, the prompt's, is written ahead of it), every slot past the block
+    masked. ``compile`` (needs ``static_capacity``): that forward runs under ``torch.compile`` (one graph).
     """
 
-    def __init__(self, drafter):
+    def __init__(self, drafter, static_capacity: int | None = None, compile: bool = False):
         super().__init__(drafter)
-        self.caches = [KVCache() for _ in drafter.layers]
+        if compile and static_capacity is None:
+            raise ValueError("compile=True needs static_capacity (the compiled block forward has fixed shapes)")
+        self.static_capacity = static_capacity
+        self.caches = ([KVCache() for _ in drafter.layers] if static_capacity is None
+                       else static_caches(drafter, static_capacity, owner=self))
+        self.block_hidden = compiled_block_hidden(drafter) if compile else drafter.block_hidden
         self._cached = 0  # committed positions whose context K/V are in the caches
         self._pending: list[torch.Tensor] = []  # raw features of positions _cached .. _len-1
 
@@ -156,17 +167,82 @@ class ParallelSession(DraftSession):
         ids = torch.full((num_tokens + 1,), self.config.mask_token_id, dtype=torch.long, device=dev)
         ids[0] = anchor[0]
         pos = torch.arange(start, start + num_tokens + 1, device=dev)  # [K+1]
-        hidden = drafter.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, None, self.caches)[0]
+        mask = None
+        if self.static_capacity is not None:
+            ctx, ctx_pos, mask = self._static_inputs(ctx, ctx_pos, start + num_tokens + 1)
+        hidden = self.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, mask, self.caches)[0]
         if not self.stages:
             self._cached, self._pending = self._len, []
         out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
         self.stages.append(Stage(start, out.tokens, hidden))
         return out
 
+    def _static_inputs(self, ctx, ctx_pos, end: int):
+        """The static path's context rows, exactly ``block_size`` of them, and the mask of slots < ``end`` (the
+        block's end). Rows beyond the last ``block_size`` (a prompt) are written to the caches here, ahead of
+        the block; missing rows are zero padding at positions ``end, end+1, ..``: slots past the block, never
+        visible, overwritten by later rounds (so the buffers hold ``end + block_size`` slots at most)."""
+        width, capacity = self.config.block_size, self.static_capacity
+        if _static_state(self.drafter).get("owner") is not self:
+            raise RuntimeError("a newer static session of this drafter now owns its static K/V buffers (one "
+                               "static session per drafter at a time): start this sequence again")
+        if end + width > capacity:
+            raise ValueError(f"the static draft cache holds {capacity} positions; a block ending at {end} needs "
+                             f"{end + width} (its padded context included): give a larger static_capacity")
+        n = 0 if ctx is None else ctx.shape[1]
+        if n > width:  # the prompt's context: written ahead, outside the fixed-shape forward
+            for layer, cache in zip(self.drafter.layers, self.caches):
+                cache.write(*layer.self_attn.project_kv(ctx[:, : n - width], ctx_pos[: n - width]),
+                            ctx_pos[: n - width])
+            ctx, ctx_pos, n = ctx[0, n - width:][None], ctx_pos[n - width:], width  # [1, width, d], one stride
+        dev = self.device
+        pad = torch.arange(end, end + width - n, device=dev)
+        if n == 0:
+            ctx, ctx_pos = torch.zeros(1, width, self.config.hidden_size, dtype=self.drafter.dtype, device=dev), pad
+        elif n < width:
+            ctx = torch.cat([ctx, ctx.new_zeros(1, width - n, ctx.shape[-1])], dim=1)
+            ctx_pos = torch.cat([ctx_pos, pad])
+        return ctx, ctx_pos, StaticKVCache.visible(torch.tensor(end, device=dev), capacity)
+
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         logits = self.drafter.compute_logits(hidden[1:])  # [K, V]
         tokens, logprobs, probs = pick_tokens(logits, temperature, generator)
         return StageDraft(tokens, logprobs, probs, logits)
+
+
+def _static_state(drafter) -> dict:
+    """The drafter's decode-time static state (buffers, owner, compiled forward). A deep copy (Domino's
+    ``base_view``) carries the original's state along; the id check gives the copy its own."""
+    state = drafter.__dict__.get("_static_state")
+    if state is None or state["drafter"] != id(drafter):
+        state = drafter.__dict__["_static_state"] = {"drafter": id(drafter)}
+    return state
+
+
+def static_caches(drafter, capacity: int, owner) -> list[StaticKVCache]:
+    """The drafter's static K/V buffers of ``capacity`` positions, one per layer, made once per drafter and
+    capacity and shared by its sessions: a compiled block forward (a CUDA graph) keeps reading the same
+    buffers, so a new sequence needs no new graph. ``owner``, the newest static session, is the only one
+    allowed to draft with them (an older one refuses instead of reading overwritten slots)."""
+    state = _static_state(drafter)
+    state["owner"] = owner
+    key = (int(capacity), drafter.dtype, next(drafter.parameters()).device)
+    pools = state.setdefault("caches", {})
+    if key not in pools:
+        pools[key] = [StaticKVCache(capacity, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, *key[1:])
+                      for layer in drafter.layers]
+    return pools[key]
+
+
+def compiled_block_hidden(drafter):
+    """``drafter.block_hidden`` under ``torch.compile``, once per drafter (the engine's :func:`compile_mode`)."""
+    state = _static_state(drafter)
+    if "compiled" not in state:
+        from lit_domino.decoding.engine import compile_mode  # the engine owns the compile policy
+
+        state["compiled"] = torch.compile(drafter.block_hidden, mode=compile_mode(next(drafter.parameters()).device),
+                                          dynamic=False)
+    return state["compiled"]
 
 
 def parallel_loop_forward(
@@ -237,6 +313,7 @@ class ParallelDrafter(Drafter):
 
     config_class = BackboneConfig
     session_class = ParallelSession
+    draft_options = ("static_capacity", "compile")
     supports_loop_training = True
 
     def __init__(self, config: BackboneConfig):

@@ -216,10 +216,12 @@ class DominoSession(ParallelSession):
 
     ``pool_size`` P (a decoding option, ``generate(..., pool_size=P)``): the correction, the pick and its
     log-probability on the top-P tokens of the base logits (q = 0 outside them); None = the full vocabulary.
+    ``static_capacity``, ``compile``: the backbone's fixed-shape (compiled) block forward (:class:`ParallelSession`).
     """
 
-    def __init__(self, drafter, pool_size: int | None = None):
-        super().__init__(drafter)
+    def __init__(self, drafter, pool_size: int | None = None, static_capacity: int | None = None,
+                 compile: bool = False):
+        super().__init__(drafter, static_capacity, compile)
         self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
@@ -236,7 +238,7 @@ class DominoDrafter(ParallelDrafter):
 
     config_class = DominoConfig
     session_class = DominoSession
-    draft_options = ("pool_size",)
+    draft_options = ("pool_size", "static_capacity", "compile")
     uses_curriculum = True
 
     def __init__(self, config: DominoConfig):

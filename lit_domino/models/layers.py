@@ -215,6 +215,41 @@ class KVCache:
         self.length = min(self.length, max(0, int(length)))
 
 
+class StaticKVCache:
+    """Roped keys/values of one attention layer in a fixed buffer whose slot i holds position i (batch 1).
+
+    The decode path that compiles (``ParallelSession(static_capacity=N)``): ``write`` stores entries at their
+    positions (``index_copy_``) and returns the whole buffer ``[1, KV, capacity, hd]``, so every call has
+    the same shapes; the caller masks the slots past the block (:meth:`visible`). Nothing to commit or crop:
+    a slot beyond the committed length is simply overwritten by the next round.
+    """
+
+    def __init__(self, capacity: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+        self.capacity = int(capacity)
+        self._k = torch.zeros(1, num_kv_heads, self.capacity, head_dim, dtype=dtype, device=device)
+        self._v = torch.zeros_like(self._k)
+        if self._k.is_cuda:  # CUDA graphs read and write these very buffers on every replay
+            torch._dynamo.mark_static_address(self._k)
+            torch._dynamo.mark_static_address(self._v)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v [1, KV, t, hd] at ``positions`` [t] (distinct) -> the whole buffers."""
+        self._k.index_copy_(2, positions, k)
+        self._v.index_copy_(2, positions, v)
+        return self._k, self._v
+
+    def commit(self, t: int) -> None:
+        pass  # slots are positions: nothing to advance
+
+    def crop(self, length: int) -> None:
+        pass  # slots >= length are masked until a later round overwrites them
+
+    @staticmethod
+    def visible(end: torch.Tensor, capacity: int) -> torch.Tensor:
+        """The attention mask ``[1, 1, 1, capacity]`` of slots < ``end`` (a 0-d tensor: no recompile per round)."""
+        return (torch.arange(capacity, device=end.device) < end)[None, None, None]
+
+
 def _as_batch_pos(pos: torch.Tensor, b: int) -> torch.Tensor:  # [n] | [1, n] | [b, n] -> [b, n]
     if pos.dim() == 1:
         pos = pos[None]
@@ -277,7 +312,9 @@ class Attention(nn.Module):
         else:
             c = 0
             k, v = self.project_kv(x, x_pos)  # [b, KV, n, hd]
-        if kv_cache is not None:
+        if isinstance(kv_cache, StaticKVCache):
+            k, v = kv_cache.write(k, v, (all_pos if c else x_pos)[0])  # [1, KV, capacity, hd]
+        elif kv_cache is not None:
             k, v = kv_cache.write(k, v)  # [b, KV, m + c + n, hd]
             kv_cache.commit(c + (n if append_x else 0))
         gqa = self.num_heads != self.num_kv_heads

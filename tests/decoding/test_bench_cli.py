@@ -65,7 +65,8 @@ def test_bench_pool_sizes_option():
         parse_pool_sizes("16,lots")
 
 
-def test_bench_compile_needs_cuda():
+def test_bench_compile_without_a_cpp_compiler_is_refused(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
     bench = bench_module()
-    with pytest.raises(SystemExit, match="--compile needs --device cuda"):
+    with pytest.raises(SystemExit, match="--compile: compile=True on a CPU needs a C\\+\\+ compiler"):
         bench.main(["--target", "random", "--compile", "--benchmarks", "random:1", "--no-mlflow"])

@@ -134,14 +134,15 @@ def test_benchmark_pool_sweep_rows(target):
         benchmark(target, {"dom": domino}, {"toy": PROMPTS}, pool_sizes=(VOCAB + 1,), progress=False)
 
 
-def test_benchmark_static_cache_rows_match_and_compile_needs_cuda(target):
+def test_benchmark_static_cache_rows_match_and_compile_needs_a_cpp_compiler(target, monkeypatch):
     torch.manual_seed(0)
     backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)
     rows = benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:1]}, max_new_tokens=8, static_cache=True,
                      hf_baseline=False, warmup=False, progress=False)
     assert [r["match_baseline"] for r in rows] == [1.0, 1.0]
     assert rows[0]["tokens"] == rows[1]["tokens"] == 8
-    with pytest.raises(ValueError, match="CUDA"):
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    with pytest.raises(ValueError, match="C\\+\\+ compiler"):
         benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:1]}, compile=True, progress=False)
 
 

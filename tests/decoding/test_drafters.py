@@ -7,6 +7,8 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.dloop import GATES
+from lit_domino.decoding.engine import cpp_compiler
+from lit_domino.models.backbone import _static_state
 from lit_domino.models import build_drafter, drafter_config, kinds
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
 
@@ -46,8 +48,10 @@ def prompts(n, seed):
             for _ in range(n)]
 
 
-DECODE_PATHS = [(kind, {}) for kind in KINDS] + [("domino", {"pool_size": 4})]
-"""Every drafter kind with its default decoding, plus each decoding option's path (Domino's candidate pool)."""
+DECODE_PATHS = [(kind, {}) for kind in KINDS] + [("domino", {"pool_size": 4}), ("backbone", {"static_cache": True}),
+                                                  ("domino", {"static_cache": True, "pool_size": 4})]
+"""Every drafter kind with its default decoding, plus each decoding option's path (Domino's candidate pool; the
+parallel drafters' fixed-shape block forward over static caches, the path ``compile`` compiles)."""
 
 
 @pytest.mark.parametrize("kind,options", DECODE_PATHS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items())
@@ -85,6 +89,24 @@ def test_real_drafter_sampling_runs_and_is_reproducible(targets, kind):
     a = generate(target, drafter, p, max_new_tokens=12, temperature=0.8, seed=5, dloop=DLoopConfig(-6.0, 2))
     b = generate(target, drafter, p, max_new_tokens=12, temperature=0.8, seed=5, dloop=DLoopConfig(-6.0, 2))
     assert a.tokens == b.tokens and len(a.tokens) == 12
+
+
+@pytest.mark.slow  # inductor compiles the target's verify widths and each drafter's block forward: ~1-2 min
+@pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_parallel_drafters_decode_what_the_eager_ones_do(targets):
+    """``compile=True`` on a CPU compiles the target's forward and the parallel drafters' fixed-shape block
+    forward: greedy output is the target's, sampled output (same seed) the eager path's, DLoop included."""
+    target = targets["lively"]
+    for kind in ("backbone", "domino"):
+        drafter = drafter_of(target, kind, block_size=4)
+        for i, p in enumerate(prompts(2, seed=7)):
+            dloop = DLoopConfig(-6.0, 2) if i else None
+            assert generate(target, drafter, torch.tensor([p]), max_new_tokens=16, dloop=dloop,
+                            compile=True).tokens == hf_greedy(target, p, 16), (kind, i)
+            eager, compiled = (generate(target, drafter, torch.tensor([p]), max_new_tokens=16, temperature=0.8,
+                                        seed=i, dloop=dloop, compile=c) for c in (False, True))
+            assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
+        assert "compiled" in _static_state(drafter)  # the drafter's compiled block forward ran
 
 
 def test_mismatched_real_drafter_is_rejected(targets):

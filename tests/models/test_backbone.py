@@ -150,6 +150,45 @@ def test_dloop_stage_two_uses_stage_one_hidden(drafter):
     torch.testing.assert_close(s.draft(ids[0, 10], B - 1).logits, d1.logits, atol=1e-6, rtol=1e-6)
 
 
+def scripted_rounds(session, ids, feats):
+    """Prompt longer than a block, rounds that commit 1..B tokens, a DLoop stage, a crop below the cached
+    context, a short stage: each draft's logits."""
+    out = []
+    session.extend(ids[0, :9], feats[0, :9])
+    for end in (10, 15, 17):
+        out.append(session.draft(ids[0, session.length], B - 1).logits)
+        session.crop(session.length)
+        session.extend(ids[0, session.length:end], feats[0, session.length:end])
+    d1 = session.draft(ids[0, 17], B - 1)
+    out += [d1.logits, session.draft(d1.tokens[-1], B - 1).logits]  # DLoop: stage 2 on stage 1's hidden
+    session.crop(12)
+    session.extend(ids[0, 12:14], feats[0, 12:14])
+    out.append(session.draft(ids[0, 14], 2).logits)
+    return out
+
+
+def test_static_session_drafts_what_the_dynamic_one_does(drafter):
+    """The fixed-shape path (static K/V buffers, context padded to a block, slots past the block masked; what
+    ``compile`` compiles) gives the growable-cache session's logits round after round."""
+    ids, feats = _batch(drafter, T=30, b=1)
+    want = scripted_rounds(drafter.new_session(), ids, feats)
+    got = scripted_rounds(drafter.new_session(static_capacity=64), ids, feats)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    s = drafter.new_session(static_capacity=20)
+    s.extend(ids[0, :14], feats[0, :14])
+    with pytest.raises(ValueError, match="static draft cache holds 20 positions; a block ending at 19 needs 24"):
+        s.draft(ids[0, 14], B - 1)
+    with pytest.raises(ValueError, match="compile=True needs static_capacity"):
+        drafter.new_session(compile=True)
+    older, newer = drafter.new_session(static_capacity=64), drafter.new_session(static_capacity=64)
+    for session in (older, newer):
+        session.extend(ids[0, :4], feats[0, :4])
+    newer.draft(ids[0, 4], B - 1)
+    with pytest.raises(RuntimeError, match="a newer static session of this drafter now owns"):
+        older.draft(ids[0, 4], B - 1)
+
+
 def test_dloop_anchor_and_position_limit_errors(drafter):
     ids, feats = _batch(drafter, T=12, b=1)
     s = drafter.new_session()
@@ -176,3 +215,15 @@ def test_gradients_reach_drafter_not_target(target, drafter):
     assert target.embed.weight.grad is None
     assert not any(k.startswith(("embed", "lm_head")) for k in d.state_dict())
     assert d.num_parameters() == sum(p.numel() for p in d.parameters())
+
+
+def test_a_deep_copy_gets_its_own_static_buffers(drafter):
+    import copy
+
+    from lit_domino.models.backbone import _static_state
+
+    s = drafter.new_session(static_capacity=32)
+    twin = copy.deepcopy(drafter)
+    t = twin.new_session(static_capacity=32)
+    assert all(a._k is not b._k for a, b in zip(s.caches, t.caches))
+    assert _static_state(drafter)["owner"] is s and _static_state(twin)["owner"] is t
