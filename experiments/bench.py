@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "buffers (the fixed-shape path --compile compiles, run eagerly; same tokens)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile of the target's forward over a StaticCache (the AR baseline and every "
-                        "drafter alike) and of the parallel drafters' fixed-shape block forward (CUDA graphs on "
+                        "drafter alike) and of the parallel drafters' fixed-shape block forward and Domino's rollout (CUDA graphs on "
                         "cuda, inductor's C++ kernels on cpu; compiled in an untimed "
                         "warm-up over every prompt)")
     p.add_argument("--dtype", default="float32")

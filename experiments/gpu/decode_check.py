@@ -5,8 +5,8 @@
 1. builds the embedded target (cached; its recipe trains on the CPU, ~1 min for ``smoke``) and loads it on the GPU;
 2. trains the backbone and Domino drafters briefly on the GPU (``trainer.max_epochs`` 1, cached);
 3. decodes the same prompts eagerly (DynamicCache) and compiled (:func:`lit_domino.decoding.generate`'s
-   ``compile``: the target's forward over a StaticCache and the drafters' fixed-shape block forward over static
-   K/V buffers, both under ``torch.compile(mode="reduce-overhead")``, CUDA graphs), each method after an untimed
+   ``compile``: the target's forward over a StaticCache, the drafters' fixed-shape block forward over static
+   K/V buffers and Domino's rollout loop, all under ``torch.compile(mode="reduce-overhead")``, CUDA graphs), each method after an untimed
    warm-up over every prompt (compilation), with Domino's candidate pools ``--pool-sizes``;
 4. prints tau, time per token, the compiled/eager speedup per method and whether every row is lossless
    (the compiled rows must equal the eager AR tokens); and, when ``dflash`` is importable and the suite has

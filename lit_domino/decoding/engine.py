@@ -33,7 +33,7 @@ from transformers import StaticCache
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import accept_greedy, one_hot_probs, pick, verify_sampling
-from lit_domino.models.sessions import check_pool_size, is_greedy
+from lit_domino.models.sessions import check_pool_size, compile_mode, is_greedy
 from lit_domino.target import check_layer_ids, select_features
 
 
@@ -248,13 +248,6 @@ def compiled_forward(target):
         fn = torch.compile(target.model.forward, mode=compile_mode(target.device), dynamic=False)
         target._compiled_forward = fn
     return fn
-
-
-def compile_mode(device: torch.device) -> str:
-    """``torch.compile``'s mode for the decode path on ``device``: ``"reduce-overhead"`` on CUDA (each verify
-    width replays as a CUDA graph), ``"default"`` on a CPU (inductor's fused C++ kernels; on the default
-    preset's target they make the verify step ~2x faster than eager, whose time is mostly per-op dispatch)."""
-    return "reduce-overhead" if device.type == "cuda" else "default"
 
 
 def static_capacity(needed: int, limit: int | None) -> int:
@@ -484,8 +477,8 @@ def generate(
     ``static_cache``: the target's KV cache is a ``StaticCache`` (fixed capacity, rollback by moving its write
     position; the same tokens as the default ``DynamicCache``), and a parallel drafter (backbone, Domino) drafts
     with its fixed-shape block forward over static K/V buffers (``ParallelSession``'s ``static_capacity``).
-    ``compile`` (implies ``static_cache``): the target's forward and that block forward run under
-    ``torch.compile`` (:func:`compile_mode`: CUDA graphs on a GPU, inductor's fused kernels on a CPU), one graph
+    ``compile`` (implies ``static_cache``): the target's forward, that block forward and Domino's rollout loop
+    run under ``torch.compile`` (:func:`compile_mode`: CUDA graphs on a GPU, inductor's fused kernels on a CPU), one graph
     per fixed verify width (``stages x (block_size - 1) + 1``), the AR step and each cache capacity
     (:func:`static_capacity`); the first decode of each pays for its compilation.
     ``record_stages``: fill ``stage_records`` (one host copy per stage; DLoop's calibration data).

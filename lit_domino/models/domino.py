@@ -13,7 +13,7 @@ The equation has two forms, both here on :class:`DominoHead`: :meth:`~DominoHead
 when every S is known at once (teacher forcing: one ``nn.GRU`` pass over the true
 tokens), and :meth:`~DominoHead.rollout` when each S depends on the previous pick
 (training-time test), and :meth:`~DominoHead.draft`, the same recurrence written for
-decoding (six ops per position).
+decoding (six ops per position; its loop, :func:`draft_block`, is a pure function that ``compile`` compiles).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import nn
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, check_pool_size, is_greedy, pool_stage
+from lit_domino.models.sessions import StageDraft, check_pool_size, compile_mode, is_greedy, pool_stage
 from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
@@ -80,6 +80,43 @@ def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tens
     return torch.lerp(n, h, z)  # (1 - z) * n + z * h
 
 
+def corrected_logits(z: torch.Tensor, w_up: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+    """``W_up · SiLU(z)`` for z [..., r] and rows w_up [V or P, r]; with ``base``, ``base + ΔL`` in one kernel
+    and the base's dtype (:meth:`DominoHead.correction`, the equation's output side)."""
+    a = F.silu(z)
+    if base is None:
+        return F.linear(a, w_up)
+    if a.dtype != base.dtype:
+        a, w_up = a.to(base.dtype), w_up.to(base.dtype)
+    return torch.addmm(base, a, w_up.T)
+
+
+def draft_block(H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+                w_down: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, ups: list, embs: list,
+                noise: torch.Tensor | None, temperature: float):
+    """:meth:`DominoHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles;
+    dynamo does not trace into an ``nn.GRU`` module) -> (picks [K] into each row, logits [K, P]).
+
+    H [K, d], base [K, P] (P = V without a pool), anchor [1], embed_weight [V, d]; ``ups``/``embs``: per
+    position the W_up rows [P, r] and embedding rows [P, d] of its candidates; ``noise`` [K, P] (T > 0, the
+    exponential race's ``-log E``) or None (greedy)."""
+    K, d = H.shape
+    w_state = w_down[:, d:].T  # [d_s, r] W_down's S-part
+    h_part = (H @ w_down[:, :d].T).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part
+    bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
+    noises = None if noise is None else noise.unsqueeze(1).unbind(0)
+    s, x = H.new_zeros(1, w_hh.shape[1]), embed_weight.index_select(0, anchor)  # S_{-1} = 0, x_a
+    picks, rows = [], []
+    for i in range(K):
+        s = torch.gru_cell(x if x.dtype == w_ih.dtype else x.to(w_ih.dtype), s, w_ih, w_hh)  # consumed x
+        L = corrected_logits(torch.addmm(h_part[i], s, w_state), ups[i], bases[i])  # [1, P] L_base + ΔL
+        j = (L if noises is None else L.float() / temperature + noises[i]).argmax(-1)  # [1] index into the pool
+        picks.append(j), rows.append(L)
+        if i < K - 1:
+            x = embs[i].index_select(0, j)  # the pick's embedding, the GRU's next input
+    return torch.cat(picks), torch.cat(rows)
+
+
 class DominoHead(nn.Module):
     """GRU over previous tokens + low-rank logit correction."""
 
@@ -103,12 +140,7 @@ class DominoHead(nn.Module):
         (:meth:`pool_rows`), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
         computes no other row. ``base`` (decoding: [n, V] or [n, P] with z [n, r]) returns ``base + ΔL``,
         the final logits, in one kernel and the base's dtype."""
-        a, w = F.silu(z), self.up.weight if up_rows is None else up_rows  # w [V or P, r]
-        if base is None:
-            return F.linear(a, w)
-        if a.dtype != base.dtype:
-            a, w = a.to(base.dtype), w.to(base.dtype)
-        return torch.addmm(base, a, w.T)
+        return corrected_logits(z, self.up.weight if up_rows is None else up_rows, base)
 
     def pool_rows(self, pool: torch.Tensor) -> torch.Tensor:
         """The rows of W_up for candidate token ids ``pool`` [...] -> [..., r]."""
@@ -152,7 +184,7 @@ class DominoHead(nn.Module):
     @torch.no_grad()
     def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
               pool_size: int | None = None, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> "HeadDraft":
+              generator: torch.Generator | None = None, block_fn: Callable = draft_block) -> "HeadDraft":
         """The decode-time rollout of one block: positions 1..K in turn, each pick fed to the GRU.
 
         H [K, d] backbone hidden states, base [K, V] their logits, anchor [1] the id of x_a, ``embed_weight``
@@ -166,35 +198,34 @@ class DominoHead(nn.Module):
         everything that does not depend on the previous pick is computed for the whole block up front
         (W_down's H-part, the pool's W_up and embedding rows), and a position then costs six ops: one fused
         ``gru_cell``, W_down's S-part, SiLU, ``base + W_up·a`` in one ``addmm``, the pick, the pick's
-        embedding row.
+        embedding row. ``block_fn``: that loop (:func:`draft_block`, or its compiled form).
         """
-        K, d = H.shape
-        greedy = is_greedy(temperature)
-        w_down, w_ih, w_hh = self.down.weight, self.gru.weight_ih_l0, self.gru.weight_hh_l0
-        w_state = w_down[:, d:].T  # [d_s, r] W_down's S-part
-        h_part = (H @ w_down[:, :d].T).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part
+        K = H.shape[0]
         ids = None
         if pool_size is not None and pool_size < base.shape[-1]:
             base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
             ups = self.pool_rows(ids).unbind(0)  # K x [P, r]
             embs = embed_weight.index_select(0, ids.reshape(-1)).view(K, pool_size, -1).unbind(0)  # K x [P, d]
         else:
-            ups, embs = [None] * K, [embed_weight] * K
-        bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
-        noise = None if greedy else (-torch.empty_like(base, dtype=torch.float32)
-                                     .exponential_(generator=generator).log()).unsqueeze(1).unbind(0)
-        s, x = H.new_zeros(1, self.gru_hidden), embed_weight.index_select(0, anchor)  # S_{-1} = 0, x_a
-        picks, rows = [], []
-        for i in range(K):
-            s = torch.gru_cell(x if x.dtype == w_ih.dtype else x.to(w_ih.dtype), s, w_ih, w_hh)  # consumed x
-            L = self.correction(torch.addmm(h_part[i], s, w_state), ups[i], bases[i])  # [1, P] L_base + ΔL
-            j = (L if greedy else L.float() / temperature + noise[i]).argmax(-1)  # [1] index into the pool
-            picks.append(j), rows.append(L)
-            if i < K - 1:
-                x = embs[i].index_select(0, j)  # the pick's embedding, the GRU's next input
-        picks = torch.cat(picks)  # [K]
+            ups, embs = [self.up.weight] * K, [embed_weight] * K
+        noise = None if is_greedy(temperature) else \
+            -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
+        picks, logits = block_fn(H, base, anchor, embed_weight, self.down.weight, self.gru.weight_ih_l0,
+                                 self.gru.weight_hh_l0, ups, embs, noise, float(temperature))
         tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
-        return HeadDraft(tokens, picks, torch.cat(rows), ids)
+        return HeadDraft(tokens, picks, logits, ids)
+
+
+_COMPILED_DRAFT_BLOCK: dict[str, Callable] = {}
+
+
+def compiled_draft_block(device) -> Callable:
+    """:func:`draft_block` under ``torch.compile`` (:func:`compile_mode`), one per mode: a pure function, so
+    every drafter shares it (one graph per K, pool size and temperature)."""
+    mode = compile_mode(device)
+    if mode not in _COMPILED_DRAFT_BLOCK:
+        _COMPILED_DRAFT_BLOCK[mode] = torch.compile(draft_block, mode=mode, dynamic=False)
+    return _COMPILED_DRAFT_BLOCK[mode]
 
 
 @dataclass
@@ -216,19 +247,22 @@ class DominoSession(ParallelSession):
 
     ``pool_size`` P (a decoding option, ``generate(..., pool_size=P)``): the correction, the pick and its
     log-probability on the top-P tokens of the base logits (q = 0 outside them); None = the full vocabulary.
-    ``static_capacity``, ``compile``: the backbone's fixed-shape (compiled) block forward (:class:`ParallelSession`).
+    ``static_capacity``, ``compile``: the backbone's fixed-shape (compiled) block forward (:class:`ParallelSession`);
+    ``compile`` also compiles the head's rollout loop (:func:`compiled_draft_block`).
     """
 
     def __init__(self, drafter, pool_size: int | None = None, static_capacity: int | None = None,
                  compile: bool = False):
         super().__init__(drafter, static_capacity, compile)
         self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
+        self.head_loop = compiled_draft_block(self.device) if compile else draft_block
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
         H = hidden[1:]  # [K, d]
         base = drafter.compute_logits(H)  # [K, V] backbone logits
-        out = drafter.head.draft(H, base, anchor, drafter.embed.weight, self.pool_size, temperature, generator)
+        out = drafter.head.draft(H, base, anchor, drafter.embed.weight, self.pool_size, temperature, generator,
+                                 self.head_loop)
         return pool_stage(out.tokens, out.picks, out.logits, out.ids, temperature, base.shape[-1])
 
 

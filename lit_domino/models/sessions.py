@@ -119,6 +119,13 @@ def pool_stage(tokens: torch.Tensor, picks: torch.Tensor, logits: torch.Tensor, 
     return StageDraft(tokens, logq.gather(-1, picks[:, None])[:, 0], probs, dense)
 
 
+def compile_mode(device: torch.device) -> str:
+    """``torch.compile``'s mode for the decode path on ``device``: ``"reduce-overhead"`` on CUDA (each fixed
+    shape replays as a CUDA graph), ``"default"`` on a CPU (inductor's fused C++ kernels; on the default
+    preset's target they make the verify step ~2x faster than eager, whose time is mostly per-op dispatch)."""
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
 def check_pool_size(pool_size, vocab_size: int) -> int | None:
     """A decode-time candidate pool P: None (the full vocabulary) or an integer 1 <= P <= V."""
     if pool_size is None:
