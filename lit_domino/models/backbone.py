@@ -23,7 +23,7 @@ from lit_domino.models.layers import (DecoderLayer, KVCache, RMSNorm, StaticKVCa
                                      init_weights)
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import DraftSession, StageDraft, Stage, compile_mode, pick_tokens
+from lit_domino.models.sessions import DraftSession, StageDraft, Stage, compile_for, pick_tokens
 from lit_domino.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
 
 
@@ -235,11 +235,10 @@ def static_caches(drafter, capacity: int, owner) -> list[StaticKVCache]:
 
 
 def compiled_block_hidden(drafter):
-    """``drafter.block_hidden`` under ``torch.compile``, once per drafter (:func:`compile_mode`)."""
+    """``drafter.block_hidden`` under ``torch.compile``, once per drafter (:func:`compile_for`)."""
     state = _static_state(drafter)
     if "compiled" not in state:
-        state["compiled"] = torch.compile(drafter.block_hidden, mode=compile_mode(next(drafter.parameters()).device),
-                                          dynamic=False)
+        state["compiled"] = compile_for(drafter.block_hidden, next(drafter.parameters()).device)
     return state["compiled"]
 
 

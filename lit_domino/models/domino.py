@@ -29,7 +29,7 @@ from torch import nn
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, check_pool_size, compile_mode, is_greedy, pool_stage
+from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
 from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
@@ -220,11 +220,11 @@ _COMPILED_DRAFT_BLOCK: dict[str, Callable] = {}
 
 
 def compiled_draft_block(device) -> Callable:
-    """:func:`draft_block` under ``torch.compile`` (:func:`compile_mode`), one per mode: a pure function, so
+    """:func:`draft_block` under ``torch.compile`` (:func:`compile_for`), one per mode: a pure function, so
     every drafter shares it (one graph per K, pool size and temperature)."""
     mode = compile_mode(device)
     if mode not in _COMPILED_DRAFT_BLOCK:
-        _COMPILED_DRAFT_BLOCK[mode] = torch.compile(draft_block, mode=mode, dynamic=False)
+        _COMPILED_DRAFT_BLOCK[mode] = compile_for(draft_block, device)
     return _COMPILED_DRAFT_BLOCK[mode]
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.utils._pytree import tree_map
 
 
 @dataclass
@@ -124,6 +125,21 @@ def compile_mode(device: torch.device) -> str:
     shape replays as a CUDA graph), ``"default"`` on a CPU (inductor's fused C++ kernels; on the default
     preset's target they make the verify step ~2x faster than eager, whose time is mostly per-op dispatch)."""
     return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+def compile_for(fn: Callable, device) -> Callable:
+    """``fn`` (a drafter's fixed-shape decode step) under ``torch.compile`` in :func:`compile_mode`. On CUDA its
+    tensor outputs are cloned out of the CUDA graph's memory, which the next replay reuses: a DLoop round keeps
+    every stage's tokens and logits until the verify."""
+    compiled = torch.compile(fn, mode=compile_mode(device), dynamic=False)
+    if torch.device(device).type != "cuda":
+        return compiled
+
+    def replay(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, compiled(*args))
+
+    return replay
 
 
 def check_pool_size(pool_size, vocab_size: int) -> int | None:
