@@ -175,6 +175,11 @@ def test_static_session_drafts_what_the_dynamic_one_does(drafter):
     got = scripted_rounds(drafter.new_session(static_capacity=64), ids, feats)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    # padding rows sit past the block (an index_copy_ with repeated slots has no defined winner on a GPU)
+    s = drafter.new_session(static_capacity=64)
+    ctx, ctx_pos, mask = s._static_inputs(torch.ones(1, 2, drafter.config.hidden_size), torch.tensor([8, 9]), 15)
+    assert ctx.shape[1] == B and ctx_pos.tolist() == [8, 9, 15, 16, 17] and ctx[0, 2:].abs().sum() == 0
+    assert mask[0, 0, 0].nonzero().flatten().tolist() == list(range(15))  # slots < the block's end
     s = drafter.new_session(static_capacity=20)
     s.extend(ids[0, :14], feats[0, :14])
     with pytest.raises(ValueError, match="static draft cache holds 20 positions; a block ending at 19 needs 24"):
