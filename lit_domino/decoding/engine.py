@@ -242,11 +242,11 @@ def compiled_forward(target):
     of 8 recompiles per function (a benchmark's AR step and block widths over two capacities already reach
     it, and past the limit dynamo silently runs the forward eagerly), so the limit is raised to 64.
     """
-    fn = getattr(target, "_compiled_forward", None)
-    if fn is None:
+    owner, fn = getattr(target, "_compiled_forward", (None, None))
+    if owner != id(target.model):  # none yet, or a deep copy's: the copy compiles its own model's forward
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         fn = torch.compile(target.model.forward, mode=compile_mode(target.device), dynamic=False)
-        target._compiled_forward = fn
+        target._compiled_forward = (id(target.model), fn)
     return fn
 
 
