@@ -183,8 +183,10 @@ class KVCache:
             return None, None
         return self._k[:, :, : self.length], self._v[:, :, : self.length]
 
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [b, KV, t, hd] at ``length..length+t-1``; return views of all ``length+t`` keys/values."""
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v [b, KV, t, hd] at ``length..length+t-1``; return views of all ``length+t`` keys/values.
+        ``positions`` (:class:`StaticKVCache`'s slots) is not needed: entries append after the current length."""
         end = self.length + k.shape[2]
         if k.requires_grad or v.requires_grad:
             # training: functional concatenation (in-place writes would break autograd)
@@ -312,10 +314,8 @@ class Attention(nn.Module):
         else:
             c = 0
             k, v = self.project_kv(x, x_pos)  # [b, KV, n, hd]
-        if isinstance(kv_cache, StaticKVCache):
-            k, v = kv_cache.write(k, v, (all_pos if c else x_pos)[0])  # [1, KV, capacity, hd]
-        elif kv_cache is not None:
-            k, v = kv_cache.write(k, v)  # [b, KV, m + c + n, hd]
+        if kv_cache is not None:  # -> [b, KV, m + c + n, hd]; a StaticKVCache: all its [1, KV, capacity, hd] slots
+            k, v = kv_cache.write(k, v, (all_pos if c else x_pos)[0])
             kv_cache.commit(c + (n if append_x else 0))
         gqa = self.num_heads != self.num_kv_heads
         if isinstance(mask, BlockMask):
