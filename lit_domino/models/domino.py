@@ -13,7 +13,8 @@ The equation has two forms, both here on :class:`DominoHead`: :meth:`~DominoHead
 when every S is known at once (teacher forcing: one ``nn.GRU`` pass over the true
 tokens), and :meth:`~DominoHead.rollout` when each S depends on the previous pick
 (training-time test), and :meth:`~DominoHead.draft`, the same recurrence written for
-decoding (six ops per position; its loop, :func:`draft_block`, is a pure function that ``compile`` compiles).
+decoding (over :class:`DecodeTables`, the weights laid out for it; its loop, :func:`draft_block`, is a pure
+function that ``compile`` compiles).
 """
 
 from __future__ import annotations
@@ -91,30 +92,49 @@ def corrected_logits(z: torch.Tensor, w_up: torch.Tensor, base: torch.Tensor | N
     return torch.addmm(base, a, w_up.T)
 
 
-def draft_block(H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
-                w_down: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, ups: list, embs: list,
+def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_down_h: torch.Tensor,
+                w_down_s: torch.Tensor, w_hh: torch.Tensor, gis: torch.Tensor, ups: torch.Tensor,
                 noise: torch.Tensor | None, temperature: float):
     """:meth:`DominoHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles;
     dynamo does not trace into an ``nn.GRU`` module) -> (picks [K] into each row, logits [K, P]).
 
-    H [K, d], base [K, P] (P = V without a pool), anchor [1], embed_weight [V, d]; ``ups``/``embs``: per
-    position the W_up rows [P, r] and embedding rows [P, d] of its candidates; ``noise`` [K, P] (T > 0, the
-    exponential race's ``-log E``) or None (greedy)."""
-    K, d = H.shape
-    w_state = w_down[:, d:].T  # [d_s, r] W_down's S-part
-    h_part = (H @ w_down[:, :d].T).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part
-    bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
+    H [K, d], base [K, P] (P = V without a pool), ``anchor_gi`` [1, 3d_s] the GRU input projection of x_a;
+    :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r] and W_hh [3d_s, d_s]; per position i,
+    ``gis[i]`` [P, 3d_s] the GRU input projections and ``ups[i]`` [P, r] the W_up rows of its candidates
+    (without a pool: the whole tables, expanded views); ``noise`` [K, P] (T > 0, the exponential race's
+    ``-log E``) or None (greedy). A position costs five ops: W_down's S-part, ``base + W_up·SiLU(z)``
+    (:func:`corrected_logits`), the pick, the pick's row of the input-projection table and one fused
+    ``gru_cell``."""
+    K = H.shape[0]
+    h_part = (H @ w_down_h).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part, every position at once
+    bases, gis, ups = base.unsqueeze(1).unbind(0), gis.unbind(0), ups.unbind(0)  # K x [1, P], [P, 3d_s], [P, r]
     noises = None if noise is None else noise.unsqueeze(1).unbind(0)
-    s, x = H.new_zeros(1, w_hh.shape[1]), embed_weight.index_select(0, anchor)  # S_{-1} = 0, x_a
+    # gru_cell with an empty input: its input projection is then just b_ih, the table row [1, 3d_s] passed there
+    no_x, no_w = H.new_empty(1, 0), w_hh.new_empty(w_hh.shape[0], 0)
+    s = torch.gru_cell(no_x, H.new_zeros(1, w_hh.shape[1]), no_w, w_hh, anchor_gi)  # S_0: consumed x_a
     picks, rows = [], []
     for i in range(K):
-        s = torch.gru_cell(x if x.dtype == w_ih.dtype else x.to(w_ih.dtype), s, w_ih, w_hh)  # consumed x
-        L = corrected_logits(torch.addmm(h_part[i], s, w_state), ups[i], bases[i])  # [1, P] L_base + ΔL
+        L = corrected_logits(torch.addmm(h_part[i], s, w_down_s), ups[i], bases[i])  # [1, P] L_base + ΔL
         j = (L if noises is None else L.float() / temperature + noises[i]).argmax(-1)  # [1] index into the pool
         picks.append(j), rows.append(L)
         if i < K - 1:
-            x = embs[i].index_select(0, j)  # the pick's embedding, the GRU's next input
+            s = torch.gru_cell(no_x, s, no_w, w_hh, gis[i].index_select(0, j))  # consumed the pick
     return torch.cat(picks), torch.cat(rows)
+
+
+@dataclass
+class DecodeTables:
+    """The Domino head's weights laid out for decoding (:meth:`DominoHead.decode_tables`), as the official
+    rollout does: the GRU's input projection of every vocabulary entry, so feeding a pick is a row lookup."""
+
+    gi: torch.Tensor
+    """[V, 3d_s] ``embedding · W_ihᵀ``: the GRU input projection of each token."""
+    w_down_h: torch.Tensor
+    """[d, r] W_down's H-part, transposed."""
+    w_down_s: torch.Tensor
+    """[d_s, r] W_down's S-part, transposed."""
+    w_up_t: torch.Tensor
+    """[r, V] W_upᵀ, contiguous (a CPU BLAS reads it ~1.5x faster than the transposed view of W_up)."""
 
 
 class DominoHead(nn.Module):
@@ -137,14 +157,10 @@ class DominoHead(nn.Module):
                    base: torch.Tensor | None = None) -> torch.Tensor:
         """The equation's output side, which every form shares: ``ΔL = W_up · SiLU(z)`` for the rank-r
         pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]. ``up_rows`` [P, r], rows of W_up
-        (:meth:`pool_rows`), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
+        (a candidate pool's), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
         computes no other row. ``base`` (decoding: [n, V] or [n, P] with z [n, r]) returns ``base + ΔL``,
         the final logits, in one kernel and the base's dtype."""
         return corrected_logits(z, self.up.weight if up_rows is None else up_rows, base)
-
-    def pool_rows(self, pool: torch.Tensor) -> torch.Tensor:
-        """The rows of W_up for candidate token ids ``pool`` [...] -> [..., r]."""
-        return self.up.weight.index_select(0, pool.reshape(-1)).view(*pool.shape, -1)
 
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
@@ -182,6 +198,25 @@ class DominoHead(nn.Module):
         return next_logits
 
     @torch.no_grad()
+    def decode_tables(self, embed_weight: torch.Tensor) -> DecodeTables:
+        """:class:`DecodeTables` for the target embedding ``embed_weight`` [V, d], built once and rebuilt when any
+        weight they come from changes (an optimizer step or ``load_state_dict`` bumps a tensor's version)."""
+        sources = (embed_weight, self.gru.weight_ih_l0, self.down.weight, self.up.weight)
+        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+        cached = self.__dict__.get("_decode_tables")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        d = self.hidden_size
+        w_ih, w_down = self.gru.weight_ih_l0, self.down.weight
+        tables = DecodeTables(
+            gi=(embed_weight.to(w_ih.dtype) @ w_ih.T).contiguous(),
+            w_down_h=w_down[:, :d].T.contiguous(),
+            w_down_s=w_down[:, d:].T.contiguous(),
+            w_up_t=self.up.weight.T.contiguous())
+        self.__dict__["_decode_tables"] = (key, tables)  # not a buffer: never saved, never moved
+        return tables
+
+    @torch.no_grad()
     def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
               pool_size: int | None = None, temperature: float = 0.0,
               generator: torch.Generator | None = None, block_fn: Callable = draft_block) -> "HeadDraft":
@@ -194,24 +229,26 @@ class DominoHead(nn.Module):
         and q live on the top-P tokens of each position's base logits; None (or P = V) is the exact
         full-vocabulary head.
 
-        Built for a dispatch-bound loop (every op ~2-10 µs of overhead on a CPU, a kernel launch on a GPU):
-        everything that does not depend on the previous pick is computed for the whole block up front
-        (W_down's H-part, the pool's W_up and embedding rows), and a position then costs six ops: one fused
-        ``gru_cell``, W_down's S-part, SiLU, ``base + W_up·a`` in one ``addmm``, the pick, the pick's
-        embedding row. ``block_fn``: that loop (:func:`draft_block`, or its compiled form).
+        Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
+        everything that does not depend on the previous pick is computed up front, once per block (W_down's
+        H-part, the pool's rows) or once per weights (:meth:`decode_tables`: the GRU input projection of every
+        token, as the official rollout does), and a position costs five ops (:func:`draft_block`; ``block_fn``:
+        that loop or its compiled form).
         """
         K = H.shape[0]
+        t = self.decode_tables(embed_weight)
         ids = None
         if pool_size is not None and pool_size < base.shape[-1]:
             base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
-            ups = self.pool_rows(ids).unbind(0)  # K x [P, r]
-            embs = embed_weight.index_select(0, ids.reshape(-1)).view(K, pool_size, -1).unbind(0)  # K x [P, d]
+            flat = ids.reshape(-1)
+            ups = self.up.weight.index_select(0, flat).view(K, pool_size, -1)  # [K, P, r]
+            gis = t.gi.index_select(0, flat).view(K, pool_size, -1)  # [K, P, 3d_s]
         else:
-            ups, embs = [self.up.weight] * K, [embed_weight] * K
+            ups, gis = t.w_up_t.T.expand(K, -1, -1), t.gi.expand(K, -1, -1)  # views: every position, every token
         noise = None if is_greedy(temperature) else \
             -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
-        picks, logits = block_fn(H, base, anchor, embed_weight, self.down.weight, self.gru.weight_ih_l0,
-                                 self.gru.weight_hh_l0, ups, embs, noise, float(temperature))
+        picks, logits = block_fn(H, base, t.gi.index_select(0, anchor), t.w_down_h, t.w_down_s,
+                                 self.gru.weight_hh_l0, gis, ups, noise, float(temperature))
         tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
         return HeadDraft(tokens, picks, logits, ids)
 

@@ -254,6 +254,47 @@ def test_decode_draft_equals_the_training_rollout(P):
     assert changed[0] == 0 and changed[2] > 0, changed  # W_up = 0 keeps the base picks; a strong head does not
 
 
+def test_decode_tables_follow_every_weight_they_come_from():
+    """The decode tables (the GRU input projection of every token, the transposed weights) are cached, and rebuilt
+    whenever a weight they come from changes: an in-place update (an optimizer step), ``load_state_dict``, a
+    new embedding tensor, a deep copy. A stale table would draft with old weights."""
+    torch.manual_seed(0)
+    K, d, V = 5, 16, 40
+    head = DominoHead(d, 24, 8, V)
+    torch.nn.init.normal_(head.up.weight, std=3.0)
+    emb = torch.randn(V, d)
+    H, base, anchor = torch.randn(K, d), torch.randn(K, V), torch.tensor([3])
+
+    def check(h, e):
+        with torch.no_grad():
+            out = h.draft(H, base, anchor, e)
+            want, rows = _rollout_picks(h, H, base, anchor, e, None)
+        assert torch.equal(out.tokens, want)
+        torch.testing.assert_close(out.logits, rows, atol=1e-5, rtol=1e-5)
+        return out.logits
+
+    first = check(head, emb)
+    assert head.decode_tables(emb) is head.decode_tables(emb)  # built once while nothing changes
+    seen = [first]
+    with torch.no_grad():
+        head.gru.weight_ih_l0.mul_(-2.0)  # in place: the input-projection table is stale
+    seen.append(check(head, emb))
+    with torch.no_grad():
+        head.down.weight.add_(0.5)
+    seen.append(check(head, emb))
+    other = DominoHead(d, 24, 8, V)
+    torch.nn.init.normal_(other.up.weight, std=3.0)
+    head.load_state_dict(other.state_dict())
+    seen.append(check(head, emb))
+    seen.append(check(head, torch.randn(V, d)))  # another embedding
+    copy = __import__("copy").deepcopy(head)
+    with torch.no_grad():
+        copy.up.weight.mul_(-1.0)
+    seen.append(check(copy, emb))
+    check(head, emb)  # the original keeps its own tables
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))  # every change changed the draft
+
+
 def test_decode_sampling_is_the_exponential_race():
     """At T > 0 each pick is ``argmax(L_i / T - log E_i)``, E ~ Exp(1) drawn once per block from the generator
     (an exact sample of softmax(L_i / T)), fed to the GRU like a greedy pick."""
