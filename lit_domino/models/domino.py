@@ -102,8 +102,8 @@ def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_
     :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r] and W_hh [3d_s, d_s]; per position i,
     ``gis[i]`` [P, 3d_s] the GRU input projections and ``ups[i]`` [P, r] the W_up rows of its candidates
     (without a pool: the whole tables, expanded views); ``noise`` [K, P] (T > 0, the exponential race's
-    ``-log E``) or None (greedy). A position costs five ops: W_down's S-part, ``base + W_up·SiLU(z)``
-    (:func:`corrected_logits`), the pick, the pick's row of the input-projection table and one fused
+    ``-log E``) or None (greedy). A position costs six ops: W_down's S-part, ``base + W_up·SiLU(z)``
+    (:func:`corrected_logits`: two), the pick, the pick's row of the input-projection table and one fused
     ``gru_cell``."""
     K = H.shape[0]
     h_part = (H @ w_down_h).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part, every position at once
@@ -153,14 +153,10 @@ class DominoHead(nn.Module):
         """Zero ``W_up``: the correction vanishes, the drafter equals backbone-only."""
         nn.init.zeros_(self.up.weight)
 
-    def correction(self, z: torch.Tensor, up_rows: torch.Tensor | None = None,
-                   base: torch.Tensor | None = None) -> torch.Tensor:
-        """The equation's output side, which every form shares: ``ΔL = W_up · SiLU(z)`` for the rank-r
-        pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]. ``up_rows`` [P, r], rows of W_up
-        (a candidate pool's), restricts ΔL to those vocabulary entries -> [..., P]: the cheap decode head
-        computes no other row. ``base`` (decoding: [n, V] or [n, P] with z [n, r]) returns ``base + ΔL``,
-        the final logits, in one kernel and the base's dtype."""
-        return corrected_logits(z, self.up.weight if up_rows is None else up_rows, base)
+    def correction(self, z: torch.Tensor) -> torch.Tensor:
+        """The equation's output side, which every form shares (:func:`corrected_logits`): ``ΔL = W_up · SiLU(z)``
+        for the rank-r pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]."""
+        return corrected_logits(z, self.up.weight)
 
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
@@ -232,7 +228,7 @@ class DominoHead(nn.Module):
         Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
         everything that does not depend on the previous pick is computed up front, once per block (W_down's
         H-part, the pool's rows) or once per weights (:meth:`decode_tables`: the GRU input projection of every
-        token, as the official rollout does), and a position costs five ops (:func:`draft_block`; ``block_fn``:
+        token, as the official rollout does), and a position costs six ops (:func:`draft_block`; ``block_fn``:
         that loop or its compiled form).
         """
         K = H.shape[0]
