@@ -66,6 +66,22 @@ def test_sampling_on_cuda_is_reproducible(target):
     assert a.tokens == b.tokens and len(a.tokens) == 16
 
 
+@pytest.mark.parametrize("pool_size", [None, 16])
+def test_compiled_domino_on_cuda_decodes_what_eager_does(target, pool_size):
+    """``compile=True`` on CUDA (CUDA graphs: the target's verify, the block forward, Domino's rollout) gives the
+    eager path's tokens and rounds, first call and replay, and the head's decode tables are static inputs
+    (read in place by the graphs, not copied in at every replay)."""
+    drafter = cuda_drafter(target, "domino", block_size=8)
+    torch.nn.init.normal_(drafter.head.up.weight, std=0.5)  # a correction that changes picks
+    ids = torch.tensor([[5, 9, 11, 4, 7]], device="cuda")
+    eager = generate(target, drafter, ids, max_new_tokens=24, pool_size=pool_size)
+    for _ in range(2):
+        compiled = generate(target, drafter, ids, max_new_tokens=24, pool_size=pool_size, compile=True)
+        assert compiled.tokens == eager.tokens and compiled.accepted_per_round == eager.accepted_per_round
+    tables = drafter.head.decode_tables(drafter.embed.weight)
+    assert all(getattr(t, "_dynamo_static_input_type", None) for t in vars(tables).values())
+
+
 class _Rows(Dataset):
     """Learnable sequences ``x_p = 3 + (s + 2p) mod 50``: 6 prompt tokens, then the response."""
 

@@ -81,40 +81,43 @@ def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tens
     return torch.lerp(n, h, z)  # (1 - z) * n + z * h
 
 
-def corrected_logits(z: torch.Tensor, w_up: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
-    """``W_up · SiLU(z)`` for z [..., r] and rows w_up [V or P, r]; with ``base``, ``base + ΔL`` in one kernel
-    and the base's dtype (:meth:`DominoHead.correction`, the equation's output side)."""
+def corrected_logits(z: torch.Tensor, w_up_t: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+    """``W_up · SiLU(z)`` for z [..., r] and ``w_up_t`` [r, V or P], W_upᵀ or some of its columns; with ``base``,
+    ``base + ΔL`` in one kernel and the base's dtype (the equation's output side, which every form shares)."""
     a = F.silu(z)
     if base is None:
-        return F.linear(a, w_up)
+        return a @ w_up_t
     if a.dtype != base.dtype:
-        a, w_up = a.to(base.dtype), w_up.to(base.dtype)
-    return torch.addmm(base, a, w_up.T)
+        a, w_up_t = a.to(base.dtype), w_up_t.to(base.dtype)
+    return torch.addmm(base, a, w_up_t)
 
 
 def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_down_h: torch.Tensor,
-                w_down_s: torch.Tensor, w_hh: torch.Tensor, gis: torch.Tensor, ups: torch.Tensor,
+                w_down_s: torch.Tensor, w_hh: torch.Tensor, gis: torch.Tensor, ups_t: torch.Tensor,
                 noise: torch.Tensor | None, temperature: float):
     """:meth:`DominoHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles;
     dynamo does not trace into an ``nn.GRU`` module) -> (picks [K] into each row, logits [K, P]).
 
     H [K, d], base [K, P] (P = V without a pool), ``anchor_gi`` [1, 3d_s] the GRU input projection of x_a;
-    :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r] and W_hh [3d_s, d_s]; per position i,
-    ``gis[i]`` [P, 3d_s] the GRU input projections and ``ups[i]`` [P, r] the W_up rows of its candidates
-    (without a pool: the whole tables, expanded views); ``noise`` [K, P] (T > 0, the exponential race's
+    :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r] and W_hh [3d_s, d_s]. The candidates'
+    GRU input projections ``gis`` and W_upᵀ columns ``ups_t``: without a pool the tables themselves, [V, 3d_s]
+    and [r, V], shared by every position (passed as they are, so a CUDA graph reads them in place); with a
+    pool one set per position, [K, P, 3d_s] and [K, r, P]. ``noise`` [K, P] (T > 0, the exponential race's
     ``-log E``) or None (greedy). A position costs six ops: W_down's S-part, ``base + W_up·SiLU(z)``
     (:func:`corrected_logits`: two), the pick, the pick's row of the input-projection table and one fused
     ``gru_cell``."""
     K = H.shape[0]
     h_part = (H @ w_down_h).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part, every position at once
-    bases, gis, ups = base.unsqueeze(1).unbind(0), gis.unbind(0), ups.unbind(0)  # K x [1, P], [P, 3d_s], [P, r]
+    bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
+    gis = gis.unbind(0) if gis.dim() == 3 else [gis] * K  # K x [P, 3d_s]
+    ups_t = ups_t.unbind(0) if ups_t.dim() == 3 else [ups_t] * K  # K x [r, P]
     noises = None if noise is None else noise.unsqueeze(1).unbind(0)
     # gru_cell with an empty input: its input projection is then just b_ih, the table row [1, 3d_s] passed there
     no_x, no_w = H.new_empty(1, 0), w_hh.new_empty(w_hh.shape[0], 0)
     s = torch.gru_cell(no_x, H.new_zeros(1, w_hh.shape[1]), no_w, w_hh, anchor_gi)  # S_0: consumed x_a
     picks, rows = [], []
     for i in range(K):
-        L = corrected_logits(torch.addmm(h_part[i], s, w_down_s), ups[i], bases[i])  # [1, P] L_base + ΔL
+        L = corrected_logits(torch.addmm(h_part[i], s, w_down_s), ups_t[i], bases[i])  # [1, P] L_base + ΔL
         j = (L if noises is None else L.float() / temperature + noises[i]).argmax(-1)  # [1] index into the pool
         picks.append(j), rows.append(L)
         if i < K - 1:
@@ -157,7 +160,7 @@ class DominoHead(nn.Module):
     def correction(self, z: torch.Tensor) -> torch.Tensor:
         """The equation's output side, which every form shares (:func:`corrected_logits`): ``ΔL = W_up · SiLU(z)``
         for the rank-r pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]."""
-        return corrected_logits(z, self.up.weight)
+        return corrected_logits(z, self.up.weight.T)
 
     def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
@@ -210,6 +213,9 @@ class DominoHead(nn.Module):
             w_down_h=w_down[:, :d].T.contiguous(),
             w_down_s=w_down[:, d:].T.contiguous(),
             w_up_t=self.up.weight.T.contiguous())
+        if embed_weight.is_cuda:  # CUDA graphs read the tables in place instead of copying them in at every replay
+            for table in vars(tables).values():
+                torch._dynamo.mark_static_address(table)
         self.__dict__["_decode_tables"] = (key, tables)  # not a buffer: never saved, never moved
         return tables
 
@@ -238,14 +244,14 @@ class DominoHead(nn.Module):
         if pool_size is not None and pool_size < base.shape[-1]:
             base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
             flat = ids.reshape(-1)
-            ups = self.up.weight.index_select(0, flat).view(K, pool_size, -1)  # [K, P, r]
+            ups_t = self.up.weight.index_select(0, flat).view(K, pool_size, -1).transpose(1, 2)  # [K, r, P]
             gis = t.gi.index_select(0, flat).view(K, pool_size, -1)  # [K, P, 3d_s]
         else:
-            ups, gis = t.w_up_t.T.expand(K, -1, -1), t.gi.expand(K, -1, -1)  # views: every position, every token
+            ups_t, gis = t.w_up_t, t.gi  # the whole tables, shared by every position
         noise = None if is_greedy(temperature) else \
             -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
         picks, logits = block_fn(H, base, t.gi.index_select(0, anchor), t.w_down_h, t.w_down_s,
-                                 self.gru.weight_hh_l0, gis, ups, noise, float(temperature))
+                                 self.gru.weight_hh_l0, gis, ups_t, noise, float(temperature))
         tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
         return HeadDraft(tokens, picks, logits, ids)
 
