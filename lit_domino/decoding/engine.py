@@ -33,7 +33,7 @@ from transformers import StaticCache
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import accept_greedy, one_hot_probs, pick, verify_sampling
-from lit_domino.models.sessions import check_pool_size, compile_mode, is_greedy
+from lit_domino.models.sessions import check_pool_size, compile_decode_step, is_greedy
 from lit_domino.target import check_layer_ids, select_features
 
 
@@ -235,7 +235,8 @@ class _TargetRunner:
 
 
 def compiled_forward(target):
-    """The target's forward under ``torch.compile``, compiled once per target (:func:`compile_mode` says how).
+    """The target's forward under ``torch.compile``, compiled once per target model, dtype and device
+    (:func:`compile_decode_step` says how).
 
     Shapes are static (``dynamic=False``): one graph per verify width, hidden-state flag and cache capacity
     (:func:`static_capacity` buckets it), replayed from then on. Those combinations outnumber dynamo's default
@@ -243,10 +244,11 @@ def compiled_forward(target):
     it, and past the limit dynamo silently runs the forward eagerly), so the limit is raised to 64.
     """
     owner, fn = getattr(target, "_compiled_forward", (None, None))
-    if owner != id(target.model):  # none yet, or a deep copy's: the copy compiles its own model's forward
+    key = (id(target.model), target.model.dtype, target.model.device)
+    if owner != key:  # none yet, a deep copy's (it compiles its own model's forward), or a cast or moved model
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        fn = torch.compile(target.model.forward, mode=compile_mode(target.device), dynamic=False)
-        target._compiled_forward = (id(target.model), fn)
+        fn = compile_decode_step(target.model.forward, target.device)
+        target._compiled_forward = (key, fn)
     return fn
 
 

@@ -235,11 +235,13 @@ def static_caches(drafter, capacity: int, owner) -> list[StaticKVCache]:
 
 
 def compiled_block_hidden(drafter):
-    """``drafter.block_hidden`` under ``torch.compile``, once per drafter (:func:`compile_for`)."""
-    state = _static_state(drafter)
-    if "compiled" not in state:
-        state["compiled"] = compile_for(drafter.block_hidden, next(drafter.parameters()).device)
-    return state["compiled"]
+    """``drafter.block_hidden`` under ``torch.compile`` (:func:`compile_for`), once per drafter, dtype and device
+    (its graphs do not guard the drafter's own weights)."""
+    device = next(drafter.parameters()).device
+    compiled = _static_state(drafter).setdefault("compiled", {})
+    if (drafter.dtype, device) not in compiled:
+        compiled[drafter.dtype, device] = compile_for(drafter.block_hidden, device)
+    return compiled[drafter.dtype, device]
 
 
 def parallel_loop_forward(

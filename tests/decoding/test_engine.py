@@ -10,7 +10,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.dloop import GATES
-from lit_domino.decoding.engine import check_compile, cpp_compiler
+from lit_domino.decoding.engine import check_compile, compiled_forward, cpp_compiler
 from lit_domino.testing import hf_greedy, random_target
 
 VOCAB = 256
@@ -246,8 +246,23 @@ def test_compiled_path_on_cpu_gives_identical_tokens_and_rounds():
             accepted.update(compiled.accepted_per_round)
         assert compiled_greedy(target, drafter, p) == refs[tuple(p)][:20]
         assert compiled_greedy(target, None, p) == refs[tuple(p)][:20]
-    assert target._compiled_forward[0] == id(target.model)  # the compiled forward really ran
+    assert target._compiled_forward[0][0] == id(target.model)  # the compiled forward really ran
     assert 0 in accepted and max(accepted) >= 2
+    # the graphs guard no module attribute, yet read the weights at every call: new values in the same tensors
+    with torch.no_grad():
+        next(w for n, w in target.model.named_parameters() if "layers.0" in n and w.dim() == 2).mul_(3.0)
+    for p in ps:
+        assert compiled_greedy(target, None, p) == hf_greedy(target, p, 20)
+
+
+def test_the_compiled_forward_is_kept_per_model_dtype_and_device():
+    """Its graphs do not guard the model's attributes, so a cast (or moved, or copied) model gets a new compiled
+    forward (``torch.compile`` is lazy: nothing compiles here)."""
+    target = lively_target(seed=4)
+    fn = compiled_forward(target)
+    assert compiled_forward(target) is fn
+    target.model.to(torch.float64)
+    assert compiled_forward(target) is not fn
 
 
 def compiled_greedy(target, drafter, prompt):
