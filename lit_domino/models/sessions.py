@@ -131,8 +131,8 @@ def compile_decode_step(fn: Callable, device) -> Callable:
     """``fn``, a fixed-shape decode step, under ``torch.compile`` in :func:`compile_mode` (``dynamic=False``), with no
     guards on nn.Module attributes (parameters included): the guards still check the inputs' shapes, dtypes and
     devices and the global state (grad mode, autocast), but not the ~100 modules and parameters of a target. Those
-    guards ran on every call and cost a sixth of the default target's compiled verify on a CPU (0.6-0.8 ms of
-    4-5 ms, measured), the same host time in front of every CUDA-graph replay. Sound because a decode step's
+    guards ran on every call and cost a sixth of the default target's compiled verify on a CPU (0.5-0.8 ms of
+    3.4-5.3 ms, measured), the same host time in front of every CUDA-graph replay. Sound because a decode step's
     modules are frozen while it decodes, and every caller keys its compiled step by the module's identity, dtype
     and device, so a cast or moved model compiles anew (new weights in the same tensors are read at each call)."""
     options = {**torch._inductor.list_mode_options(compile_mode(device)),
