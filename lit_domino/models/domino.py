@@ -157,6 +157,12 @@ class DominoHead(nn.Module):
         """Zero ``W_up``: the correction vanishes, the drafter equals backbone-only."""
         nn.init.zeros_(self.up.weight)
 
+    def __getstate__(self):
+        """Copies and pickles leave the decode tables behind (0.9 GB at paper scale): they are rebuilt on use."""
+        state = dict(super().__getstate__())
+        state.pop("_decode_tables", None)
+        return state
+
     def correction(self, z: torch.Tensor) -> torch.Tensor:
         """The equation's output side, which every form shares (:func:`corrected_logits`): ``ΔL = W_up · SiLU(z)``
         for the rank-r pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]."""
@@ -216,7 +222,7 @@ class DominoHead(nn.Module):
         if embed_weight.is_cuda:  # CUDA graphs read the tables in place instead of copying them in at every replay
             for table in vars(tables).values():
                 torch._dynamo.mark_static_address(table)
-        self.__dict__["_decode_tables"] = (key, tables)  # not a buffer: never saved, never moved
+        self.__dict__["_decode_tables"] = (key, tables)  # not a buffer: never in a state dict, a copy or a pickle
         return tables
 
     @torch.no_grad()

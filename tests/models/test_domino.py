@@ -288,6 +288,7 @@ def test_decode_tables_follow_every_weight_they_come_from():
     seen.append(check(head, emb))
     seen.append(check(head, torch.randn(V, d)))  # another embedding
     copy = __import__("copy").deepcopy(head)
+    assert "_decode_tables" in head.__dict__ and "_decode_tables" not in copy.__dict__  # copies leave them behind
     with torch.no_grad():
         copy.up.weight.mul_(-1.0)
     seen.append(check(copy, emb))
