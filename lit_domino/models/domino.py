@@ -127,8 +127,9 @@ def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_
 
 @dataclass
 class DecodeTables:
-    """The Domino head's weights laid out for decoding (:meth:`DominoHead.decode_tables`), as the official
-    rollout does: the GRU's input projection of every vocabulary entry, so feeding a pick is a row lookup."""
+    """The Domino head's weights laid out for decoding (:meth:`DominoHead.decode_tables`): the GRU's input
+    projection of every vocabulary entry (the official Domino rollout's table, as issue #14 describes it;
+    SpecForge's ``DominoDraftModel`` runs its ``nn.GRU`` on embeddings instead), so feeding a pick is a row lookup."""
 
     gi: torch.Tensor
     """[V, 3d_s] ``embedding · W_ihᵀ``: the GRU input projection of each token. At paper scale (V = 151k,
@@ -241,7 +242,7 @@ class DominoHead(nn.Module):
         Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
         everything that does not depend on the previous pick is computed up front, once per block (W_down's
         H-part, the pool's rows) or once per weights (:meth:`decode_tables`: the GRU input projection of every
-        token, as the official rollout does), and a position costs six ops (:func:`draft_block`; ``block_fn``:
+        token, the table the issue describes in the official Domino rollout), and a position costs six ops (:func:`draft_block`; ``block_fn``:
         that loop or its compiled form).
         """
         K = H.shape[0]

@@ -1,5 +1,7 @@
 """DominoDrafter: zero-init equivalence, causality of teacher forcing, training == session."""
 
+import copy
+
 import pytest
 import torch
 
@@ -287,11 +289,11 @@ def test_decode_tables_follow_every_weight_they_come_from():
     head.load_state_dict(other.state_dict())
     seen.append(check(head, emb))
     seen.append(check(head, torch.randn(V, d)))  # another embedding
-    copy = __import__("copy").deepcopy(head)
-    assert "_decode_tables" in head.__dict__ and "_decode_tables" not in copy.__dict__  # copies leave them behind
+    twin = copy.deepcopy(head)
+    assert "_decode_tables" in head.__dict__ and "_decode_tables" not in twin.__dict__  # copies leave them behind
     with torch.no_grad():
-        copy.up.weight.mul_(-1.0)
-    seen.append(check(copy, emb))
+        twin.up.weight.mul_(-1.0)
+    seen.append(check(twin, emb))
     check(head, emb)  # the original keeps its own tables
     assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))  # every change changed the draft
 
