@@ -93,24 +93,24 @@ def corrected_logits(z: torch.Tensor, w_up_t: torch.Tensor, base: torch.Tensor |
 
 
 def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_down_h: torch.Tensor,
-                w_down_s: torch.Tensor, w_hh: torch.Tensor, gis: torch.Tensor, ups_t: torch.Tensor,
-                noise: torch.Tensor | None, temperature: float):
+                w_down_s: torch.Tensor, w_hh: torch.Tensor, gi: torch.Tensor, ups_t: torch.Tensor,
+                ids: torch.Tensor | None, noise: torch.Tensor | None, temperature: float):
     """:meth:`DominoHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles;
     dynamo does not trace into an ``nn.GRU`` module) -> (picks [K] into each row, logits [K, P]).
 
     H [K, d], base [K, P] (P = V without a pool), ``anchor_gi`` [1, 3d_s] the GRU input projection of x_a;
-    :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r] and W_hh [3d_s, d_s]. The candidates'
-    GRU input projections ``gis`` and W_upᵀ columns ``ups_t``: without a pool the tables themselves, [V, 3d_s]
-    and [r, V], shared by every position (passed as they are, so a CUDA graph reads them in place); with a
-    pool one set per position, [K, P, 3d_s] and [K, r, P]. ``noise`` [K, P] (T > 0, the exponential race's
-    ``-log E``) or None (greedy). A position costs six ops: W_down's S-part, ``base + W_up·SiLU(z)``
-    (:func:`corrected_logits`: two), the pick, the pick's row of the input-projection table and one fused
-    ``gru_cell``."""
+    :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r], W_hh [3d_s, d_s] and ``gi`` [V, 3d_s]
+    (passed as they are, so a CUDA graph reads them in place). ``ups_t``: W_upᵀ [r, V] shared by every
+    position, or with a pool each position's columns [K, r, P], whose token ids are ``ids`` [K, P] (None
+    without a pool). ``noise`` [K, P] (T > 0, the exponential race's ``-log E``) or None (greedy). A position
+    costs six ops: W_down's S-part, ``base + W_up·SiLU(z)`` (:func:`corrected_logits`: two), the pick, the
+    pick's row of the input-projection table (with a pool, first its token id: a seventh) and one fused
+    ``gru_cell``. Nothing V-sized runs per position with a pool."""
     K = H.shape[0]
     h_part = (H @ w_down_h).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part, every position at once
     bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
-    gis = gis.unbind(0) if gis.dim() == 3 else [gis] * K  # K x [P, 3d_s]
     ups_t = ups_t.unbind(0) if ups_t.dim() == 3 else [ups_t] * K  # K x [r, P]
+    pool_ids = [None] * K if ids is None else ids.unbind(0)  # K x [P]
     noises = None if noise is None else noise.unsqueeze(1).unbind(0)
     # gru_cell with an empty input: its input projection is then just b_ih, the table row [1, 3d_s] passed there
     no_x, no_w = H.new_empty(1, 0), w_hh.new_empty(w_hh.shape[0], 0)
@@ -121,7 +121,8 @@ def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_
         j = (L if noises is None else L.float() / temperature + noises[i]).argmax(-1)  # [1] index into the pool
         picks.append(j), rows.append(L)
         if i < K - 1:
-            s = torch.gru_cell(no_x, s, no_w, w_hh, gis[i].index_select(0, j))  # consumed the pick
+            token = j if ids is None else pool_ids[i].index_select(0, j)  # [1] the pick's token id
+            s = torch.gru_cell(no_x, s, no_w, w_hh, gi.index_select(0, token))  # consumed the pick
     return torch.cat(picks), torch.cat(rows)
 
 
@@ -241,7 +242,7 @@ class DominoHead(nn.Module):
 
         Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
         everything that does not depend on the previous pick is computed up front, once per block (W_down's
-        H-part, the pool's rows) or once per weights (:meth:`decode_tables`: the GRU input projection of every
+        H-part, the pool's W_up rows) or once per weights (:meth:`decode_tables`: the GRU input projection of every
         token, the table the issue describes in the official Domino rollout), and a position costs six ops (:func:`draft_block`; ``block_fn``:
         that loop or its compiled form).
         """
@@ -250,15 +251,14 @@ class DominoHead(nn.Module):
         ids = None
         if pool_size is not None and pool_size < base.shape[-1]:
             base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
-            flat = ids.reshape(-1)
-            ups_t = self.up.weight.index_select(0, flat).view(K, pool_size, -1).transpose(1, 2)  # [K, r, P]
-            gis = t.gi.index_select(0, flat).view(K, pool_size, -1)  # [K, P, 3d_s]
+            # W_up's rows of the pool's tokens, [K, r, P]; the input-projection rows are looked up per pick
+            ups_t = self.up.weight.index_select(0, ids.reshape(-1)).view(K, pool_size, -1).transpose(1, 2)
         else:
-            ups_t, gis = t.w_up_t, t.gi  # the whole tables, shared by every position
+            ups_t = t.w_up_t  # the whole table, shared by every position
         noise = None if is_greedy(temperature) else \
             -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
         picks, logits = block_fn(H, base, t.gi.index_select(0, anchor), t.w_down_h, t.w_down_s,
-                                 self.gru.weight_hh_l0, gis, ups_t, noise, float(temperature))
+                                 self.gru.weight_hh_l0, t.gi, ups_t, ids, noise, float(temperature))
         tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
         return HeadDraft(tokens, picks, logits, ids)
 

@@ -114,9 +114,11 @@ def pool_stage(tokens: torch.Tensor, picks: torch.Tensor, logits: torch.Tensor, 
             return StageDraft(tokens, None, None, logits)  # log q on demand (StageDraft.logprobs)
         logq = torch.log_softmax(logits.float() / temperature, -1)  # [K, V]
         return StageDraft(tokens, logq.gather(-1, picks[:, None])[:, 0], logq.exp(), logits)
-    logq = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), -1)  # [K, P]: cheap on the pool
     dense = logits.new_full((logits.shape[0], vocab_size), float("-inf")).scatter_(-1, ids, logits)  # [K, V]
-    probs = None if greedy else torch.zeros_like(dense, dtype=logq.dtype).scatter_(-1, ids, logq.exp())
+    if greedy:
+        return StageDraft(tokens, None, None, dense)  # log q on demand: the softmax over dense is the pool's
+    logq = torch.log_softmax(logits.float() / temperature, -1)  # [K, P]: cheap on the pool
+    probs = torch.zeros_like(dense, dtype=logq.dtype).scatter_(-1, ids, logq.exp())
     return StageDraft(tokens, logq.gather(-1, picks[:, None])[:, 0], probs, dense)
 
 

@@ -204,7 +204,8 @@ def test_pool_logits_are_the_exact_equation_on_the_pool(target):
     torch.testing.assert_close(d.logits[inside], out.final_logits[0, 0, 1:][inside], atol=1e-5, rtol=1e-5)
     assert torch.isinf(d.logits[~inside]).all()
     assert d.tokens.tolist() == d.logits.argmax(-1).tolist()
-    torch.testing.assert_close(d.logprobs, torch.log_softmax(d.logits, -1).gather(-1, d.tokens[:, None])[:, 0])
+    on_pool = torch.log_softmax(out.final_logits[0, 0, 1:].gather(-1, pool), -1)  # [K, P] log q over the pool alone
+    torch.testing.assert_close(d.logprobs, on_pool[pool == d.tokens[:, None]], atol=1e-5, rtol=1e-5)
     assert (d.logprobs > _draft(dom, ids, feats, a).logprobs - 1e-6).all()  # log q on the pool >= on all V
 
 
