@@ -110,7 +110,7 @@ def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_
     h_part = (H @ w_down_h).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part, every position at once
     bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
     ups_t = ups_t.unbind(0) if ups_t.dim() == 3 else [ups_t] * K  # K x [r, P]
-    pool_ids = [None] * K if ids is None else ids.unbind(0)  # K x [P]
+    pool_ids = None if ids is None else ids.unbind(0)  # K x [P] the pool's token ids
     noises = None if noise is None else noise.unsqueeze(1).unbind(0)
     # gru_cell with an empty input: its input projection is then just b_ih, the table row [1, 3d_s] passed there
     no_x, no_w = H.new_empty(1, 0), w_hh.new_empty(w_hh.shape[0], 0)
@@ -121,7 +121,7 @@ def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_
         j = (L if noises is None else L.float() / temperature + noises[i]).argmax(-1)  # [1] index into the pool
         picks.append(j), rows.append(L)
         if i < K - 1:
-            token = j if ids is None else pool_ids[i].index_select(0, j)  # [1] the pick's token id
+            token = j if pool_ids is None else pool_ids[i].index_select(0, j)  # [1] the pick's token id
             s = torch.gru_cell(no_x, s, no_w, w_hh, gi.index_select(0, token))  # consumed the pick
     return torch.cat(picks), torch.cat(rows)
 
@@ -242,9 +242,9 @@ class DominoHead(nn.Module):
 
         Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
         everything that does not depend on the previous pick is computed up front, once per block (W_down's
-        H-part, the pool's W_up rows) or once per weights (:meth:`decode_tables`: the GRU input projection of every
-        token, the table the issue describes in the official Domino rollout), and a position costs six ops (:func:`draft_block`; ``block_fn``:
-        that loop or its compiled form).
+        H-part, the pool's W_up rows) or once per weights (:meth:`decode_tables`: the GRU input projection of
+        every token, the table the issue describes in the official Domino rollout), and a position costs six
+        ops, seven with a pool (:func:`draft_block`; ``block_fn``: that loop or its compiled form).
         """
         K = H.shape[0]
         t = self.decode_tables(embed_weight)
