@@ -69,7 +69,21 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
     # (``inner_backbone: true``), each extra row costs a full decode of every prompt
     plan["inner_backbone"] = sorted({v for ab in study.get("ablations") or () if ab.get("inner_backbone")
                                      for v in (ab["from"], ab["to"]) if v in plan["variants"]})
+    # Domino's candidate pool K at decode (None: the exact full-vocabulary head), checked here, before any
+    # training; the variants an ablation row names as ``<variant>@full`` are decoded with the exact head too
+    plan["pool_size"] = plan.get("pool_size")
+    if plan["pool_size"] is not None and (isinstance(plan["pool_size"], bool) or not isinstance(plan["pool_size"], int)
+                                          or plan["pool_size"] < 1):
+        raise ValueError(f"{STUDY_FILE}: presets.{preset}.pool_size must be null (the full vocabulary) or an "
+                         f"integer >= 1, got {plan['pool_size']!r}")
+    named = {v for ab in study.get("ablations") or () for v in (ab["from"], ab["to"])}
+    plan["exact_head"] = [] if plan["pool_size"] is None else sorted(
+        v for v in plan["variants"] if f"{v}{EXACT_HEAD}" in named)
     return plan
+
+
+EXACT_HEAD = "@full"
+"""Suffix of a variant decoded with the exact head beside the preset's candidate pool (``domino@full``)."""
 
 
 def eval_key(plan: dict, drafter_dirs: list, target) -> dict:
@@ -248,10 +262,12 @@ def load_prompts(plan: dict) -> dict:
 
 def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[dict]:
     """Decode every drafter (and the peers) on every benchmark in this process → benchmark rows."""
-    drafters, assistant = {}, None
+    drafters, pools, assistant = {}, {}, None
     for t in trained:
         d = load_drafter(t.drafter_dir, target=target)
         drafters[f"{t.variant}/s{t.seed}"] = d
+        pools[f"{t.variant}/s{t.seed}"] = [plan.get("pool_size")] + ([None] if t.variant in plan.get("exact_head", ())
+                                                                      else [])
         inner = d.base_view() if t.variant in plan.get("inner_backbone", ()) else None
         if inner is not None:  # Domino's backbone decoded alone: did it collapse without the curriculum?
             drafters[f"{t.variant}/s{t.seed}/backbone"] = inner
@@ -260,11 +276,13 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
     with pinned_threads(plan.get("threads")):
         return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
                          temperatures=plan.get("temperatures", [0.0]), peers=peers, assistant_model=assistant,
-                         progress=progress)
+                         pool_sizes=pools, progress=progress)
 
 
-def records_from_rows(rows: list[dict]) -> list[dict]:
-    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``."""
+def records_from_rows(rows: list[dict], pool_size: int | None = None) -> list[dict]:
+    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``; a drafter decoded
+    with the exact head beside the plan's candidate pool ``pool_size`` is the variant ``<variant>@full``."""
+    pooled = {r["drafter"] for r in rows if pool_size is not None and r.get("pool_size") == pool_size}
     inner_tau = {}
     for r in rows:
         if r["kind"] == "drafter" and r["drafter"].endswith("/backbone"):
@@ -275,6 +293,8 @@ def records_from_rows(rows: list[dict]) -> list[dict]:
             continue
         if r["kind"] == "drafter":
             variant, seed = r["drafter"].rsplit("/s", 1)
+            if r["drafter"] in pooled and r.get("pool_size") is None:
+                variant += EXACT_HEAD
         elif r["method"] == "ar":
             continue
         else:
@@ -432,7 +452,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     clock.start("tables")
 
     _log("stage 4/4 tables", t0)
-    records = records_from_rows(rows)
+    records = records_from_rows(rows, plan["pool_size"])
     domains = list(plan["prompts"])
     drafter_records = [r for r in records if r["kind"] == "drafter"]
     spec = load_spec(STUDY_FILE)
@@ -451,7 +471,10 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
     log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
 
-    print(f"\n## Main table ({preset}; speedup = our AR baseline time per token / speculative, prefill excluded)\n")
+    pool = ("the exact head" if plan["pool_size"] is None
+            else f"a {plan['pool_size']}-token candidate pool (the {EXACT_HEAD} rows: the exact head)")
+    print(f"\n## Main table ({preset}; speedup = our AR baseline time per token / speculative, prefill excluded; "
+          f"Domino decoded with {pool})\n")
     print(tables["main"]["markdown"])
     print(f"\n## Domino ablations ({preset})\n")
     print(tables["ablations"]["markdown"])

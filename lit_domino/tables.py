@@ -120,7 +120,7 @@ def ablation_table(records: list[dict], spec: TableSpec | None = None) -> dict:
     for ab in spec.ablations:
         a, b, table = ab["from"], ab["to"], tables[ab["metric"]]
         ca, cb = table.get((a, "avg")), table.get((b, "avg"))
-        if ca is None and cb is None:
+        if ca is None or cb is None:  # a variant this run did not decode (a subset, or no pool to compare)
             continue
         row = {"study": ab["study"], "label": ab["label"], "metric": ab["metric"], "from": a, "to": b,
                "from_value": ca, "to_value": cb, "verdict": compare(ca, cb), "published": ab.get("published", "")}

@@ -45,7 +45,7 @@ def test_table_membership_comes_from_the_study_file():
     # the measured rows' cache key: the evaluation settings, not the table membership or the ETA's
     # reference times; the inner backbone is decoded for the curriculum ablation's variants only
     smoke = {k: v for k, v in study["presets"]["smoke"].items() if k != "reference_seconds"}
-    old_plan = {**smoke, "variants": ["domino"], "seeds": [0], "inner_backbone": ["domino"]}
+    old_plan = {**smoke, "variants": ["domino"], "seeds": [0], "inner_backbone": ["domino"], "exact_head": ["domino"]}
     assert study_plan("smoke")["inner_backbone"] == ["domino", "domino_nocurriculum"]
     assert study_plan("smoke", variants=["domino_ttt", "backbone"])["inner_backbone"] == []
     assert key == {"drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan, "target": "fp"}
@@ -95,7 +95,11 @@ def test_smoke_ablation_end_to_end(tmp_path):
                 assert math.isfinite(mean) and mean > 0, (row["variant"], col, metric)
             assert row[f"{col}/tau"][0] >= 1.0
     studies = [r["study"] for r in out["tables"]["ablations"]["rows"]]
-    assert studies == ["head", "causal_inputs", "curriculum"]
+    assert studies == ["head", "causal_inputs", "curriculum", "pool", "pool"]
+    # Domino is decoded with the preset's candidate pool, and once more with the exact head for the pool rows only
+    pools = {(r["drafter"], r["pool_size"]) for r in out["rows"] if r["kind"] == "drafter"}
+    assert {p for d, p in pools if d.startswith("domino")} == {16, None}
+    assert ("domino/s0", None) in pools and ("domino_ttt/s0", None) not in pools and ("backbone/s0", None) in pools
     for name in ("main.md", "main.json", "ablations.md", "ablations.json", "peers.md", "stage_times.json"):
         assert (tmp_path / "results" / name).is_file()
     times = json.loads((tmp_path / "results" / "stage_times.json").read_text())
@@ -140,6 +144,44 @@ def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeyp
     assert "replaces them" in capsys.readouterr().out
     ablation._warn_if_replacing(tmp_path, {"variants": ["domino"], "seeds": [0]}, 0.0)
     assert capsys.readouterr().out == ""
+
+
+def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tmp_path, monkeypatch):
+    import yaml
+
+    from lit_domino import ablation
+    from lit_domino.tables import ablation_table
+
+    plan = study_plan("smoke")
+    assert plan["pool_size"] == 16 and plan["exact_head"] == ["domino"]  # the pool rows name domino@full
+    assert study_plan("smoke", variants=["backbone", "domino_ttt"])["exact_head"] == []
+    assert study_plan("paper")["pool_size"] is None and study_plan("paper")["exact_head"] == []
+
+    def row(drafter, pool, tau):
+        return {"kind": "drafter", "drafter": drafter, "method": drafter, "pool_size": pool, "benchmark": "math",
+                "temperature": 0.0, "tau": tau, "speedup": tau / 2}
+
+    rows = [row("domino/s0", 16, 3.0), row("domino/s0", None, 3.1), row("backbone/s0", None, 2.0),
+            row("domino/s0/backbone", None, 1.5)]
+    records = ablation.records_from_rows(rows, 16)
+    assert [(r["variant"], r["pool_size"]) for r in records] == [("domino", 16), ("domino@full", None),
+                                                                 ("backbone", None)]
+    assert records[0]["backbone_tau"] == records[1]["backbone_tau"] == 1.5
+    pool_rows = [r for r in ablation_table(records)["rows"] if r["study"] == "pool"]
+    assert [(r["metric"], r["from_value"][0], r["to_value"][0]) for r in pool_rows] == [
+        ("tau", 3.1, 3.0), ("speedup", 1.55, 1.5)]
+    # the exact head alone (a preset without a pool): plain variants, and no pool rows
+    exact = ablation.records_from_rows([r for r in rows if r["pool_size"] is None], None)
+    assert [r["variant"] for r in exact] == ["domino", "backbone"]
+    assert not [r for r in ablation_table(exact)["rows"] if r["study"] == "pool"]
+    # a pool that is not a positive integer fails at planning, before any training
+    study = yaml.safe_load(ablation.STUDY_FILE.read_text())
+    study["presets"]["smoke"]["pool_size"] = 0
+    bad = tmp_path / "ablation.yaml"
+    bad.write_text(yaml.safe_dump(study, allow_unicode=True))
+    monkeypatch.setattr(ablation, "STUDY_FILE", bad)
+    with pytest.raises(ValueError, match="presets.smoke.pool_size must be null"):
+        study_plan("smoke")
 
 
 def test_every_training_is_on_the_clock_before_the_first_stage():

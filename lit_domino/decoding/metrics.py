@@ -296,7 +296,7 @@ def benchmark(
     max_new_tokens: int = 256,
     temperatures: Sequence[float] = (0.0,),
     dloops: Sequence[DLoopConfig | None] = (None,),
-    pool_sizes: Sequence[int | None] = (None,),
+    pool_sizes: Sequence[int | None] | Mapping[str, Sequence[int | None]] = (None,),
     block_size: int | None = None,
     static_cache: bool = False,
     compile: bool = False,
@@ -320,7 +320,7 @@ def benchmark(
     ``benchmark``, ``method``, ``kind`` (``ar``/``hf``/``drafter``), ``drafter``,
     ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
-    (others run once, with none). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
+    (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
     baseline and every drafter alike (``compile``: a CUDA or CPU target; its untimed warm-up decodes every
     prompt in full, so every graph is compiled before the timed decodes). ``record_stages``: drafter rows carry
     ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
@@ -343,8 +343,14 @@ def benchmark(
     if not prompts or any(len(v) == 0 for v in prompts.values()):
         raise ValueError("benchmark needs at least one non-empty prompt set")
     check_compile(compile, target.device)
-    pool_sizes = list(pool_sizes) or [None]
-    for P in pool_sizes:
+    if isinstance(pool_sizes, Mapping):
+        unknown = sorted(set(pool_sizes) - set(drafters))
+        if unknown:
+            raise ValueError(f"pool_sizes names drafters {unknown} that are not in drafters {sorted(drafters)}")
+        pools_of = {name: list(pool_sizes.get(name) or [None]) for name in drafters}
+    else:
+        pools_of = {name: list(pool_sizes) or [None] for name in drafters}
+    for P in {P for pools in pools_of.values() for P in pools}:
         check_pool_size(P, target.vocab_size)
     budget = 0
     for name, d in drafters.items():
@@ -372,7 +378,7 @@ def benchmark(
                             lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
         for name, drafter in drafters.items():
             takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
-            for pool_size in (pool_sizes if takes_pool else [None]):
+            for pool_size in (pools_of[name] if takes_pool else [None]):
                 for dloop in dloops:
                     label = name if pool_size is None else f"{name}+pool({pool_size})"
                     label = label if dloop is None else f"{label}+dloop({dloop_label(dloop)})"

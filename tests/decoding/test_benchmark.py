@@ -132,6 +132,17 @@ def test_benchmark_pool_sweep_rows(target):
     assert all(r["match_baseline"] == 1.0 and r["draft_ms_per_round"] > 0 for r in rows[1:])
     with pytest.raises(ValueError, match="pool_size"):
         benchmark(target, {"dom": domino}, {"toy": PROMPTS}, pool_sizes=(VOCAB + 1,), progress=False)
+    # per drafter: the ablation decodes each Domino variant with its preset's pool, one of them also exactly
+    dom2 = build_drafter(drafter_config("domino", target, num_layers=1, block_size=4,
+                                        head=dict(rank=8, gru_hidden=16)), target)
+    rows = benchmark(target, {"bb": backbone, "dom": domino, "dom2": dom2}, {"toy": PROMPTS[:1]}, max_new_tokens=8,
+                     pool_sizes={"dom": [4, None], "dom2": [4]}, hf_baseline=False, warmup=False, progress=False)
+    assert [(r["method"], r["pool_size"]) for r in rows] == [("ar", None), ("bb", None), ("dom+pool(4)", 4),
+                                                            ("dom", None), ("dom2+pool(4)", 4)]
+    with pytest.raises(ValueError, match=r"names drafters \['dmo'\]"):
+        benchmark(target, {"dom": domino}, {"toy": PROMPTS}, pool_sizes={"dmo": [4]}, progress=False)
+    with pytest.raises(ValueError, match="pool_size"):
+        benchmark(target, {"dom": domino}, {"toy": PROMPTS}, pool_sizes={"dom": [0]}, progress=False)
 
 
 def test_benchmark_static_cache_rows_match_and_compile_needs_a_cpp_compiler(target, monkeypatch):
