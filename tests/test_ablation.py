@@ -98,7 +98,7 @@ def test_smoke_ablation_end_to_end(tmp_path):
     assert studies == ["head", "causal_inputs", "curriculum", "pool", "pool"]
     # Domino is decoded with the preset's candidate pool, and once more with the exact head for the pool rows only
     pools = {(r["drafter"], r["pool_size"]) for r in out["rows"] if r["kind"] == "drafter"}
-    assert {p for d, p in pools if d.startswith("domino")} == {16, None}
+    assert {p for d, p in pools if d.startswith("domino")} == {64, None}
     assert ("domino/s0", None) in pools and ("domino_ttt/s0", None) not in pools and ("backbone/s0", None) in pools
     for name in ("main.md", "main.json", "ablations.md", "ablations.json", "peers.md", "stage_times.json"):
         assert (tmp_path / "results" / name).is_file()
@@ -153,7 +153,7 @@ def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tm
     from lit_domino.tables import ablation_table
 
     plan = study_plan("smoke")
-    assert plan["pool_size"] == 16 and plan["exact_head"] == ["domino"]  # the pool rows name domino@full
+    assert plan["pool_size"] == 64 and plan["exact_head"] == ["domino"]  # the pool rows name domino@full
     assert study_plan("smoke", variants=["backbone", "domino_ttt"])["exact_head"] == []
     assert study_plan("paper")["pool_size"] is None and study_plan("paper")["exact_head"] == []
 
