@@ -315,9 +315,12 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
     return "\n".join(lines)
 
 
-def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str]) -> None:
+def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str],
+                  pool_size: int | None = None) -> None:
     """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
-    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``); a ``tables`` run with the tables.
+    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``; tag ``decode_pool_size``: Domino's
+    candidate pool, ``full`` for the exact head, whose metrics beside a pool are ``exact_head/...``); a
+    ``tables`` run with the tables.
 
     A cached drafter whose training run is not in the current store (a deleted ``mlflow.db``, another
     ``MLFLOW_TRACKING_URI``) gets a run recreated from its report (``tracking.ensure_run``), with a warning."""
@@ -338,6 +341,12 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
         per_domain = {r["domain"]: r for r in mine}
         log_metrics(client, t.run_id, drafter_metrics(mine))
         client.set_tag(t.run_id, "table", "main" if t.variant in main_variants else "ablations")
+        if any(r.get("pool_size") is not None for r in mine):
+            client.set_tag(t.run_id, "decode_pool_size", str(pool_size))
+        exact = [r for r in records if r["variant"] == t.variant + EXACT_HEAD and r["seed"] == t.seed
+                 and r["temperature"] == 0]
+        if exact:  # the same drafter decoded with the exact head, for the pool rows
+            log_metrics(client, t.run_id, {f"exact_head/{k}": v for k, v in drafter_metrics(exact).items()})
         for name, fig in (("acceptance_per_position.png", plot_position_acceptance(per_domain, t.variant)),
                           ("tau_histogram.png", plot_tau_histogram(per_domain, t.variant))):
             path = out_dir / "plots" / f"{t.variant}-s{t.seed}-{name}"
@@ -469,7 +478,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     write_json(summary, out_dir / "summary.json")
     clock.finish("tables")
     write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
-    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
+    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"], plan["pool_size"])
 
     pool = ("the exact head" if plan["pool_size"] is None
             else f"a {plan['pool_size']}-token candidate pool (the {EXACT_HEAD} rows: the exact head)")

@@ -123,6 +123,12 @@ def test_smoke_ablation_end_to_end(tmp_path):
     assert {"eagle3", "small_lm", "backbone", "domino", "domino_ttt", "domino_nocurriculum"} <= variants
     domino = next(r for r in runs if r.data.tags.get("variant") == "domino")
     assert "tau" in domino.data.metrics and "speedup" in domino.data.metrics
+    # the pooled decode is the run's own metrics; the exact head's, beside it, are exact_head/...
+    assert domino.data.tags["decode_pool_size"] == "64" and "exact_head/tau" in domino.data.metrics
+    ttt = next(r for r in runs if r.data.tags.get("variant") == "domino_ttt")
+    assert ttt.data.tags["decode_pool_size"] == "64" and "exact_head/tau" not in ttt.data.metrics
+    backbone = next(r for r in runs if r.data.tags.get("variant") == "backbone")
+    assert "decode_pool_size" not in backbone.data.tags
     # a rerun reuses every trained drafter and the measured rows
     again = run_ablation("smoke", out_dir=tmp_path / "again", progress=False)
     assert all(t.from_cache for t in again["trained"])
