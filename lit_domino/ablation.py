@@ -71,11 +71,10 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
                                      for v in (ab["from"], ab["to"]) if v in plan["variants"]})
     # Domino's candidate pool K at decode (None: the exact full-vocabulary head), checked here, before any
     # training; the variants an ablation row names as ``<variant>@full`` are decoded with the exact head too
-    plan["pool_size"] = plan.get("pool_size")
-    if plan["pool_size"] is not None and (isinstance(plan["pool_size"], bool) or not isinstance(plan["pool_size"], int)
-                                          or plan["pool_size"] < 1):
+    pool = plan["pool_size"] = plan.get("pool_size")
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
         raise ValueError(f"{STUDY_FILE}: presets.{preset}.pool_size must be null (the full vocabulary) or an "
-                         f"integer >= 1, got {plan['pool_size']!r}")
+                         f"integer >= 1, got {pool!r}")
     named = {v for ab in study.get("ablations") or () for v in (ab["from"], ab["to"])}
     plan["exact_head"] = [] if plan["pool_size"] is None else sorted(
         v for v in plan["variants"] if f"{v}{EXACT_HEAD}" in named)
@@ -318,9 +317,9 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
 def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str],
                   pool_size: int | None = None) -> None:
     """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
-    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``; tag ``decode_pool_size``: Domino's
-    candidate pool, ``full`` for the exact head, whose metrics beside a pool are ``exact_head/...``); a
-    ``tables`` run with the tables.
+    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``; tag ``decode_pool_size``: the
+    candidate pool a Domino variant decoded with, absent for the exact head; the exact head's metrics beside a
+    pool: ``exact_head/...``); a ``tables`` run with the tables.
 
     A cached drafter whose training run is not in the current store (a deleted ``mlflow.db``, another
     ``MLFLOW_TRACKING_URI``) gets a run recreated from its report (``tracking.ensure_run``), with a warning."""

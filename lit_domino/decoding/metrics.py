@@ -320,9 +320,10 @@ def benchmark(
     ``benchmark``, ``method``, ``kind`` (``ar``/``hf``/``drafter``), ``drafter``,
     ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
-    (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR
-    baseline and every drafter alike (``compile``: a CUDA or CPU target; its untimed warm-up decodes every
-    prompt in full, so every graph is compiled before the timed decodes). ``record_stages``: drafter rows carry
+    (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full
+    vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR baseline and
+    every drafter alike (``compile``: a CUDA or CPU target; its untimed warm-up decodes every prompt in full,
+    so every graph is compiled before the timed decodes). ``record_stages``: drafter rows carry
     ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
