@@ -41,6 +41,7 @@ from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
 from lit_domino.jobclock import JobClock, StageProgress
 from lit_domino.models import load_drafter
+from lit_domino.models.sessions import check_pool_size
 from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
 from lit_domino.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
@@ -71,10 +72,12 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
                                      for v in (ab["from"], ab["to"]) if v in plan["variants"]})
     # Domino's candidate pool K at decode (None: the exact full-vocabulary head), checked here, before any
     # training; the variants an ablation row names as ``<variant>@full`` are decoded with the exact head too
-    pool = plan["pool_size"] = plan.get("pool_size")
-    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
+    plan["pool_size"] = plan.get("pool_size")
+    try:
+        check_pool_size(plan["pool_size"], None)  # V is checked once the target is loaded
+    except ValueError:
         raise ValueError(f"{STUDY_FILE}: presets.{preset}.pool_size must be null (the full vocabulary) or an "
-                         f"integer >= 1, got {pool!r}")
+                         f"integer >= 1, got {plan['pool_size']!r}") from None
     named = {v for ab in study.get("ablations") or () for v in (ab["from"], ab["to"])}
     plan["exact_head"] = [] if plan["pool_size"] is None else sorted(
         v for v in plan["variants"] if f"{v}{EXACT_HEAD}" in named)
@@ -278,10 +281,10 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
                          pool_sizes=pools, progress=progress)
 
 
-def records_from_rows(rows: list[dict], pool_size: int | None = None) -> list[dict]:
+def records_from_rows(rows: list[dict]) -> list[dict]:
     """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``; a drafter decoded
-    with the exact head beside the plan's candidate pool ``pool_size`` is the variant ``<variant>@full``."""
-    pooled = {r["drafter"] for r in rows if pool_size is not None and r.get("pool_size") == pool_size}
+    with the exact head beside a candidate pool (the plan's ``exact_head``) is the variant ``<variant>@full``."""
+    pooled = {r["drafter"] for r in rows if r.get("pool_size") is not None}
     inner_tau = {}
     for r in rows:
         if r["kind"] == "drafter" and r["drafter"].endswith("/backbone"):
@@ -314,8 +317,7 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
     return "\n".join(lines)
 
 
-def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str],
-                  pool_size: int | None = None) -> None:
+def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str]) -> None:
     """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
     ``main_variants``, the plan's ``tables["main"]``, else ``ablations``; tag ``decode_pool_size``: the
     candidate pool a Domino variant decoded with, absent for the exact head; the exact head's metrics beside a
@@ -340,8 +342,9 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
         per_domain = {r["domain"]: r for r in mine}
         log_metrics(client, t.run_id, drafter_metrics(mine))
         client.set_tag(t.run_id, "table", "main" if t.variant in main_variants else "ablations")
-        if any(r.get("pool_size") is not None for r in mine):
-            client.set_tag(t.run_id, "decode_pool_size", str(pool_size))
+        pools = {r.get("pool_size") for r in mine} - {None}
+        if pools:
+            client.set_tag(t.run_id, "decode_pool_size", ",".join(map(str, sorted(pools))))
         exact = [r for r in records if r["variant"] == t.variant + EXACT_HEAD and r["seed"] == t.seed
                  and r["temperature"] == 0]
         if exact:  # the same drafter decoded with the exact head, for the pool rows
@@ -460,7 +463,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     clock.start("tables")
 
     _log("stage 4/4 tables", t0)
-    records = records_from_rows(rows, plan["pool_size"])
+    records = records_from_rows(rows)
     domains = list(plan["prompts"])
     drafter_records = [r for r in records if r["kind"] == "drafter"]
     spec = load_spec(STUDY_FILE)
@@ -477,7 +480,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     write_json(summary, out_dir / "summary.json")
     clock.finish("tables")
     write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
-    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"], plan["pool_size"])
+    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
 
     pool = ("the exact head" if plan["pool_size"] is None
             else f"a {plan['pool_size']}-token candidate pool (the {EXACT_HEAD} rows: the exact head)")

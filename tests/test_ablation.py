@@ -169,7 +169,7 @@ def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tm
 
     rows = [row("domino/s0", 16, 3.0), row("domino/s0", None, 3.1), row("backbone/s0", None, 2.0),
             row("domino/s0/backbone", None, 1.5)]
-    records = ablation.records_from_rows(rows, 16)
+    records = ablation.records_from_rows(rows)
     assert [(r["variant"], r["pool_size"]) for r in records] == [("domino", 16), ("domino@full", None),
                                                                  ("backbone", None)]
     assert records[0]["backbone_tau"] == records[1]["backbone_tau"] == 1.5
@@ -177,7 +177,7 @@ def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tm
     assert [(r["metric"], r["from_value"][0], r["to_value"][0]) for r in pool_rows] == [
         ("tau", 3.1, 3.0), ("speedup", 1.55, 1.5)]
     # the exact head alone (a preset without a pool): plain variants, and no pool rows
-    exact = ablation.records_from_rows([r for r in rows if r["pool_size"] is None], None)
+    exact = ablation.records_from_rows([r for r in rows if r["pool_size"] is None])
     assert [r["variant"] for r in exact] == ["domino", "backbone"]
     assert not [r for r in ablation_table(exact)["rows"] if r["study"] == "pool"]
     # a pool that is not a positive integer fails at planning, before any training

@@ -163,13 +163,15 @@ def compile_for(fn: Callable, device) -> Callable:
     return replay
 
 
-def check_pool_size(pool_size, vocab_size: int) -> int | None:
-    """A decode-time candidate pool P: None (the full vocabulary) or an integer 1 <= P <= V."""
+def check_pool_size(pool_size, vocab_size: int | None) -> int | None:
+    """A decode-time candidate pool P: None (the full vocabulary) or an integer 1 <= P <= V (``vocab_size``
+    None: V not known yet, as when a study is planned before its target loads; then only P >= 1)."""
     if pool_size is None:
         return None
-    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 1 <= pool_size <= vocab_size:
-        raise ValueError(f"pool_size must be None (the full vocabulary) or an integer in 1..{vocab_size} "
-                         f"(the vocabulary size), got {pool_size!r}")
+    top = vocab_size if vocab_size is not None else float("inf")
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 1 <= pool_size <= top:
+        bound = f"in 1..{vocab_size} (the vocabulary size)" if vocab_size is not None else ">= 1"
+        raise ValueError(f"pool_size must be None (the full vocabulary) or an integer {bound}, got {pool_size!r}")
     return pool_size
 
 
