@@ -1,18 +1,21 @@
 """GPU check of the decode path (< 8 min on one GPU): eager vs compiled, lossless, ours vs the official loop.
 
     python experiments/gpu/decode_check.py [--preset smoke] [--prompts 4] [--max-new-tokens 128]
+    python experiments/gpu/decode_check.py --device cpu --prompts 1 --max-new-tokens 16   # dry run, no GPU
 
 1. builds the embedded target (cached; its recipe trains on the CPU, ~1 min for ``smoke``) and loads it on the GPU;
-2. trains the backbone and Domino drafters briefly on the GPU (``trainer.max_epochs`` 1, cached);
+2. trains the backbone and Domino drafters with the preset's recipe on the GPU (smoke: 32 steps; cached);
 3. decodes the same prompts eagerly (DynamicCache) and compiled (:func:`lit_domino.decoding.generate`'s
    ``compile``: the target's forward over a StaticCache, the drafters' fixed-shape block forward over static
    K/V buffers and Domino's rollout loop, all under ``torch.compile(mode="reduce-overhead")``, CUDA graphs), each method after an untimed
    warm-up over every prompt (compilation), with Domino's candidate pools ``--pool-sizes``;
-4. prints tau, time per token, the compiled/eager speedup per method and whether every row is lossless
-   (the compiled rows must equal the eager AR tokens); and, when ``dflash`` is importable and the suite has
-   its peer row, the official ``dflash_generate`` loop on the same backbone.
+4. prints tau, time per token, the compiled/eager speedup per method, Domino's draft time over the backbone's
+   and whether every row is lossless (the compiled rows must equal the eager AR tokens); and, when ``dflash``
+   is importable, our time per token over the official ``dflash_generate`` loop's on the same backbone.
 
-Exits with an error naming the problem when no CUDA device is visible.
+Exits with an error naming the problem when no CUDA device is visible. ``--device cpu`` runs every step on the
+CPU instead (compiled: inductor's C++ kernels): a dry run that checks the script itself before device
+time is spent on it (``tests/decoding/test_gpu_check.py`` runs it); its times say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=4, help="prompts per embedded domain (default: 4)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--pool-sizes", default="full,64", help="Domino candidate pools (default: full,64)")
-    p.add_argument("--dtype", default="bfloat16", help="target (and drafter) dtype on the GPU (default: bfloat16)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cuda (the check) or cpu (a dry run of the script; default: cuda)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="target (and drafter) dtype (default: float32, where token identity with the AR decode is "
+                        "exact and enforced; in bfloat16 a verify of 8 tokens and an AR step round differently, "
+                        "so a near-tie can flip a token: mismatches are then reported, not fatal)")
     p.add_argument("--out", default=str(ROOT / "results" / "gpu"), help="where the JSON report goes")
     return p.parse_args(argv)
 
@@ -43,7 +51,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("experiments/gpu/decode_check.py needs a CUDA GPU: torch.cuda.is_available() is False "
                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU machine.")
     from lit_domino.bench import parse_pool_sizes
@@ -55,15 +63,18 @@ def main(argv=None) -> dict:
     from lit_domino.models import load_drafter
     from lit_domino.target import load_target
 
+    dtype = getattr(torch, args.dtype)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)"
     t0 = time.perf_counter()
-    target = load_target(f"embedded:{args.preset}", dtype=getattr(torch, args.dtype), device="cuda")
-    print(f"[{time.perf_counter() - t0:6.1f}s] target embedded:{args.preset} on {torch.cuda.get_device_name()}")
+    target = load_target(f"embedded:{args.preset}", dtype=dtype, device=args.device)
+    print(f"[{time.perf_counter() - t0:6.1f}s] target embedded:{args.preset} on {device_name}")
     drafters = {}
+    # the preset's recipe (smoke: 2 epochs of 16 steps), on the GPU; the dry run's drafters are the CPU suite's own
+    overrides = {"trainer.accelerator": "gpu"} if args.device == "cuda" else {}
     for variant in ("backbone", "domino"):
-        cfg = load_config(variant, args.preset, seed=0, overrides={"trainer.accelerator": "gpu",
-                                                                    "trainer.max_epochs": 1})
+        cfg = load_config(variant, args.preset, seed=0, overrides=overrides)
         trained = train_variant(cfg, experiment="gpu-check", progress=False)
-        drafters[variant] = load_drafter(trained.drafter_dir, target=target, map_location="cuda").to(
+        drafters[variant] = load_drafter(trained.drafter_dir, target=target, map_location=args.device).to(
             dtype=target.dtype).eval()  # cast once to the target's dtype
         print(f"[{time.perf_counter() - t0:6.1f}s] {variant} trained ({trained.drafter_dir})")
     prompts = {f"embedded-{d}": load_benchmark(f"embedded-{d}", args.prompts) for d in ("math", "code", "chat")}
@@ -83,35 +94,59 @@ def main(argv=None) -> dict:
         lines.append(r)
     print(markdown_table(lines, ["benchmark", "method", "tau", "eager_tpot_ms", "tpot_ms", "compiled_over_eager",
                                  "speedup", "draft_ms_per_round", "verify_ms_per_round", "match_baseline"]))
-    peers = _official_loop(target, drafters["backbone"], prompts, args)
-    report = {"args": vars(args), "device": torch.cuda.get_device_name(), "lossless": ok, "rows": lines,
-              "official_loop": peers, "seconds": time.perf_counter() - t0}
+    ratios = {mode: draft_ratios(rows) for mode, rows in runs.items()}
+    for mode, by_method in ratios.items():
+        print(f"{mode}: draft time over the backbone's, mean of the domains: "
+              + ", ".join(f"{m} {v:.2f}" for m, v in by_method.items()))
+    official = _official_loop(target, drafters["backbone"], prompts, args)
+    if "ours_over_official" in official:
+        ok &= official["lossless"]
+        print("ours / dflash_generate, time per token on the same backbone (eager, interleaved, 2 repeats): "
+              + ", ".join(f"{b} {v:.3f}" for b, v in official["ours_over_official"].items()))
+    else:
+        print(f"official loop skipped: {official['skipped']}")
+    report = {"args": vars(args), "device": device_name, "lossless": ok, "rows": lines, "draft_ratios": ratios,
+              "official_loop": official, "seconds": time.perf_counter() - t0}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"decode-check-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=2, default=str))
     print(f"lossless: {ok}; wrote {path} ({report['seconds']:.0f} s)")
-    if not ok:
+    if not ok and dtype == torch.float32:
         raise SystemExit("a decoded row differs from the target's greedy tokens: the decode path is not lossless")
+    if not ok:
+        print(f"warning: some rows differ from the AR tokens in {args.dtype} (match_baseline < 1): rounding that "
+              "depends on the verify width can flip near-ties; rerun in float32 to check losslessness")
     return report
 
 
-def _official_loop(target, backbone, prompts, args):
-    """z-lab's ``dflash_generate`` on the same backbone, through the bench's ``--peers dflash`` row
-    (``lit_domino.bench.official_peers``, the interop branch) when this checkout has it."""
-    import lit_domino.bench as bench
+def draft_ratios(rows: list[dict]) -> dict[str, float]:
+    """Each Domino row's draft time per round over the backbone's on the same benchmark, averaged over the
+    benchmarks (issue #14 asks for <= 1.15): ``{"domino": 1.4, "domino+pool(64)": 1.3}``."""
+    backbone = {r["benchmark"]: r["draft_ms_per_round"] for r in rows if r["method"] == "backbone"}
+    per_method: dict[str, list[float]] = {}
+    for r in rows:
+        if r["method"].startswith("domino"):
+            per_method.setdefault(r["method"], []).append(r["draft_ms_per_round"] / backbone[r["benchmark"]])
+    return {m: sum(v) / len(v) for m, v in per_method.items()}
 
-    if not hasattr(bench, "official_peers"):
-        return {"skipped": "this checkout has no dflash peer (lit_domino.bench.official_peers, the interop branch)"}
+
+def _official_loop(target, backbone, prompts, args):
+    """z-lab's ``dflash_generate`` on the same backbone: the bench's ``--peers dflash`` row."""
+    from lit_domino.bench import official_peers
+
     try:
-        external = bench.official_peers(["dflash"], {"backbone": backbone}, target)
+        external = official_peers(["dflash"], {"backbone": backbone}, target)
     except ImportError as err:
         return {"skipped": f"dflash is not importable ({err})"}
     from lit_domino.decoding import benchmark
 
     rows = benchmark(target, {"backbone": backbone}, prompts, max_new_tokens=args.max_new_tokens, hf_baseline=False,
-                     progress=False, external=external)
-    return {"rows": [{k: r.get(k) for k in ("benchmark", "method", "tau", "tpot_ms", "speedup", "match_baseline")}
+                     progress=False, external=external, repeats=2)  # two close loops: order reversed per repeat
+    tpot = {(r["benchmark"], r["method"]): r["tpot_ms"] for r in rows}
+    return {"ours_over_official": {b: tpot[(b, "backbone")] / tpot[(b, "backbone@dflash_generate")] for b in prompts},
+            "lossless": all(r["match_baseline"] == 1.0 for r in rows),
+            "rows": [{k: r.get(k) for k in ("benchmark", "method", "tau", "tpot_ms", "speedup", "match_baseline")}
                      for r in rows]}
 
 
