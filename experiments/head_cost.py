@@ -1,0 +1,65 @@
+"""Domino's draft time over the backbone's as the drafter grows (random drafters of the papers' proportions).
+
+    python experiments/head_cost.py                                     # d 128 .. 2048, a few minutes on a CPU
+    python experiments/head_cost.py --sizes 4096:151936 --block-size 16 --rounds 5 --repeats 1   # Qwen3-8B's shape
+
+Each size ``d:V`` builds a random target and drafters with r = d/16, d_s = d/4 (at least the embedded default's
+64 and 128; :mod:`lit_domino.head_cost`) and times steady-state draft rounds of the backbone and of Domino with
+each ``--pool-sizes`` pool, interleaved. Writes ``results/head-cost-<time>.md`` + ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="128:4096,512:16384,1024:32768,2048:65536",
+                   help="d:V,... target widths and vocabularies (default: 128:4096 = the embedded default's, "
+                        "up to 2048:65536)")
+    p.add_argument("--pool-sizes", default="full,64", help="Domino candidate pools: full or integers (default: full,64)")
+    p.add_argument("--block-size", type=int, default=8, help="B, K = B-1 drafts per round (default: 8; papers: 16)")
+    p.add_argument("--accept", type=int, default=2,
+                   help="drafts committed per round (the context grows by accept+1; default: 2)")
+    p.add_argument("--rounds", type=int, default=20, help="timed rounds per batch (default: 20)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved batches per drafter; the median (default: 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as the benchmarks)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=str(ROOT / "results"), help="output directory (default: results/)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    from lit_domino.bench import parse_pool_sizes
+    from lit_domino.decoding.metrics import markdown_table
+    from lit_domino.head_cost import DrafterSize, measure
+    from lit_domino.study import pinned_threads, write_json
+
+    sizes = [DrafterSize.parse(s.strip()) for s in args.sizes.split(",") if s.strip()]
+    with pinned_threads(args.threads):
+        rows = measure(sizes, parse_pool_sizes(args.pool_sizes), block_size=args.block_size, rounds=args.rounds,
+                       repeats=args.repeats, accept=args.accept, device=args.device)
+    table = markdown_table(rows, ["hidden", "vocab", "rank", "gru_hidden", "block_size", "pool_size", "backbone_ms",
+                                  "domino_ms", "head_ms", "ratio"])
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"head-cost-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".md").write_text(f"# Domino head cost vs the backbone's draft\n\n{vars(args)}\n\n{table}\n")
+    write_json({"args": vars(args), "rows": rows}, stem.with_suffix(".json"))
+    print(f"wrote {stem}.md and .json")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
