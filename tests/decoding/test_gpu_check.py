@@ -38,7 +38,7 @@ def test_draft_ratios_average_each_domino_row_over_the_backbone():
 @pytest.mark.slow
 @pytest.mark.skipif(cpp_compiler() is None, reason="inductor needs a C++ compiler on a CPU")
 def test_decode_check_dry_run_on_cpu(tmp_path):
-    """The smoke preset's target and drafters (shared with the rest of the suite), eager and compiled
+    """The smoke preset's target (shared with the rest of the suite) and one-epoch drafters, eager and compiled
     (inductor on the CPU), the official loop on the same backbone, and the JSON report."""
     report = decode_check().main(["--device", "cpu", "--prompts", "1", "--max-new-tokens", "12",
                                   "--pool-sizes", "full", "--out", str(tmp_path)])
