@@ -1,11 +1,11 @@
 """Domino's draft time over the backbone's as the drafter grows (random drafters of the papers' proportions).
 
     python experiments/head_cost.py                                     # d 128 .. 2048, a few minutes on a CPU
-    python experiments/head_cost.py --sizes 4096:151936 --block-size 16 --rounds 5 --repeats 1   # Qwen3-8B's shape
+    python experiments/head_cost.py --sizes 4096:151936 --block-size 16 --rounds 10   # Qwen3-8B's shape
 
 Each size ``d:V`` builds a random target and drafters with r = d/16, d_s = d/4 (at least the embedded default's
 64 and 128; :mod:`lit_domino.head_cost`) and times steady-state draft rounds of the backbone and of Domino with
-each ``--pool-sizes`` pool, interleaved. Writes ``results/head-cost-<time>.md`` + ``.json``.
+each ``--pool-sizes`` pool, in turns round by round. Writes ``results/head-cost-<time>.md`` + ``.json``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=8, help="B, K = B-1 drafts per round (default: 8; papers: 16)")
     p.add_argument("--accept", type=int, default=2,
                    help="drafts committed per round (the context grows by accept+1; default: 2)")
-    p.add_argument("--rounds", type=int, default=20, help="timed rounds per batch (default: 20)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved batches per drafter; the median (default: 3)")
+    p.add_argument("--rounds", type=int, default=100,
+                   help="timed rounds per drafter, taken in turns round by round; medians (default: 100)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1, as the benchmarks)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=str(ROOT / "results"), help="output directory (default: results/)")
@@ -48,7 +48,7 @@ def main(argv=None) -> list[dict]:
     sizes = [DrafterSize.parse(s.strip()) for s in args.sizes.split(",") if s.strip()]
     with pinned_threads(args.threads):
         rows = measure(sizes, parse_pool_sizes(args.pool_sizes), block_size=args.block_size, rounds=args.rounds,
-                       repeats=args.repeats, accept=args.accept, device=args.device)
+                       accept=args.accept, device=args.device)
     table = markdown_table(rows, ["hidden", "vocab", "rank", "gru_hidden", "block_size", "pool_size", "backbone_ms",
                                   "domino_ms", "head_ms", "ratio"])
     print(table)

@@ -77,41 +77,50 @@ def build_pair(size: DrafterSize, block_size: int, device) -> tuple:
     return target, drafters
 
 
-@torch.inference_mode()  # as generate's; the drafters are built outside it (their decode tables track versions)
-def _rounds(drafter, pool_size, *, rounds: int, accept: int, prompt_len: int, device) -> list[float]:
-    """Seconds per steady-state round: ``draft`` a block, ``crop`` it, ``extend`` by ``accept`` + 1 committed
-    tokens (anchor + accepted) with their features, as ``generate``'s draft phase; one warm-up round first."""
-    cfg = drafter.config
-    width = cfg.num_features * cfg.hidden_size
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, cfg.vocab_size - 1, (prompt_len,), generator=gen).to(device)
-    feats = torch.randn(prompt_len + (rounds + 1) * (accept + 1), width, generator=gen).to(device, drafter.dtype)
-    session = drafter.new_session(**({} if pool_size is None else {"pool_size": pool_size}))
-    session.extend(prompt, feats[:prompt_len])
-    start, anchor, out = prompt_len, prompt[-1:], []
-    for i in range(rounds + 1):
-        if device.type == "cuda":
+class _Rounds:
+    """Steady-state draft rounds of one drafter: ``draft`` a block, ``crop`` it, ``extend`` by ``accept`` + 1
+    committed tokens (anchor + accepted) with their features; what ``generate`` charges to its draft phase."""
+
+    def __init__(self, drafter, pool_size, *, rounds: int, accept: int, prompt_len: int, device):
+        cfg = drafter.config
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, cfg.vocab_size - 1, (prompt_len,), generator=gen).to(device)
+        width = cfg.num_features * cfg.hidden_size
+        self.feats = torch.randn(prompt_len + (rounds + 1) * (accept + 1), width, generator=gen).to(device,
+                                                                                                    drafter.dtype)
+        self.session = drafter.new_session(**({} if pool_size is None else {"pool_size": pool_size}))
+        self.session.extend(prompt, self.feats[:prompt_len])
+        self.start, self.anchor, self.accept, self.num_tokens = prompt_len, prompt[-1:], accept, cfg.block_size - 1
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self) -> float:
+        """One round -> its seconds."""
+        if self.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        stage = session.draft(anchor, cfg.block_size - 1)
-        session.crop(start)
-        session.extend(torch.cat([anchor, stage.tokens[:accept]]), feats[start: start + accept + 1])
-        if device.type == "cuda":
+        stage = self.session.draft(self.anchor, self.num_tokens)
+        self.session.crop(self.start)
+        a = self.accept
+        self.session.extend(torch.cat([self.anchor, stage.tokens[:a]]), self.feats[self.start: self.start + a + 1])
+        if self.cuda:
             torch.cuda.synchronize()
-        if i:  # the first round is the warm-up (allocator growth, lazy tables)
-            out.append(time.perf_counter() - t0)
-        start, anchor = start + accept + 1, stage.tokens[accept: accept + 1]
-    return out
+        seconds = time.perf_counter() - t0
+        self.start, self.anchor = self.start + a + 1, stage.tokens[a: a + 1]
+        return seconds
 
 
-def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_size: int = 8, rounds: int = 20,
-            repeats: int = 3, accept: int = 2, prompt_len: int = 128, device: str = "cpu") -> list[dict]:
-    """One row per size and pool: the backbone's and Domino's draft ms per round (median over ``repeats``
-    interleaved batches of ``rounds`` rounds, the order reversed on every other batch) and their ratio."""
+def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_size: int = 8, rounds: int = 100,
+            accept: int = 2, prompt_len: int = 128, device: str = "cpu") -> list[dict]:
+    """One row per size and pool: the backbone's and Domino's draft ms per round and their ratio.
+
+    The drafters take turns round by round (the order reversed every round; one untimed warm-up round
+    each), so each of the ``rounds`` samples pairs them at the same context length and the same moment: on a
+    shared machine whose speed drifts by 2x within seconds, batches of rounds per drafter disagreed by more
+    than the head costs. Times are medians over the rounds; ``ratio`` is the median of the paired ratios."""
     if block_size < 2 or not 0 <= accept <= block_size - 2:
         raise ValueError(f"need block_size >= 2 and 0 <= accept <= block_size - 2, got {block_size}, {accept}")
-    if rounds < 1 or repeats < 1:
-        raise ValueError(f"rounds and repeats must be >= 1, got {rounds}, {repeats}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     dev = torch.device(device)
     rows = []
     for size in sizes:
@@ -119,15 +128,21 @@ def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_siz
             check_pool_size(P, size.vocab)
         target, drafters = build_pair(size, block_size, dev)
         arms = [("backbone", None)] + [("domino", P) for P in pool_sizes]
-        times: dict[tuple, list[float]] = {arm: [] for arm in arms}
-        for rep in range(repeats):
-            for kind, P in arms[:: -1 if rep % 2 else 1]:
-                times[(kind, P)].append(statistics.mean(_rounds(drafters[kind], P, rounds=rounds, accept=accept,
-                                                                prompt_len=prompt_len, device=dev)))
-        backbone_ms = 1e3 * statistics.median(times[("backbone", None)])
+        with torch.inference_mode():  # as generate's; the drafters are built outside it (decode tables track versions)
+            runs = {arm: _Rounds(drafters[arm[0]], arm[1], rounds=rounds, accept=accept, prompt_len=prompt_len,
+                                 device=dev) for arm in arms}
+            times: dict[tuple, list[float]] = {arm: [] for arm in arms}
+            for i in range(rounds + 1):
+                for arm in arms[:: -1 if i % 2 else 1]:
+                    seconds = runs[arm]()
+                    if i:  # round 0 is the warm-up: the prompt's context K/V, lazy tables, allocator growth
+                        times[arm].append(seconds)
+        backbone = times[("backbone", None)]
         for P in pool_sizes:
-            domino_ms = 1e3 * statistics.median(times[("domino", P)])
-            rows.append({**asdict(size), "block_size": block_size, "pool_size": P, "backbone_ms": backbone_ms,
-                         "domino_ms": domino_ms, "head_ms": domino_ms - backbone_ms, "ratio": domino_ms / backbone_ms})
-        del target, drafters
+            domino = times[("domino", P)]
+            ms = (1e3 * statistics.median(backbone), 1e3 * statistics.median(domino))
+            rows.append({**asdict(size), "block_size": block_size, "pool_size": P, "backbone_ms": ms[0],
+                         "domino_ms": ms[1], "head_ms": ms[1] - ms[0],
+                         "ratio": statistics.median(d / b for d, b in zip(domino, backbone))})
+        del target, drafters, runs
     return rows

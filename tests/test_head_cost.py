@@ -25,12 +25,11 @@ def test_pair_shares_the_backbone():
 
 
 def test_measure_rows():
-    rows = measure([DrafterSize.papers(32, 256)], [None, 16], block_size=4, rounds=2, repeats=2, accept=1,
-                   prompt_len=16)
+    rows = measure([DrafterSize.papers(32, 256)], [None, 16], block_size=4, rounds=3, accept=1, prompt_len=16)
     assert [r["pool_size"] for r in rows] == [None, 16]
     assert rows[0]["backbone_ms"] == rows[1]["backbone_ms"] > 0
     for r in rows:
-        assert r["ratio"] == pytest.approx(r["domino_ms"] / r["backbone_ms"])
+        assert r["ratio"] > 0  # the median of the paired per-round ratios
         assert r["head_ms"] == pytest.approx(r["domino_ms"] - r["backbone_ms"])
         assert (r["hidden"], r["vocab"], r["block_size"]) == (32, 256, 4)
 
