@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="128:4096,512:16384,1024:32768,2048:65536",
+    p.add_argument("--sizes", default="128:4096,256:8192,512:16384,1024:32768,2048:65536",
                    help="d:V,... target widths and vocabularies (default: 128:4096 = the embedded default's, "
                         "up to 2048:65536)")
     p.add_argument("--pool-sizes", default="full,64", help="Domino candidate pools: full or integers (default: full,64)")

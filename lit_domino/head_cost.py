@@ -9,7 +9,7 @@ Qwen3-8B scale. :func:`measure` times both on randomly initialised drafters of t
 features: what ``generate`` charges to its draft phase), so the crossing point is measured, not argued.
 Random weights cost what trained ones do: the head's work does not depend on its values.
 
-    python experiments/head_cost.py --sizes 128:4096,512:16384,1024:32768,2048:65536 --pool-sizes full,64
+    python experiments/head_cost.py --sizes 128:4096,256:8192,512:16384,1024:32768,2048:65536 --pool-sizes full,64
 """
 
 from __future__ import annotations
