@@ -26,7 +26,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", default="128:4096,256:8192,512:16384,1024:32768,2048:65536",
                    help="d:V,... target widths and vocabularies (default: 128:4096 = the embedded default's, "
                         "up to 2048:65536)")
-    p.add_argument("--pool-sizes", default="full,64", help="Domino candidate pools: full or integers (default: full,64)")
+    p.add_argument("--pool-sizes", default="full,64",
+                   help="Domino candidate pools: full or integers (default: full,64)")
     p.add_argument("--block-size", type=int, default=8, help="B, K = B-1 drafts per round (default: 8; papers: 16)")
     p.add_argument("--accept", type=int, default=2,
                    help="drafts committed per round (the context grows by accept+1; default: 2)")

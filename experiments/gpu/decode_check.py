@@ -7,8 +7,9 @@
 2. trains the backbone and Domino drafters briefly on the GPU (one epoch of the preset's data; cached);
 3. decodes the same prompts eagerly (DynamicCache) and compiled (:func:`lit_domino.decoding.generate`'s
    ``compile``: the target's forward over a StaticCache, the drafters' fixed-shape block forward over static
-   K/V buffers and Domino's rollout loop, all under ``torch.compile(mode="reduce-overhead")``, CUDA graphs), each method after an untimed
-   warm-up over every prompt (compilation), with Domino's candidate pools ``--pool-sizes``;
+   K/V buffers and Domino's rollout loop, all under ``torch.compile(mode="reduce-overhead")``, CUDA graphs),
+   each method after an untimed warm-up over every prompt (compilation), with Domino's candidate pools
+   ``--pool-sizes``;
 4. prints tau, time per token, the compiled/eager speedup per method, Domino's draft time over the backbone's
    and whether every row is lossless (the compiled rows must equal the eager AR tokens); and, when ``dflash``
    is importable, our time per token over the official ``dflash_generate`` loop's on the same backbone.
