@@ -12,8 +12,9 @@ Stages (each printed as it runs, each cached):
 3. real speculative decoding with :func:`lit_domino.decoding.metrics.benchmark` on the
    embedded eval prompts per domain: every drafter with DLoop off and with every
    ``DLoopConfig(g, N)`` of the grid (N = 1 is DLoop off: plain speculative decoding, round for
-   round), all methods interleaved per prompt against our AR baseline; the rows are cached under
-   a key of the drafters and the evaluation settings;
+   round), all methods interleaved per prompt against our AR baseline, Domino with the preset's candidate
+   pool (``pool_size``, the ablation's); the rows are cached under a key of the drafters and the evaluation
+   settings;
 4. tables (Markdown + JSON in ``results/dloop/``), MLflow (experiment ``dloop-<preset>``: the
    training runs and a ``tables`` run with every cell as a metric and the tables as artifacts).
 
@@ -46,6 +47,7 @@ from lit_domino.decoding.dloop import GATES, REFERENCE_STAGE_TOKENS, DLoopConfig
 from lit_domino.decoding.metrics import benchmark
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, set_dotted, train_variant
 from lit_domino.models import load_drafter
+from lit_domino.models.sessions import check_pool_size
 from lit_domino.paths import project_root
 from lit_domino.study import cached_rows, finite, log_metrics, pinned_threads, row_metrics, write_json
 from lit_domino.target import load_target
@@ -112,6 +114,7 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
         raise ValueError("the DLoop table's gate needs max_stages >= 2 (1 is no loop)")
     plan["table_dloop"] = {"threshold": float(td["threshold"]), "max_stages": int(td["max_stages"])}
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
+    plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
     plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
     for g in plan["gates"]:
         unknown = set(g) - {"gate", "threshold", "max_stages"}
@@ -464,6 +467,7 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
                 continue
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
             rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
+                              pool_sizes=[plan.get("pool_size")],  # the drafters that take a pool (Domino's kinds)
                               hf_baseline=False, progress=progress, seed=int(plan["seed"]), record_stages=True)
     return rows
 
@@ -486,7 +490,8 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
     with mlflow_run(f"dloop-{preset}", f"tables-{preset}", tags={"table": "dloop", "preset": preset}) as run:
         mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
                            "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
-                           "table_dloop": f"{plan['table_dloop']['threshold']:g}:{plan['table_dloop']['max_stages']}"})
+                           "table_dloop": f"{plan['table_dloop']['threshold']:g}:{plan['table_dloop']['max_stages']}",
+                           "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"]})
         log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
@@ -508,8 +513,8 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     target = load_target(target_spec)
     names, trained, reports = train_all(plan, t0, progress)
 
-    eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "seed",
-                                          "threads")}
+    eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "gates",
+                                          "pool_size", "seed", "threads")}  # everything evaluate() decodes by
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
                 "target": target.fingerprint()}
 
@@ -546,7 +551,9 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     files += [out_dir / f"summary-{preset}.json"]
     run_id = log_to_mlflow(plan, tables, files) if mlflow_enabled else None
 
-    print(f"\n## DLoop table ({preset}; speedup = our AR time per token / speculative, prefill excluded)\n")
+    pool = "the exact head" if plan.get("pool_size") is None else f"a {plan['pool_size']}-token candidate pool"
+    print(f"\n## DLoop table ({preset}; Domino decoded with {pool}; speedup = our AR time per token / speculative, "
+          "prefill excluded)\n")
     print(tables["dloop"]["markdown"])
     print(f"\n## detach_stage_context and the no-loop control ({preset})\n")
     print(tables["detach"]["markdown"])

@@ -23,6 +23,33 @@ def test_plan_defaults_and_overrides():
     assert {g["gate"] for g in plan["gates"]} == {"mean", "scaled", "last"}
 
 
+def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
+    """The DLoop study's Domino rows decode with the same pool as the ablation's, preset by preset."""
+    from lit_domino.ablation import study_plan as ablation_plan
+
+    for preset in ("smoke", "default", "paper"):
+        assert ds.study_plan(preset)["pool_size"] == ablation_plan(preset)["pool_size"]
+    assert ds.study_plan("default")["pool_size"] == 64 and ds.study_plan("paper")["pool_size"] is None
+    study = tmp_path / "study.yaml"
+    study.write_text(ds.STUDY_FILE.read_text().replace("pool_size: 64", "pool_size: 0", 1))
+    with pytest.raises(ValueError, match="pool_size"):
+        ds.study_plan("smoke", study_file=study)
+
+
+def test_evaluate_passes_the_pool_to_every_decode(monkeypatch):
+    plan = ds.study_plan("smoke", drafters=["domino"], thresholds=[-0.5], stages=[1, 3])
+    names = {"domino": {"plain": "domino/plain", "loop": "domino/loop-detach"}}
+    trained = {n: type("Trained", (), {"drafter_dir": n})() for n in ("domino/plain", "domino/loop-detach",
+                                                                      "domino/control-n1")}
+    calls = []
+    monkeypatch.setattr(ds, "load_drafter", lambda path, target: path)
+    monkeypatch.setattr(ds, "load_benchmark", lambda name, n: [name] * n)
+    monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [])
+    ds.evaluate(None, trained, names, plan, progress=False)
+    assert [sorted(d) for d, _ in calls] == [["domino/loop-detach", "domino/plain"], ["domino/control-n1"]]
+    assert all(kw["pool_sizes"] == [64] for _, kw in calls)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(thresholds=[-0.5, 0.25]), "positive"),
     (dict(thresholds=[float("nan")]), "threshold"),
@@ -183,6 +210,13 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
                                mlflow_enabled=False)
     assert decoded == [1] and json.dumps(again["rows"]) == json.dumps(out["rows"])  # reused, NaN kept
     assert math.isnan(again["rows"][0]["speedup"])
+    plan_of = ds.study_plan
+    for change in ({"pool_size": None}, {"gates": []}):  # what evaluate() decodes by is in the rows' key
+        monkeypatch.setattr(ds, "study_plan", lambda *a, change=change, **k: {**plan_of(*a, **k), **change})
+        ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "changed", progress=False,
+                           mlflow_enabled=False)
+    assert decoded == [1, 1, 1]
+    monkeypatch.setattr(ds, "study_plan", plan_of)
 
     def strict(path):
         return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path.name}: bare {c}"))
