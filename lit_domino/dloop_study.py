@@ -115,6 +115,9 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan["table_dloop"] = {"threshold": float(td["threshold"]), "max_stages": int(td["max_stages"])}
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
     plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
+    plan["repeats"] = int(plan.get("repeats", 1))
+    if plan["repeats"] < 1:
+        raise ValueError(f"repeats must be >= 1 (decodes per prompt and setting), got {plan['repeats']}")
     plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
     for g in plan["gates"]:
         unknown = set(g) - {"gate", "threshold", "max_stages"}
@@ -468,6 +471,7 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
             rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
                               pool_sizes=[plan.get("pool_size")],  # the drafters that take a pool (Domino's kinds)
+                              repeats=plan.get("repeats", 1),
                               hf_baseline=False, progress=progress, seed=int(plan["seed"]), record_stages=True)
     return rows
 
@@ -491,7 +495,8 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
         mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
                            "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
                            "table_dloop": f"{plan['table_dloop']['threshold']:g}:{plan['table_dloop']['max_stages']}",
-                           "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"]})
+                           "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"],
+                           "repeats": plan.get("repeats", 1)})
         log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
@@ -514,7 +519,7 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     names, trained, reports = train_all(plan, t0, progress)
 
     eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "gates",
-                                          "pool_size", "seed", "threads")}  # everything evaluate() decodes by
+                                          "pool_size", "repeats", "seed", "threads")}  # everything evaluate() decodes by
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
                 "target": target.fingerprint()}
 

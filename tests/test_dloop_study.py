@@ -36,7 +36,7 @@ def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
         ds.study_plan("smoke", study_file=study)
 
 
-def test_evaluate_passes_the_pool_to_every_decode(monkeypatch):
+def test_evaluate_passes_the_pool_and_repeats_to_every_decode(monkeypatch, tmp_path):
     plan = ds.study_plan("smoke", drafters=["domino"], thresholds=[-0.5], stages=[1, 3])
     names = {"domino": {"plain": "domino/plain", "loop": "domino/loop-detach"}}
     trained = {n: type("Trained", (), {"drafter_dir": n})() for n in ("domino/plain", "domino/loop-detach",
@@ -47,7 +47,12 @@ def test_evaluate_passes_the_pool_to_every_decode(monkeypatch):
     monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [])
     ds.evaluate(None, trained, names, plan, progress=False)
     assert [sorted(d) for d, _ in calls] == [["domino/loop-detach", "domino/plain"], ["domino/control-n1"]]
-    assert all(kw["pool_sizes"] == [64] for _, kw in calls)
+    assert all(kw["pool_sizes"] == [64] and kw["repeats"] == plan["repeats"] == 1 for _, kw in calls)
+    assert ds.study_plan("default")["repeats"] == 2
+    study = tmp_path / "study.yaml"
+    study.write_text(ds.STUDY_FILE.read_text().replace("repeats: 2", "repeats: 0", 1))
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        ds.study_plan("default", study_file=study)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -211,11 +216,11 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
     assert decoded == [1] and json.dumps(again["rows"]) == json.dumps(out["rows"])  # reused, NaN kept
     assert math.isnan(again["rows"][0]["speedup"])
     plan_of = ds.study_plan
-    for change in ({"pool_size": None}, {"gates": []}):  # what evaluate() decodes by is in the rows' key
+    for change in ({"pool_size": None}, {"gates": []}, {"repeats": 3}):  # what evaluate() decodes by: the key
         monkeypatch.setattr(ds, "study_plan", lambda *a, change=change, **k: {**plan_of(*a, **k), **change})
         ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "changed", progress=False,
                            mlflow_enabled=False)
-    assert decoded == [1, 1, 1]
+    assert decoded == [1, 1, 1, 1]
     monkeypatch.setattr(ds, "study_plan", plan_of)
 
     def strict(path):
