@@ -48,6 +48,9 @@ def test_decode_check_dry_run_on_cpu(tmp_path):
     assert all(r["compiled_over_eager"] > 0 and r["match_baseline"] == 1.0 for r in report["rows"])
     assert set(report["draft_ratios"]) == {"eager", "compiled"} and report["draft_ratios"]["eager"]["domino"] > 0
     official = report["official_loop"]
-    assert official["lossless"] and set(official["ours_over_official"]) == {"embedded-math", "embedded-code",
-                                                                             "embedded-chat"}
+    if importlib.util.find_spec("dflash") is None:  # requirements-peers.txt; without it the check says so
+        assert "dflash is not importable" in official["skipped"]
+    else:
+        assert official["lossless"] and set(official["ours_over_official"]) == {"embedded-math", "embedded-code",
+                                                                                 "embedded-chat"}
     assert len(list(tmp_path.glob("decode-check-*.json"))) == 1
