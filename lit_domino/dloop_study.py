@@ -44,7 +44,7 @@ from lit_domino import cache
 from lit_domino.configs import available_variants, compose, module_class
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.dloop import GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, dloop_label
-from lit_domino.decoding.metrics import benchmark
+from lit_domino.decoding.metrics import benchmark, check_repeats
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, set_dotted, train_variant
 from lit_domino.models import load_drafter
 from lit_domino.models.sessions import check_pool_size
@@ -115,9 +115,7 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan["table_dloop"] = {"threshold": float(td["threshold"]), "max_stages": int(td["max_stages"])}
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
     plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
-    plan["repeats"] = int(plan.get("repeats", 1))
-    if plan["repeats"] < 1:
-        raise ValueError(f"repeats must be >= 1 (decodes per prompt and setting), got {plan['repeats']}")
+    plan["repeats"] = check_repeats(plan.get("repeats", 1))
     plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
     for g in plan["gates"]:
         unknown = set(g) - {"gate", "threshold", "max_stages"}

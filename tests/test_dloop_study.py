@@ -51,7 +51,7 @@ def test_evaluate_passes_the_pool_and_repeats_to_every_decode(monkeypatch, tmp_p
     assert ds.study_plan("default")["repeats"] == 2
     study = tmp_path / "study.yaml"
     study.write_text(ds.STUDY_FILE.read_text().replace("repeats: 2", "repeats: 0", 1))
-    with pytest.raises(ValueError, match="repeats must be >= 1"):
+    with pytest.raises(ValueError, match="repeats must be a positive integer"):
         ds.study_plan("default", study_file=study)
 
 

@@ -334,8 +334,7 @@ def benchmark(
     repeat (whoever runs first or after whom is no longer one method's luck); a result's times are the mean
     of its R decodes, whose tokens must agree (they do: decoding is deterministic per seed).
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    check_repeats(repeats)
     unknown = set(peers) - {"prompt_lookup", "assisted"}
     if unknown:
         raise ValueError(f"unknown peers {sorted(unknown)}; choose from prompt_lookup, assisted")
@@ -439,6 +438,13 @@ def benchmark(
     if bar is not None:
         bar.close()
     return rows
+
+
+def check_repeats(repeats) -> int:
+    """``repeats``: decodes per prompt and method, a positive integer (studies check it when they plan)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer (decodes per prompt and method), got {repeats!r}")
+    return repeats
 
 
 def mean_times(results: Sequence[GenerationResult], what: str = "a prompt") -> GenerationResult:
