@@ -44,6 +44,7 @@ from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
 from lit_domino.paths import project_root
 from lit_domino.tracking import MarkFailedOnError, TrackingConfig, log_config, make_mlflow_logger, mark_failed_on_error
+from lit_domino.runtime.command import UsageError
 
 RUN_ID_FILE = "mlflow_run_id"
 """Written next to the checkpoints: a resumed run continues the same MLflow run."""
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None, run: bool = True) -> DrafterCLI:
     return DrafterCLI(args=expand_variant_args(argv), run=run)
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A composed config the training parser refuses (an unknown or mistyped key, a bad value)."""
 
 

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from lit_domino.runtime.command import UsageError
 
 RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
 """HTTP statuses worth retrying (overload, restarts); other 4xx are the request's fault and fail at once."""
 
 
-class ServerError(RuntimeError):
+class ServerError(UsageError, RuntimeError):
     """A server that did not answer (after retries) or refused a request; the message names the URL."""
 
     def __init__(self, url: str, message: str):

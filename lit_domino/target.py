@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from lit_domino.runtime.command import UsageError
 
 MASK_TOKEN = "<|MASK|>"
 """The MASK token added when a tokenizer has none (DFlash drafts block positions from it)."""
@@ -28,7 +29,7 @@ CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 """Qwen3 chat templates are applied with thinking off, as in the papers' evaluation."""
 
 
-class TargetError(ValueError):
+class TargetError(UsageError):
     """A target that cannot be used: missing, corrupt, or without a usable MASK row."""
 
 

@@ -19,13 +19,14 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from lit_domino.models.base import CONFIG_NAME, DrafterLoadError, WEIGHTS_NAME
+from lit_domino.runtime.command import UsageError
 
 SIDECAR_NAME = "lit_domino_export.json"
 LABEL_CONVENTION = ("dflash: a block [x_last, MASK x (B-1)] at positions start..start+B-1; block position k >= 1 "
                     "predicts x_{start+k} (shift_label false, pure_draft_prefix_len 0)")
 
 
-class ExportError(ValueError):
+class ExportError(UsageError):
     """A drafter that the requested format cannot express exactly."""
 
 

@@ -25,6 +25,7 @@ from torch import nn
 from lit_domino.models import registry
 from lit_domino.models.layers import TrainOptions
 from lit_domino.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
+from lit_domino.runtime.command import UsageError
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -36,11 +37,11 @@ LEGACY_FIELDS = ("rank", "gru_hidden", "ttt_steps")
 them to the method that owns them and drops them elsewhere, so older drafter directories still load."""
 
 
-class DrafterMismatchError(ValueError):
+class DrafterMismatchError(UsageError):
     """A drafter bound to a target it was not built for (fingerprint mismatch)."""
 
 
-class DrafterLoadError(ValueError):
+class DrafterLoadError(UsageError):
     """A drafter directory that exists but cannot be read (corrupt config or weights)."""
 
 

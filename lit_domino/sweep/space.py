@@ -21,12 +21,13 @@ import optuna
 import yaml
 
 from lit_domino.paths import project_root
+from lit_domino.runtime.command import UsageError
 
 LAMBDA_KINDS = ("linear", "cosine", "step", "constant", "none")
 DEFAULT_SPACE_FILE = project_root() / "sweeps" / "space.yaml"
 
 
-class SweepError(ValueError):
+class SweepError(UsageError):
     """A sweep cannot start: bad space, storage, settings or study (the message says which and why)."""
 
 

@@ -1,0 +1,1 @@
+"""The runtime layer: what every command and study stands on (command-line conventions; more to move here)."""
