@@ -149,8 +149,8 @@ def _target_cached(spec: str) -> bool:
     """Whether loading ``spec`` is only a load (True for a local or hub model: nothing is built here)."""
     if not spec.startswith(EMBEDDED_PREFIX):
         return True
-    from lit_domino.tiny_target import preset_config, target_dir
-    return cache.is_complete(target_dir(preset_config(spec[len(EMBEDDED_PREFIX):])), warn=False)
+    from lit_domino.target import embedded_target_ready
+    return embedded_target_ready(spec[len(EMBEDDED_PREFIX):])
 
 
 def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
@@ -406,13 +406,13 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     _log(f"stage 1/4 target {spec}{' (cached)' if target_cached else ''}; {clock.eta()}", t0)
     clock.start("target")
     if not target_cached and spec.startswith(EMBEDDED_PREFIX):  # built here: its steps revise the ETA
-        from lit_domino.tiny_target import build_tiny_target
+        from lit_domino.target import embedded_target_dir
 
         def echo(step, total):
             _log(f"stage 1/4 target: step {step}/{total}; {clock.eta()}", t0)
 
-        build_tiny_target(spec[len(EMBEDDED_PREFIX):], progress=progress,
-                          callbacks=[StageProgress(clock, "target", echo)])
+        embedded_target_dir(spec[len(EMBEDDED_PREFIX):], progress=progress,
+                            callbacks=[StageProgress(clock, "target", echo)])
     target = load_target(spec)
     clock.finish("target", cached=target_cached)
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lit_domino import embedded_target
 from lit_domino.runtime.command import UsageError
 
 MASK_TOKEN = "<|MASK|>"
@@ -317,14 +319,34 @@ EMBEDDED_PREFIX = "embedded:"
 """Target specs ``embedded:<preset>`` name the tiny targets of :mod:`lit_domino.tiny_target`."""
 
 
+def embedded_target_dir(tail: str, **build_kwargs) -> Path:
+    """The folder of ``embedded:<tail>``: the verified shipped build, else the recipe's build (built here
+    if not cached; ``build_kwargs`` go to :func:`lit_domino.tiny_target.build_tiny_target`)."""
+    cfg, from_recipe = embedded_target.parse_spec(tail)
+    shipped = None if from_recipe else embedded_target.shipped_target(cfg)
+    if shipped is not None:
+        return shipped
+    from lit_domino.tiny_target import build_tiny_target  # the recipe pulls in Lightning and the corpora
+
+    return build_tiny_target(cfg, **build_kwargs)
+
+
+def embedded_target_ready(tail: str) -> bool:
+    """Whether ``embedded:<tail>`` loads without training: shipped, or its recipe's build cached."""
+    cfg, from_recipe = embedded_target.parse_spec(tail)
+    if not from_recipe and embedded_target.shipped_target(cfg) is not None:
+        return True
+    from lit_domino import cache
+
+    return cache.is_complete(cache.artifact_dir("target", cfg, name=cfg.name), warn=False)
+
+
 def target_identity(spec: str | Path) -> str:
     """What names a target's weights, for cache keys: the embedded target's cache directory
     (it encodes the hash of its recipe), a local directory's absolute path, or the hub id."""
     spec = str(spec)
     if spec.startswith(EMBEDDED_PREFIX):
-        from lit_domino.tiny_target import preset_config, target_dir  # the recipe pulls in Lightning and the corpora
-
-        return EMBEDDED_PREFIX + target_dir(preset_config(spec[len(EMBEDDED_PREFIX) :])).name
+        return EMBEDDED_PREFIX + embedded_target.identity(spec[len(EMBEDDED_PREFIX) :])
     return str(Path(spec).expanduser().resolve()) if _is_local(spec) else spec
 
 
@@ -343,8 +365,6 @@ def load_target(path_or_hub_id: str | Path, dtype: torch.dtype | str = torch.flo
     # for the embedded target that is its recipe hash, not where the cache lives, so a moved
     # cache is reused whole.
     name = target_identity(spec)
-    if spec.startswith(EMBEDDED_PREFIX):  # "embedded:default": build or reuse the tiny target
-        from lit_domino.tiny_target import build_tiny_target  # only the embedded target needs its recipe
-
-        spec = str(build_tiny_target(spec[len(EMBEDDED_PREFIX) :]))
+    if spec.startswith(EMBEDDED_PREFIX):  # "embedded:default": the shipped build, else the recipe's (cached)
+        spec = str(embedded_target_dir(spec[len(EMBEDDED_PREFIX) :]))
     return _load_cached(spec, dtype, str(device), name)

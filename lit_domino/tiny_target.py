@@ -21,7 +21,7 @@ import math
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -30,98 +30,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from lit_domino import cache
+from lit_domino import cache, embedded_target
 from lit_domino.data.corpora import build_corpus
 from lit_domino.data.regenerate import encode_conversation
 from lit_domino.data.resumable import ResumableLoader, TrackLoaderPosition
+from lit_domino.embedded_target import TARGET_PRESETS, TinyTargetConfig, preset_config  # noqa: F401 (re-exported)
 from lit_domino.tokenizer import train_tokenizer
-
-
-@dataclass(frozen=True)
-class TinyTargetConfig:
-    """Everything that determines the embedded target (its hash keys the cache)."""
-
-    name: str = "default"
-    """Human-readable tag in the cache directory name."""
-    vocab_size: int = 4096
-    """BPE vocabulary; 4096 keeps the LM head cheap on CPU while words stay whole."""
-    hidden_size: int = 128
-    """Model width d (drafters share it). 128, not 192: every stage of the default job (target, regeneration,
-    features, 12 drafter trainings, decoding) costs about half, and the job must finish in 45 min on 2 cores."""
-    num_layers: int = 8
-    """Depth: 8 gives distinct DFlash ([1, 3, 5]) and EAGLE-3 ([1, 3, 4]) feature layers, and a
-    target step costs several draft steps, as it does at 8B scale."""
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    """Grouped-query attention as in Qwen3 (2 query heads per KV head)."""
-    head_dim: int = 32
-    intermediate_size: int = 384
-    """SwiGLU width, 3 x hidden."""
-    max_positions: int = 1024
-    """Context length: prompt + response of every embedded example fits."""
-    rope_theta: float = 10000.0
-    examples_per_domain: tuple[tuple[str, int | None], ...] = (("math", 20000), ("code", None), ("chat", None))
-    """Training examples per corpus domain (None = all of the train split)."""
-    corpus_seed: int = 0
-    seq_len: int = 256
-    """Training window length (documents packed back to back)."""
-    batch_size: int = 8
-    """Windows per step. 8, not 16: at this size learning is limited by steps more than by tokens (at
-    step 400 the batch-8 run's loss was below the batch-16 run's), so half the tokens per step."""
-    max_steps: int = 1600
-    """Optimizer steps: ~3.3M tokens (~1.1 passes over the corpora). 1600, not 2000: the 2000-step target
-    (26 % greedy math accuracy) took 22.6 of the first command's 46.7 min on a slow 2-core machine, which
-    was over the 45-min budget. Measured along a 2000-step run (math accuracy on 50 held-out problems):
-    0 % at step 400, 2 % at 800, 12 % at 1200, 20 % at 1600. The former recipe (d = 192, batch 16, 8.2M
-    tokens, ~25 min) reached 80 %; a 1400-step run at lr 4e-3 only 5 %."""
-    lr: float = 3e-3
-    """Peak AdamW learning rate; tiny models tolerate (and need) a high one."""
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.1
-    seed: int = 0
-    eval_examples: int = 200
-    """Held-out examples per domain for perplexity and math accuracy (200: ~3 % standard error)."""
-
-    def __post_init__(self):
-        if min(self.hidden_size, self.num_layers, self.head_dim, self.max_steps, self.seq_len) <= 0:
-            raise ValueError(f"sizes must be positive: {self}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-
-    def tokenizer_config(self) -> dict:
-        return {"vocab_size": self.vocab_size, "examples": self.examples_per_domain, "seed": self.corpus_seed}
-
-
-TARGET_PRESETS: dict[str, TinyTargetConfig] = {
-    # CI-sized: trains in about a minute; competent enough to give drafters structure.
-    "smoke": TinyTargetConfig(
-        name="smoke",
-        vocab_size=2048,
-        hidden_size=96,
-        num_layers=6,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=48,
-        intermediate_size=288,
-        max_positions=1024,
-        examples_per_domain=(("math", 3000), ("code", 1500), ("chat", 1500)),
-        seq_len=192,
-        batch_size=16,
-        max_steps=150,
-        eval_examples=30,
-    ),
-    "default": TinyTargetConfig(),
-    # The default target until 2026-12 (4.3M params, ~25 min on 2 quiet cores, 80 % greedy math accuracy):
-    # the target of the README's longer CPU recipe, whose drafters reach the papers' shapes (Domino 1.5x).
-    "large": TinyTargetConfig(name="large", hidden_size=192, head_dim=48, intermediate_size=576, batch_size=16,
-                              max_steps=2000),
-}
-
-
-def preset_config(name: str) -> TinyTargetConfig:
-    if name not in TARGET_PRESETS:
-        raise ValueError(f"unknown embedded target preset {name!r}; choose one of {sorted(TARGET_PRESETS)}")
-    return TARGET_PRESETS[name]
 
 
 # --------------------------------------------------------------------------- corpora → text
@@ -447,3 +361,112 @@ def with_overrides(cfg: TinyTargetConfig, **overrides) -> TinyTargetConfig:
     return replace(cfg, **overrides)
 
 
+
+
+# --------------------------------------------------------------------------- the shipped copy
+
+GREEDY_REFERENCE = "greedy_reference.json"
+"""The fp32 build's greedy answers to held-out prompts, shipped beside the weights: the shipped copy,
+loaded in fp32, must reproduce them token for token (``tests/test_shipped_target.py``)."""
+
+
+def held_out_prompts(cfg: TinyTargetConfig, tokenizer, per_domain: int) -> list[list[int]]:
+    """The first ``per_domain`` held-out problems of each domain, as chat-template prompt ids."""
+    prompts = []
+    for domain, _ in cfg.examples_per_domain:
+        for e in build_corpus(domain, "eval", per_domain, seed=cfg.corpus_seed):
+            prompts.append(tokenizer.apply_chat_template([e.messages[0]], tokenize=True, add_generation_prompt=True,
+                                                         return_dict=False))
+    return [list(map(int, p)) for p in prompts]
+
+
+@torch.no_grad()
+def greedy_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations, one prompt at a time (no padding: what the decoding engine sees)."""
+    out = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                           do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        out.append(y[0, len(ids):].tolist())
+    return out
+
+
+def ship_target(cfg: TinyTargetConfig, source: Path, dest_root: Path | None = None, *, per_domain: int = 30,
+                max_new_tokens: int = 128) -> Path:
+    """Write the shipped copy of the build ``source`` (a :func:`build_tiny_target` folder) for ``cfg``.
+
+    The weights are stored in float16 when the rounded model's greedy answers to ``per_domain`` held-out
+    prompts per domain are identical to the fp32 build's, else in float32 (the card says which). Beside
+    them: the tokenizer, the build report, the fp32 answers (:data:`GREEDY_REFERENCE`), ``target_card.json``
+    (the recipe, the report, a SHA-256 per file) and ``TARGET_CARD.md``. Written to a staging folder and
+    swapped in whole.
+    """
+    dest = (dest_root or embedded_target.SHIPPED_ROOT) / cfg.name
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = Qwen3ForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    prompts = held_out_prompts(cfg, tokenizer, per_domain)
+    reference = greedy_answers(model, tokenizer, prompts, max_new_tokens)
+    stored, checks = torch.float32, {}
+    for dtype in (torch.float16, torch.bfloat16):
+        rounded = Qwen3ForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+        rounded.load_state_dict({k: v.to(dtype).float() for k, v in model.state_dict().items()})
+        same = sum(a == b for a, b in zip(greedy_answers(rounded, tokenizer, prompts, max_new_tokens), reference))
+        checks[str(dtype).removeprefix("torch.")] = f"{same}/{len(prompts)}"
+        if same == len(prompts):
+            stored = dtype
+            break
+    tmp = dest.with_name(dest.name + ".staging")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.to(stored).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    report = json.loads((source / "report.json").read_text())
+    (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (tmp / GREEDY_REFERENCE).write_text(json.dumps({"max_new_tokens": max_new_tokens, "per_domain": per_domain,
+                                                    "prompts": prompts, "answers": reference}) + "\n")
+    files = {p.name: embedded_target._sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    card = {"recipe": cache.to_jsonable(cfg), "report": report, "stored_dtype": str(stored).removeprefix("torch."),
+            "greedy_identical_to_fp32": checks, "files": files}
+    (tmp / embedded_target.CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
+    (tmp / "TARGET_CARD.md").write_text(target_card_markdown(cfg, card, tmp))
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def target_card_markdown(cfg: TinyTargetConfig, card: dict, folder: Path) -> str:
+    """The human-readable card: what the target is, how it was trained, how good it is, how to rebuild it."""
+    r = card["report"]
+    size = sum((folder / f).stat().st_size for f in card["files"])
+    recipe = "\n".join(f"| `{k}` | `{v}` |" for k, v in card["recipe"].items())
+    ppl = ", ".join(f"{k.removeprefix('ppl_')} {v}" for k, v in r.items() if k.startswith("ppl_"))
+    return f"""# Embedded target `{cfg.name}`
+
+A {r['parameters'] / 1e6:.1f}M-parameter `Qwen3ForCausalLM` trained from scratch by the suite's own recipe
+(`lit_domino.embedded_target.TARGET_PRESETS[{cfg.name!r}]`) on the embedded corpora (GSM8K-style math,
+the standard library's Python, chat). `load_target("embedded:{cfg.name}")` loads this copy (fp32 in memory).
+
+| | |
+|---|---|
+| optimizer steps | {cfg.max_steps} ({r['train_tokens']:,} tokens, batch {cfg.batch_size} x {cfg.seq_len}) |
+| training time | {r['train_seconds'] / 60:.1f} min on 2 CPU cores ({r['train_segments']} segment(s)) |
+| greedy math accuracy | {r['math_accuracy']:.1%} ({cfg.eval_examples} held-out problems) |
+| held-out perplexity (answers) | {ppl} |
+| final training loss | {r['final_train_loss']:.3f} |
+| weights on disk | {card['stored_dtype']} (greedy answers identical to the fp32 build: {card['greedy_identical_to_fp32']}) |
+| files | {size / 2**20:.1f} MiB, SHA-256 of each in `target_card.json` |
+
+Rebuild from the recipe (cached under `artifacts/target/`), then ship it here:
+
+    python experiments/build_target.py --preset {cfg.name} --ship
+
+Use the recipe's own build instead of this copy: `--set data.target=embedded:{cfg.name}@recipe`.
+
+## Recipe
+
+| field | value |
+|---|---|
+{recipe}
+"""
