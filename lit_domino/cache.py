@@ -125,17 +125,23 @@ def file_sha256(path: str | Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _entry(size: int, mtime_ns: int, sha256: str) -> dict[str, Any]:
-    """A marker entry; the mtime only when the file was not written within :data:`RACY_NS` of now."""
-    entry: dict[str, Any] = {"size": size, "sha256": sha256}
-    if time.time_ns() - mtime_ns > RACY_NS:
-        entry["mtime_ns"] = mtime_ns
+def _entry(st: os.stat_result, seen_ns: int, sha256: str) -> dict[str, Any]:
+    """A marker entry from the file's stat taken at ``seen_ns``, before it was hashed; the mtime only
+    when the file had not been written within :data:`RACY_NS` of that moment."""
+    entry: dict[str, Any] = {"size": st.st_size, "sha256": sha256}
+    if seen_ns - st.st_mtime_ns > RACY_NS:
+        entry["mtime_ns"] = st.st_mtime_ns
     return entry
 
 
+def _stat(f: Path) -> tuple[os.stat_result, int]:
+    # before hashing: a write during the hash changes the mtime (unless racy), so the next open rehashes
+    return f.stat(), time.time_ns()
+
+
 def _hashed_entry(f: Path) -> dict[str, Any]:
-    st = f.stat()  # before hashing: a write during the hash changes the mtime, so the next open rehashes
-    return _entry(st.st_size, st.st_mtime_ns, file_sha256(f))
+    st, seen = _stat(f)
+    return _entry(st, seen, file_sha256(f))
 
 
 def _inventory(path: Path, exclude: tuple[str, ...], known: dict[str, dict]) -> dict[str, dict]:
@@ -167,8 +173,7 @@ def _read_marker(path: Path) -> dict | None:
 def _write_bytes_hashed(path: Path, data: bytes) -> dict[str, Any]:
     """Write a file the suite produces and its marker entry, hashed from the bytes written (no re-read)."""
     _write_atomic(path, data)
-    st = path.stat()
-    return _entry(st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest())
+    return _entry(*_stat(path), hashlib.sha256(data).hexdigest())
 
 
 def mark_complete(path: Path, config: Any, *, exclude: tuple[str, ...] = TRANSIENT) -> None:
@@ -219,7 +224,7 @@ def verify(path: Path, *, full: bool | None = None, under: str | Path | None = N
             continue
         f = path / rel
         try:
-            st = f.stat()
+            st, seen = _stat(f)
         except OSError:
             problems.append(f"{rel} is missing")
             continue
@@ -237,7 +242,7 @@ def verify(path: Path, *, full: bool | None = None, under: str | Path | None = N
         if recorded and actual != recorded:
             problems.append(f"{rel} changed (its SHA-256 is not the one recorded when the artifact was finished)")
             continue
-        new = _entry(st.st_size, st.st_mtime_ns, actual)  # recorded is None: a format-2 marker's large file
+        new = _entry(st, seen, actual)  # recorded is None: a format-2 marker's large file (trust on first use)
         if new != entry:
             learned[rel] = new
     if learned and not problems:
