@@ -397,3 +397,15 @@ def test_lock_of_a_killed_process_is_released(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait(timeout=20)
+
+
+def test_first_nonfinite_names_the_tensor_and_ignores_overflowing_sums():
+    ok = torch.full((4096,), 60000.0, dtype=torch.float16)  # finite, but its fp16 sum overflows
+    assert not ok.sum().isfinite() and cache.first_nonfinite([("ok", ok)]) is None
+    w = torch.randn(8, 8)
+    tied = w  # a tied tensor (embedding and LM head) is checked once
+    bad = torch.randn(3, 3, dtype=torch.bfloat16)
+    bad[1, 2], bad[0, 0] = float("nan"), float("-inf")
+    named = [("ids", torch.arange(3)), ("w", w), ("tied", tied), ("bad", bad), ("later", torch.tensor([float("inf")]))]
+    assert cache.first_nonfinite(named) == ("bad", 2)
+    assert cache.first_nonfinite([("empty", torch.zeros(0))]) is None
