@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_domino import embedded_target
+from lit_domino import cache, embedded_target
 from lit_domino.runtime.command import UsageError
 
 MASK_TOKEN = "<|MASK|>"
@@ -287,6 +287,10 @@ def _load_cached(path_or_id: str, dtype: torch.dtype, device: str, name: str) ->
                               "`python experiments/ablation.py --preset smoke` or pass a hub id like Qwen/Qwen3-8B")
         if not (path / "config.json").is_file():
             raise TargetError(f"{path} is not a model directory (no config.json); expected a save_pretrained output")
+        root, problems = cache.check_directory(path)  # a cache artifact (the embedded target): its recorded hashes
+        if problems:
+            raise TargetError(f"target directory {path} is corrupt: {'; '.join(problems)} (checked against the "
+                              f"marker {root / '.complete'}); delete {root} and rerun to rebuild it")
         source = str(path)
     else:
         source = path_or_id
@@ -311,8 +315,33 @@ def _load_cached(path_or_id: str, dtype: torch.dtype, device: str, name: str) ->
     except Exception as err:  # corrupt weights, wrong format, ...
         raise TargetError(f"target {path_or_id!r} is corrupt or unreadable: {type(err).__name__}: {err}") from err
     model.to(device).eval().requires_grad_(False)
+    if local:
+        _check_finite(model, Path(source))
     mask_id = resolve_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
     return Target(model=model, tokenizer=tokenizer, mask_token_id=mask_id, name=name)
+
+
+def _check_finite(model: nn.Module, directory: Path) -> None:
+    """Refuse a target whose weights hold NaN or inf, naming the tensor and the file it came from."""
+    bad = cache.first_nonfinite(model.state_dict().items())
+    if bad is None:
+        return
+    name, count = bad
+    raise TargetError(f"target {_weights_file(directory, name)} holds non-finite weights: tensor {name!r} has "
+                      f"{count} NaN/inf values (the file is corrupt, or the training that wrote it diverged)")
+
+
+def _weights_file(directory: Path, tensor: str) -> Path:
+    """The weights file of ``directory`` holding ``tensor`` (a sharded checkpoint's index names it)."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:
+            shard = json.loads((directory / index).read_text())["weight_map"].get(tensor)
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue
+        if shard:
+            return directory / shard
+    single = [directory / n for n in ("model.safetensors", "pytorch_model.bin") if (directory / n).is_file()]
+    return single[0] if single else directory
 
 
 EMBEDDED_PREFIX = "embedded:"
@@ -336,8 +365,6 @@ def embedded_target_ready(tail: str) -> bool:
     cfg, from_recipe = embedded_target.parse_spec(tail)
     if not from_recipe and embedded_target.shipped_target(cfg) is not None:
         return True
-    from lit_domino import cache
-
     return cache.is_complete(cache.artifact_dir("target", cfg, name=cfg.name), warn=False)
 
 

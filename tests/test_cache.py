@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -38,8 +39,8 @@ def _wait_for(path: Path, seconds: float = 20.0) -> None:
 
 def _artifact(path: Path, config=None) -> Path:
     (path / "data").mkdir(parents=True)
-    (path / "data" / "shard.arrow").write_bytes(b"x" * 100_000)  # large: size only
-    (path / "report.json").write_text('{"a": 1}')  # small: size and checksum
+    (path / "data" / "shard.arrow").write_bytes(b"x" * 100_000)  # large (format 2 hashed only files <= 64 KiB)
+    (path / "report.json").write_text('{"a": 1}')
     (path / "ckpt").mkdir()
     (path / "ckpt" / "last.ckpt").write_bytes(b"resume state")
     cache.mark_complete(path, config or {"k": 1})
@@ -52,7 +53,9 @@ def _artifact(path: Path, config=None) -> Path:
 def test_marker_records_files_and_sizes(tmp_path):
     path = _artifact(tmp_path / "a")
     marker = json.loads((path / ".complete").read_text())
-    assert marker["files"]["data/shard.arrow"] == {"size": 100_000}
+    assert marker["format"] == 3
+    assert marker["files"]["data/shard.arrow"]["size"] == 100_000  # every file: size and a whole-file SHA-256
+    assert marker["files"]["data/shard.arrow"]["sha256"] == hashlib.sha256(b"x" * 100_000).hexdigest()
     assert marker["files"]["report.json"]["size"] == 8 and "sha256" in marker["files"]["report.json"]
     assert "artifact.json" in marker["files"] and not any(f.startswith("ckpt") for f in marker["files"])
     assert cache.verify(path) == [] and cache.is_complete(path)
@@ -87,6 +90,182 @@ def test_write_metadata_keeps_the_promise(tmp_path):
     path = _artifact(tmp_path / "a")
     cache.write_metadata(path, "report.json", '{"a": 1, "run_id": "new"}')
     assert cache.is_complete(path) and "new" in (path / "report.json").read_text()
+
+
+def _age(path: Path, seconds: float = 60.0) -> None:
+    """Make every file of ``path`` look written ``seconds`` ago (past the racy window)."""
+    old = time.time_ns() - int(seconds * 1e9)
+    for f in path.rglob("*"):
+        if f.is_file():
+            os.utime(f, ns=(old, old))
+
+
+def _overwrite(f: Path, offset: int, data: bytes, keep_mtime: bool = False) -> None:
+    """A same-size corruption: ``data`` written over the bytes at ``offset``."""
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+    if keep_mtime:
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size
+
+
+@pytest.mark.parametrize("aged", [False, True], ids=["just-written", "old"])
+def test_same_size_overwrite_of_a_large_file_is_corrupt(tmp_path, caplog, aged):
+    # issue 34 item 3: format 2 hashed files up to 64 KiB only, so this read as complete
+    path = _artifact(tmp_path / "a")
+    if aged:
+        _age(path)
+        assert cache.is_complete(path)  # records the mtimes: the shortcut applies from now on
+        assert "mtime_ns" in json.loads((path / ".complete").read_text())["files"]["data/shard.arrow"]
+    _overwrite(path / "data" / "shard.arrow", 50_000, b"\xff" * 4096)
+    with caplog.at_level(logging.WARNING, logger="lit_domino.cache"):
+        assert not cache.is_complete(path)
+    line = caplog.text.strip()
+    assert "\n" not in line and str(path) in line and "data/shard.arrow changed" in line
+
+
+def _count_hashes(monkeypatch) -> list[str]:
+    hashed = []
+    real = cache.file_sha256
+    monkeypatch.setattr(cache, "file_sha256", lambda f: hashed.append(Path(f).name) or real(f))
+    return hashed
+
+
+def test_unchanged_files_are_not_rehashed_changed_mtimes_are(tmp_path, monkeypatch):
+    path = _artifact(tmp_path / "a")
+    hashed = _count_hashes(monkeypatch)
+    assert cache.verify(path) == [] and sorted(hashed) == ["artifact.json", "report.json", "shard.arrow"]
+    hashed.clear()  # just written: no mtime recorded yet (racy), so that open rehashed; now they are old
+    _age(path)
+    assert cache.verify(path) == [] and len(hashed) == 3  # new mtimes: rehashed once, recorded
+    hashed.clear()
+    assert cache.verify(path) == [] and hashed == []  # size and mtime unchanged: nothing rehashed
+    os.utime(path / "report.json", ns=(1, 10**18))  # touched (copied, restored): content the same
+    assert cache.verify(path) == [] and hashed == ["report.json"]
+    hashed.clear()
+    assert cache.verify(path) == [] and hashed == []
+    assert cache.verify(path, full=True) == [] and len(hashed) == 3  # the full check rehashes everything
+    hashed.clear()
+    monkeypatch.setenv(cache.VERIFY_ENV, "full")
+    assert cache.is_complete(path) and len(hashed) == 3
+
+
+def test_full_verify_finds_a_change_that_kept_its_mtime(tmp_path):
+    path = _artifact(tmp_path / "a")
+    _age(path)
+    assert cache.is_complete(path)
+    _overwrite(path / "data" / "shard.arrow", 0, b"y" * 4096, keep_mtime=True)
+    assert cache.verify(path) == []  # the cheap check trusts an unchanged (size, mtime)
+    assert any("data/shard.arrow changed" in p for p in cache.verify(path, full=True))
+
+
+def _old_marker(path: Path) -> None:
+    """Rewrite ``path``'s marker as format 2 wrote it: sizes, SHA-256s of files up to 64 KiB only."""
+    files = {}
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if rel.parts[0] in cache.TRANSIENT or rel.name == ".complete" or not f.is_file():
+            continue
+        size = f.stat().st_size
+        files[rel.as_posix()] = {"size": size, **({"sha256": cache.file_sha256(f)} if size <= 1 << 16 else {})}
+    (path / ".complete").write_text(json.dumps({"format": 2, "files": files}, indent=1, sort_keys=True))
+
+
+def test_old_markers_open_and_are_upgraded(tmp_path):
+    path = _artifact(tmp_path / "a")
+    _old_marker(path)
+    _age(path)
+    assert cache.is_complete(path)  # yesterday's cache is reused, not rebuilt
+    marker = json.loads((path / ".complete").read_text())
+    assert marker["format"] == 3 and all({"sha256", "mtime_ns"} <= set(e) for e in marker["files"].values())
+    _overwrite(path / "data" / "shard.arrow", 10, b"z" * 4096)  # from now on guarded like a new artifact
+    assert not cache.is_complete(path, warn=False)
+    # what a format-2 marker did promise is still checked before it is upgraded
+    other = _artifact(tmp_path / "b")
+    _old_marker(other)
+    (other / "report.json").write_text('{"a": 2}')
+    assert any("report.json changed" in p for p in cache.verify(other))
+    assert json.loads((other / ".complete").read_text())["format"] == 2  # a corrupt artifact is not upgraded
+
+
+def test_marker_is_not_rewritten_while_another_holds_the_build_lock(tmp_path):
+    path = _artifact(tmp_path / "a")
+    _old_marker(path)
+    before = (path / ".complete").read_text()
+    lock = cache.build_lock(path)  # as another process rebuilding it would hold it
+    lock.acquire()
+    try:
+        assert cache.is_complete(path)
+        assert (path / ".complete").read_text() == before  # verified, not recorded: it may be being replaced
+    finally:
+        lock.release()
+    assert cache.is_complete(path) and json.loads((path / ".complete").read_text())["format"] == 3
+    os.utime(path / "report.json", ns=(1, 10**18))
+    with cache.building(path):  # the builder itself records (it holds the lock)
+        assert cache.is_complete(path)
+        assert json.loads((path / ".complete").read_text())["files"]["report.json"]["mtime_ns"] == 10**18
+
+
+def test_read_only_cache_still_verifies(tmp_path, monkeypatch):
+    path = _artifact(tmp_path / "k" / "a")
+    _old_marker(path)
+    before = (path / ".complete").read_text()
+
+    def read_only(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cache, "build_lock", read_only)  # no lock file can be created
+    assert cache.is_complete(path) and (path / ".complete").read_text() == before
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "_write_atomic", read_only)  # the lock works, the marker cannot be written
+    assert cache.is_complete(path) and (path / ".complete").read_text() == before
+
+
+_OPENER = """
+    import sys, time
+    from pathlib import Path
+    from lit_domino import cache
+    path, go = Path(sys.argv[1]), Path(sys.argv[2])
+    while not go.exists():
+        time.sleep(0.005)
+    print(all(cache.is_complete(path) for _ in range(20)))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_open_one_old_artifact_at_once(tmp_path):
+    path, go = tmp_path / "kind" / "a-1", tmp_path / "go"
+    (path / "data").mkdir(parents=True)
+    (path / "data" / "shard.arrow").write_bytes(os.urandom(8 << 20))  # hashing takes a while: they overlap
+    cache.mark_complete(path, {})
+    _old_marker(path)
+    _age(path)
+    code = f"import sys; sys.argv[1:] = [{str(path)!r}, {str(go)!r}]\n" + textwrap.dedent(_OPENER)
+    procs = [_python(code) for _ in range(2)]
+    go.write_text("go")
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and [o.strip() for o, _ in outs] == ["True", "True"], outs
+    assert json.loads((path / ".complete").read_text())["format"] == 3 and cache.verify(path, full=True) == []
+    assert not list(path.glob(".complete*.tmp"))
+
+
+def test_check_directory_finds_the_enclosing_artifact(tmp_path):
+    path = tmp_path / "a"
+    (path / "drafter").mkdir(parents=True)
+    (path / "drafter" / "model.safetensors").write_bytes(b"w" * 70_000)
+    _artifact(path)
+    assert cache.check_directory(path / "drafter") == (path.resolve(), [])
+    (path / "report.json").write_text('{"a": 9}')  # outside the drafter directory: not its problem
+    assert cache.check_directory(path / "drafter")[1] == []
+    _overwrite(path / "drafter" / "model.safetensors", 4096, b"\0" * 4096)
+    root, problems = cache.check_directory(path / "drafter")
+    assert root == path.resolve() and problems == [
+        "drafter/model.safetensors changed (its SHA-256 is not the one recorded when the artifact was finished)"]
+    assert [p.split()[0] for p in cache.check_directory(path)[1]] == [  # the artifact itself: every file
+        "drafter/model.safetensors", "report.json"]
+    assert cache.check_directory(tmp_path) == (None, [])  # in no artifact: nothing recorded to check
 
 
 def test_reuse_or_build_rebuilds_unreadable_then_names_the_folder(tmp_path, caplog):
@@ -218,3 +397,15 @@ def test_lock_of_a_killed_process_is_released(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait(timeout=20)
+
+
+def test_first_nonfinite_names_the_tensor_and_ignores_overflowing_sums():
+    ok = torch.full((4096,), 60000.0, dtype=torch.float16)  # finite, but its fp16 sum overflows
+    assert not ok.sum().isfinite() and cache.first_nonfinite([("ok", ok)]) is None
+    w = torch.randn(8, 8)
+    tied = w  # a tied tensor (embedding and LM head) is checked once
+    bad = torch.randn(3, 3, dtype=torch.bfloat16)
+    bad[1, 2], bad[0, 0] = float("nan"), float("-inf")
+    named = [("ids", torch.arange(3)), ("w", w), ("tied", tied), ("bad", bad), ("later", torch.tensor([float("inf")]))]
+    assert cache.first_nonfinite(named) == ("bad", 2)
+    assert cache.first_nonfinite([("empty", torch.zeros(0))]) is None

@@ -9,6 +9,10 @@ LM head are never saved). A small-LM drafter also writes its Hugging Face
 ``load_drafter`` also reads the field's formats (:mod:`lit_domino.interop`: DFlash, SpecForge's Domino,
 speculators' EAGLE-3), told apart by ``config.json`` (ours names a ``kind``), and hub ids of such
 drafters (``z-lab/Qwen3-8B-DFlash-b16``), downloaded with ``huggingface_hub.snapshot_download``.
+
+No corrupt file is loaded: a directory inside a cache artifact is checked against the artifact's
+marker first (whole-file SHA-256s, :func:`lit_domino.cache.check_directory`), and the loaded weights
+are checked for NaN and inf; either problem is a :class:`DrafterLoadError` naming the file.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model
 
+from lit_domino import cache
 from lit_domino.models import registry
 from lit_domino.models.base import CONFIG_NAME, WEIGHTS_NAME, Drafter, DrafterConfig, DrafterLoadError
 
@@ -94,10 +99,12 @@ def load_drafter(directory: str | Path, target=None, map_location: str | torch.d
     """Rebuild a drafter saved with ``save_pretrained`` (no Lightning), or one in a foreign format
     (:mod:`lit_domino.interop`), from a directory or a hub id; bind it when ``target`` is given."""
     directory = resolve_drafter_source(directory)
+    check_recorded(directory)
     if (directory / CONFIG_NAME).is_file() and _foreign(directory):
         from lit_domino.interop import eagle3, import_drafter  # the formats import this module
 
         drafter = import_drafter(directory, map_location=map_location)
+        check_finite(drafter, directory)
         if target is not None:
             drafter.bind_target(target)
             eagle3.check_carried(drafter, target)
@@ -116,7 +123,26 @@ def load_drafter(directory: str | Path, target=None, map_location: str | torch.d
     if missing or unexpected:
         raise DrafterLoadError(f"{w_path} does not match a {config.kind!r} drafter: missing {sorted(missing)}, "
                                f"unexpected {sorted(unexpected)}")
+    check_finite(drafter, w_path)
     drafter.eval()
     if target is not None:
         drafter.bind_target(target)
     return drafter
+
+
+def check_recorded(directory: Path) -> None:
+    """Refuse a drafter directory whose files differ from what its cache artifact's marker recorded."""
+    root, problems = cache.check_directory(directory)
+    if problems:
+        raise DrafterLoadError(
+            f"drafter directory {directory} is corrupt: {'; '.join(problems)} (checked against the marker "
+            f"{root / '.complete'}); rerun the training that built it to rebuild it, or delete {root}")
+
+
+def check_finite(drafter: Drafter, source: Path) -> None:
+    """Refuse weights holding NaN or inf (a corrupt file, or a training that diverged), naming the tensor."""
+    bad = cache.first_nonfinite(drafter.state_dict().items())
+    if bad is not None:
+        name, count = bad
+        raise DrafterLoadError(f"{source} holds non-finite weights: tensor {name!r} has {count} NaN/inf "
+                               "values (the file is corrupt, or the training that wrote it diverged)")
