@@ -21,6 +21,11 @@
 * :func:`ensure_run` — a run id that the current store does not know (a deleted
   ``mlflow.db``, another ``MLFLOW_TRACKING_URI``) is replaced by a recreated run, with a
   warning, instead of failing with ``MlflowException: Run ... not found``.
+* Resumed trainings: :func:`run_status` tells an interrupted run (continued) from a
+  finished one (never reopened: a rebuild starts a new run, :func:`mark_superseded` links
+  the two with the ``supersedes`` / ``superseded_by`` tags); :class:`ResumeMetricHistory`
+  (callback) drops the points an interrupted process logged after the checkpoint a resume
+  continues from, so each step is in the run's history once.
 
 Importing this module is cheap (no Lightning, no MLflow until a helper needs them):
 worker processes import it first.
@@ -209,6 +214,38 @@ def _create_run(client, exp_id: str, run_name: str | None, tags: Mapping[str, An
     return new_id
 
 
+SUPERSEDES_TAG = "supersedes"
+"""Tag of a run that rebuilt a finished training: the id of the finished run it replaces."""
+SUPERSEDED_BY_TAG = "superseded_by"
+"""Tag of a finished run whose artifact was rebuilt by another run: that run's id."""
+FINISHED = "FINISHED"
+
+
+def run_status(run_id: str, tracking_uri: str | None = None) -> str | None:
+    """The status of ``run_id`` in the store (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``, ``SCHEDULED``);
+    None when the store does not have it or it was deleted (trashed)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(ensure_store(tracking_uri))
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        if getattr(err, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return None
+    return None if run.info.lifecycle_stage == "deleted" else run.info.status
+
+
+def mark_superseded(client, old_run_id: str, new_run_id: str) -> None:
+    """Tag the finished run ``old_run_id`` ``superseded_by=<new_run_id>`` (the new run carries
+    ``supersedes=<old_run_id>`` from its creation); a failure is a warning, never the training's end."""
+    try:
+        client.set_tag(old_run_id, SUPERSEDED_BY_TAG, new_run_id)
+    except Exception as err:  # noqa: BLE001 (a tag is not worth a failed training)
+        log.warning("could not tag MLflow run %s superseded by run %s: %s", old_run_id, new_run_id, err)
+
+
 def run_tags(variant: str | None = None, preset: str | None = None, seed: int | None = None,
              table: str | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The suite's run tags (None values left out)."""
@@ -227,24 +264,31 @@ def make_mlflow_logger(
     tags: Mapping[str, Any] | None = None,
     tracking_uri: str | None = None,
     run_id: str | None = None,
+    supersedes: str | None = None,
 ):
     """An ``MLFlowLogger`` on the suite's store, tagged ``variant``/``preset``/``seed``/``table``.
 
-    ``run_id`` continues an existing run (a resumed training) instead of starting one.
+    ``run_id`` continues an existing run (a resumed training) instead of starting one; with
+    :class:`ResumeMetricHistory` among the trainer's callbacks, the points logged after the
+    checkpoint the training resumes from are dropped first. ``supersedes``: the finished run
+    this new one rebuilds (tagged ``supersedes``; see :func:`mark_superseded`).
     """
     from lightning.pytorch.loggers import MLFlowLogger
 
     tracking_uri = ensure_store(tracking_uri)
     if run_id is None:
         ensure_experiment(experiment, tracking_uri)
-    return MLFlowLogger(
+    extra = {**dict(tags or {}), **({SUPERSEDES_TAG: supersedes} if supersedes and run_id is None else {})}
+    logger = MLFlowLogger(
         experiment_name=experiment,
         run_name=run_name,
         tracking_uri=tracking_uri,
-        tags=run_tags(variant, preset, seed, table, tags),
+        tags=run_tags(variant, preset, seed, table, extra),
         artifact_location=default_artifact_location(tracking_uri, experiment),
         run_id=run_id,
     )
+    logger._lit_domino_resumed = run_id is not None
+    return logger
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, str]:
@@ -415,10 +459,106 @@ def _mark_failed_callback_class():
     return MarkFailedOnError
 
 
+# --------------------------------------------------------------------------- resumed runs
+
+
+def drop_metrics_from(client, run_id: str, step: int) -> int | None:
+    """Delete the metric points of ``run_id`` at steps ``>= step`` (every key); returns how many.
+
+    MLflow has no API for this; on a SQL store (SQLite, the default, or a database) the rows are
+    deleted and each key's latest value (what ``get_run`` shows) recomputed, in one transaction.
+    Returns None for other stores (a tracking server, a file store): nothing deleted.
+    """
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = client._tracking_client.store
+    if not isinstance(store, SqlAlchemyStore):
+        return None
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+
+    try:
+        session_scope = store.ManagedSessionMaker(read_only=False)
+    except TypeError:  # MLflow before read replicas: every session writes
+        session_scope = store.ManagedSessionMaker()
+    with session_scope as session:
+        late = session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, SqlMetric.step >= step)
+        keys = sorted(k for (k,) in late.with_entities(SqlMetric.key).distinct())
+        count = late.delete(synchronize_session=False)
+        for key in keys:
+            session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == run_id,
+                                                  SqlLatestMetric.key == key).delete(synchronize_session=False)
+            # MLflow's rule for the latest value: the largest (step, timestamp, value)
+            latest = (session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, SqlMetric.key == key)
+                      .order_by(SqlMetric.step.desc(), SqlMetric.timestamp.desc(), SqlMetric.value.desc()).first())
+            if latest is not None:
+                session.add(SqlLatestMetric(run_uuid=run_id, key=key, value=latest.value, timestamp=latest.timestamp,
+                                            step=latest.step, is_nan=latest.is_nan))
+    return count
+
+
+def _skip_logged_steps(logger, run) -> None:
+    """Make ``logger`` leave out the points of steps its run has already logged (per key): each step once,
+    where the store cannot drop the points of the discarded trajectory."""
+    last = {m.key: m.step for m in run.data._metric_objs}
+    original = logger.log_metrics
+
+    def log_metrics(metrics, step=None):
+        fresh = {k: v for k, v in metrics.items() if k not in last or (step or 0) > last[k]}
+        if fresh:
+            original(fresh, step)
+
+    logger.log_metrics = log_metrics
+
+
+def _resume_history_callback_class():
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    class ResumeMetricHistory(Callback):
+        """Callback: a resumed training's MLflow run holds each step once.
+
+        An interrupted process logged points after its last checkpoint; the resumed training
+        continues from that checkpoint and logs those steps again. Those first points come from
+        a trajectory that was thrown away (the checkpoint is what the weights continue from), so
+        at train start (after the checkpoint is restored) the points at steps ``>=`` the restored
+        ``global_step`` are deleted from the run (:func:`drop_metrics_from`; Lightning logs the
+        step after ``global_step`` optimizer steps as ``global_step - 1``, the next one as
+        ``global_step``). Without a checkpoint (interrupted before the first) every point goes.
+        On a store that cannot delete points, the steps already logged are skipped instead (the
+        discarded trajectory's values stay), with a warning. The run reads ``RUNNING`` again
+        while it trains. Only runs ``make_mlflow_logger`` continued (``run_id``) are touched.
+        """
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            if not trainer.is_global_zero:
+                return
+            for logger in trainer.loggers:
+                if not (isinstance(logger, MLFlowLogger) and getattr(logger, "_lit_domino_resumed", False)):
+                    continue
+                logger._lit_domino_resumed = False  # once per fit
+                client, run_id, step = logger.experiment, logger.run_id, int(trainer.global_step)
+                client.update_run(run_id, status="RUNNING")
+                dropped = drop_metrics_from(client, run_id, step)
+                if dropped is None:
+                    log.warning("MLflow run %s: this store cannot delete metric points; the steps the interrupted "
+                                "training logged after its checkpoint (step %d) keep their first values and are not "
+                                "logged again", run_id, step)
+                    _skip_logged_steps(logger, client.get_run(run_id))
+                elif dropped:
+                    log.info("MLflow run %s resumes at step %d: dropped %d metric points the interrupted training "
+                             "logged after its checkpoint", run_id, step, dropped)
+
+    ResumeMetricHistory.__module__, ResumeMetricHistory.__qualname__ = __name__, "ResumeMetricHistory"
+    return ResumeMetricHistory
+
+
 def __getattr__(name: str):
-    # MarkFailedOnError subclasses Lightning's Callback: defined on first use, so that importing
+    # the callbacks subclass Lightning's Callback: defined on first use, so that importing
     # this module does not import Lightning (seconds on a busy machine)
     if name == "MarkFailedOnError":
         cls = globals()["MarkFailedOnError"] = _mark_failed_callback_class()
+        return cls
+    if name == "ResumeMetricHistory":
+        cls = globals()["ResumeMetricHistory"] = _resume_history_callback_class()
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
