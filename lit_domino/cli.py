@@ -47,7 +47,7 @@ from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
 from lit_domino.paths import project_root
 from lit_domino import tracking
-from lit_domino.tracking import (MarkFailedOnError, ResumeMetricHistory, TrackingConfig, log_config, make_mlflow_logger,
+from lit_domino.tracking import (MarkFailedOnError, ResumableRun, TrackingConfig, log_config, make_mlflow_logger,
                                  mark_failed_on_error)
 from lit_domino.runtime.command import UsageError
 
@@ -97,23 +97,22 @@ def recorded_run(folder: str | Path, tracking_uri: str | None = None, *, warn: b
     """What the run id recorded in ``folder`` (``<folder>/mlflow_run_id``) means for a training there:
     ``(run to continue, finished run to supersede)``.
 
-    Only an interrupted run (``RUNNING``, ``KILLED``, ``FAILED``) is continued. A ``FINISHED`` one belongs to a
-    completed training (the record outlives it: a rebuilt artifact, a ``--ckpt_path`` continuation): it is never
-    reopened, a new run supersedes it. A run the store does not have (a deleted ``mlflow.db``, another
-    ``MLFLOW_TRACKING_URI``) or that was deleted is neither (a new run; a warning with ``warn``)."""
+    Only the run of an interrupted training (``RUNNING``, ``KILLED``, ``FAILED``) is continued. The run of a
+    completed training (``FINISHED``, or tagged ``training_complete``: :func:`tracking.training_finished`) is
+    never reopened, though the record outlives it (a rebuilt artifact, a ``--ckpt_path`` continuation): a new
+    run supersedes it. A run the store does not have (a deleted ``mlflow.db``, another ``MLFLOW_TRACKING_URI``)
+    or that was deleted is neither (a new run; a warning with ``warn``)."""
     marker = Path(folder) / RUN_ID_FILE
     run_id = marker.read_text().strip() if marker.is_file() else ""
     if not run_id:
         return None, None
-    status = tracking.run_status(run_id, tracking_uri)
-    if status is None:
+    finished = tracking.training_finished(run_id, tracking_uri)
+    if finished is None:
         if warn:
             log.warning("the MLflow run %s recorded in %s is not in the tracking store (deleted, or another "
-                                 "MLFLOW_TRACKING_URI?); this training logs to a new run", run_id, marker)
+                        "MLFLOW_TRACKING_URI?); this training logs to a new run", run_id, marker)
         return None, None
-    if status == tracking.FINISHED:
-        return None, run_id
-    return run_id, None
+    return (None, run_id) if finished else (run_id, None)
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -153,7 +152,7 @@ class DrafterCLI(LightningCLI):
                  callbacks: list | None = None, **kwargs):
         self.resume = resume
         self.logger_tags = dict(logger_tags or {})
-        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), ResumeMetricHistory(),
+        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), ResumableRun(),
                                                              TrackLoaderPosition(), *(callbacks or [])]})
         super().__init__(
             DrafterModule,

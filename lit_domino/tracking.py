@@ -21,11 +21,12 @@
 * :func:`ensure_run` — a run id that the current store does not know (a deleted
   ``mlflow.db``, another ``MLFLOW_TRACKING_URI``) is replaced by a recreated run, with a
   warning, instead of failing with ``MlflowException: Run ... not found``.
-* Resumed trainings: :func:`run_status` tells an interrupted run (continued) from a
-  finished one (never reopened: a rebuild starts a new run, :func:`mark_superseded` links
-  the two with the ``supersedes`` / ``superseded_by`` tags); :class:`ResumeMetricHistory`
-  (callback) drops the points an interrupted process logged after the checkpoint a resume
-  continues from, so each step is in the run's history once.
+* Resumed trainings: :func:`training_finished` tells an interrupted run (continued) from
+  the run of a completed training (never reopened: a rebuild starts a new run,
+  :func:`mark_superseded` links the two with the ``supersedes`` / ``superseded_by`` tags);
+  :class:`ResumableRun` (callback) drops the points an interrupted process logged after the
+  checkpoint a resume continues from, so each step is in the run's history once, and tags
+  the run of a training that completed.
 
 Importing this module is cheap (no Lightning, no MLflow until a helper needs them):
 worker processes import it first.
@@ -218,12 +219,15 @@ SUPERSEDES_TAG = "supersedes"
 """Tag of a run that rebuilt a finished training: the id of the finished run it replaces."""
 SUPERSEDED_BY_TAG = "superseded_by"
 """Tag of a finished run whose artifact was rebuilt by another run: that run's id."""
-FINISHED = "FINISHED"
+TRAINED_TAG = "training_complete"
+"""Tag set when a run's training completed (``fit`` reached its end): the run is never reopened, even where a
+later stage set another status (a sweep's decoding failure: FAILED; decoding after training: RUNNING)."""
 
 
-def run_status(run_id: str, tracking_uri: str | None = None) -> str | None:
-    """The status of ``run_id`` in the store (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``, ``SCHEDULED``);
-    None when the store does not have it or it was deleted (trashed)."""
+def training_finished(run_id: str, tracking_uri: str | None = None) -> bool | None:
+    """Whether the training of run ``run_id`` completed: it is ``FINISHED`` or tagged :data:`TRAINED_TAG`
+    (False: an interrupted run, ``RUNNING``/``KILLED``/``FAILED``); None when the store does not have the
+    run or it was deleted (trashed)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -234,7 +238,9 @@ def run_status(run_id: str, tracking_uri: str | None = None) -> str | None:
         if getattr(err, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
             raise
         return None
-    return None if run.info.lifecycle_stage == "deleted" else run.info.status
+    if run.info.lifecycle_stage == "deleted":
+        return None
+    return run.info.status == "FINISHED" or run.data.tags.get(TRAINED_TAG) == "true"
 
 
 def mark_superseded(client, old_run_id: str, new_run_id: str) -> None:
@@ -269,7 +275,7 @@ def make_mlflow_logger(
     """An ``MLFlowLogger`` on the suite's store, tagged ``variant``/``preset``/``seed``/``table``.
 
     ``run_id`` continues an existing run (a resumed training) instead of starting one; with
-    :class:`ResumeMetricHistory` among the trainer's callbacks, the points logged after the
+    :class:`ResumableRun` among the trainer's callbacks, the points logged after the
     checkpoint the training resumes from are dropped first. ``supersedes``: the finished run
     this new one rebuilds (tagged ``supersedes``; see :func:`mark_superseded`).
     """
@@ -496,10 +502,11 @@ def drop_metrics_from(client, run_id: str, step: int) -> int | None:
     return count
 
 
-def _skip_logged_steps(logger, run) -> None:
+def _skip_logged_steps(logger, client, run_id: str) -> None:
     """Make ``logger`` leave out the points of steps its run has already logged (per key): each step once,
     where the store cannot drop the points of the discarded trajectory."""
-    last = {m.key: m.step for m in run.data._metric_objs}
+    last = {key: max(m.step for m in client.get_metric_history(run_id, key))
+            for key in client.get_run(run_id).data.metrics}
     original = logger.log_metrics
 
     def log_metrics(metrics, step=None):
@@ -510,30 +517,32 @@ def _skip_logged_steps(logger, run) -> None:
     logger.log_metrics = log_metrics
 
 
-def _resume_history_callback_class():
+def _resumable_run_callback_class():
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.loggers import MLFlowLogger
 
-    class ResumeMetricHistory(Callback):
-        """Callback: a resumed training's MLflow run holds each step once.
+    class ResumableRun(Callback):
+        """Callback: the MLflow run of a resumable training holds each step once and says when it completed.
 
-        An interrupted process logged points after its last checkpoint; the resumed training
-        continues from that checkpoint and logs those steps again. Those first points come from
-        a trajectory that was thrown away (the checkpoint is what the weights continue from), so
-        at train start (after the checkpoint is restored) the points at steps ``>=`` the restored
-        ``global_step`` are deleted from the run (:func:`drop_metrics_from`; Lightning logs the
-        step after ``global_step`` optimizer steps as ``global_step - 1``, the next one as
-        ``global_step``). Without a checkpoint (interrupted before the first) every point goes.
-        On a store that cannot delete points, the steps already logged are skipped instead (the
-        discarded trajectory's values stay), with a warning. The run reads ``RUNNING`` again
-        while it trains. Only runs ``make_mlflow_logger`` continued (``run_id``) are touched.
+        * At train start (after the checkpoint is restored) of a run ``make_mlflow_logger`` continued
+          (``run_id``): an interrupted process logged points after its last checkpoint, and the resumed
+          training logs those steps again from that checkpoint. The first points come from a trajectory
+          that was thrown away (the checkpoint is what the weights continue from), so the points at steps
+          ``>=`` the restored ``global_step`` are deleted (:func:`drop_metrics_from`; Lightning logs the
+          batch of optimizer step ``g`` at step ``g - 1``, the next batch after a checkpoint at ``g`` at
+          step ``g``). Without a checkpoint (interrupted before the first) every point goes. On a store
+          that cannot delete points, the steps already logged are skipped instead (the discarded
+          trajectory's values stay), with a warning. The run reads ``RUNNING`` again while it trains.
+        * At train end (``fit`` reached its end, not an exception): the run is tagged :data:`TRAINED_TAG`.
         """
 
+        def _runs(self, trainer):
+            if trainer.is_global_zero:
+                yield from (lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger))
+
         def on_train_start(self, trainer, pl_module) -> None:
-            if not trainer.is_global_zero:
-                return
-            for logger in trainer.loggers:
-                if not (isinstance(logger, MLFlowLogger) and getattr(logger, "_lit_domino_resumed", False)):
+            for logger in self._runs(trainer):
+                if not getattr(logger, "_lit_domino_resumed", False):
                     continue
                 logger._lit_domino_resumed = False  # once per fit
                 client, run_id, step = logger.experiment, logger.run_id, int(trainer.global_step)
@@ -543,13 +552,17 @@ def _resume_history_callback_class():
                     log.warning("MLflow run %s: this store cannot delete metric points; the steps the interrupted "
                                 "training logged after its checkpoint (step %d) keep their first values and are not "
                                 "logged again", run_id, step)
-                    _skip_logged_steps(logger, client.get_run(run_id))
+                    _skip_logged_steps(logger, client, run_id)
                 elif dropped:
                     log.info("MLflow run %s resumes at step %d: dropped %d metric points the interrupted training "
                              "logged after its checkpoint", run_id, step, dropped)
 
-    ResumeMetricHistory.__module__, ResumeMetricHistory.__qualname__ = __name__, "ResumeMetricHistory"
-    return ResumeMetricHistory
+        def on_train_end(self, trainer, pl_module) -> None:
+            for logger in self._runs(trainer):
+                logger.experiment.set_tag(logger.run_id, TRAINED_TAG, "true")
+
+    ResumableRun.__module__, ResumableRun.__qualname__ = __name__, "ResumableRun"
+    return ResumableRun
 
 
 def __getattr__(name: str):
@@ -558,7 +571,7 @@ def __getattr__(name: str):
     if name == "MarkFailedOnError":
         cls = globals()["MarkFailedOnError"] = _mark_failed_callback_class()
         return cls
-    if name == "ResumeMetricHistory":
-        cls = globals()["ResumeMetricHistory"] = _resume_history_callback_class()
+    if name == "ResumableRun":
+        cls = globals()["ResumableRun"] = _resumable_run_callback_class()
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,6 +53,7 @@ def test_rebuilt_drafter_starts_a_new_run_that_supersedes_the_finished_one(tiny_
     old = first.run_id
     before = _all_history(store, old)
     assert [s for s, _, _ in before["train/loss"]] == list(range(STEPS // 2))
+    assert store.get_run(old).data.tags["training_complete"] == "true"
 
     weights = first.drafter_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a truncated file: rebuilt
@@ -69,6 +70,35 @@ def test_rebuilt_drafter_starts_a_new_run_that_supersedes_the_finished_one(tiny_
     assert [s for s, _, _ in _history(store, rebuilt.run_id)] == list(range(STEPS // 2))
     assert rebuilt.report["run_id"] == rebuilt.run_id
     assert (rebuilt.drafter_dir.parent / "checkpoints" / "mlflow_run_id").read_text().strip() == rebuilt.run_id
+
+
+def test_recorded_run_continues_only_an_interrupted_training(tmp_path, store):
+    """The run recorded beside the checkpoints: continued when its training was interrupted; superseded when the
+    training completed, even where a later stage changed its status (a sweep marks a run whose decoding failed
+    FAILED, and RUNNING while it decodes); a new run when the store does not have it."""
+    from lit_domino.cli import recorded_run
+
+    exp = tracking.ensure_experiment("recorded")
+
+    def folder(status=None, tags=None, run_id=None):
+        if run_id is None:
+            run_id = store.create_run(exp, tags=tags or {}).info.run_id
+            if status != "RUNNING":
+                store.set_terminated(run_id, status)
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "mlflow_run_id").write_text(run_id + "\n")
+        return tmp_path / run_id, run_id
+
+    for status in ("RUNNING", "KILLED", "FAILED"):
+        path, run_id = folder(status)
+        assert recorded_run(path) == (run_id, None), status
+    for status, tags in (("FINISHED", None), ("FAILED", {"training_complete": "true"}),
+                         ("RUNNING", {"training_complete": "true"})):
+        path, run_id = folder(status, tags)
+        assert recorded_run(path) == (None, run_id), (status, tags)
+    path, _ = folder(run_id="0" * 32)
+    assert recorded_run(path) == (None, None)
+    assert recorded_run(tmp_path / "nothing-recorded") == (None, None)
 
 
 class _Interrupt(L.Callback):
@@ -176,3 +206,28 @@ def test_a_recorded_run_missing_from_the_store_gives_a_new_run(tiny_target_dir, 
     client = MlflowClient(other)
     assert done.run_id != gone and client.get_run(done.run_id).info.status == "FINISHED"
     assert [s for s, _, _ in _history(client, done.run_id)] == list(range(STEPS // 2))
+
+
+def test_the_ablation_says_restarting_only_for_an_interrupted_run(tmp_path, store, monkeypatch, capsys):
+    """The plan line of a training whose recorded run finished (a rebuilt drafter) no longer claims it restarts
+    an interrupted MLflow run."""
+    from lit_domino import ablation
+    from lit_domino.configs import load_config
+    from lit_domino.experiment import TrainedDrafter
+    from lit_domino.jobclock import JobClock
+
+    monkeypatch.setenv("LIT_DOMINO_CACHE", str(tmp_path / "cache"))
+    exp = tracking.ensure_experiment("plan")
+    configs = [load_config("backbone", "smoke", seed) for seed in (3, 4)]
+    for cfg, status in zip(configs, ("FINISHED", "KILLED")):
+        run_id = store.create_run(exp).info.run_id
+        store.set_terminated(run_id, status)
+        folder = ablation.drafter_artifact(cfg) / "checkpoints"
+        folder.mkdir(parents=True)
+        (folder / "mlflow_run_id").write_text(run_id)
+    monkeypatch.setattr(ablation, "train_variant", lambda cfg, **_: TrainedDrafter(
+        "backbone", "smoke", cfg["seed_everything"], tmp_path, {}, None, False))
+    ablation.train_all(configs, "plan", JobClock(jobs=1), {}, progress=False)
+    lines = [l for l in capsys.readouterr().out.splitlines() if "stage 2/4 train [" in l]
+    assert len(lines) == 2 and "backbone s3;" in lines[0] and "restarting" not in lines[0]
+    assert "backbone s4 (restarting its interrupted MLflow run)" in lines[1]
