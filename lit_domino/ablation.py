@@ -33,7 +33,7 @@ from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
 from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
-from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, ConfigError, check_config
+from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, ConfigError, check_config, recorded_run
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.decoding.engine import usable_cpus
@@ -211,7 +211,7 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
         path = drafter_artifact(cfg)
         states[name] = (" (cached)" if i not in todo else
                         " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else
-                        " (restarting its interrupted MLflow run)" if (path / CHECKPOINT_DIR / RUN_ID_FILE).exists()
+                        " (restarting its interrupted MLflow run)" if recorded_run(path / CHECKPOINT_DIR)[0]
                         else "")
     total = len(configs)
     results: dict[int, object] = {}

@@ -12,7 +12,9 @@ every training parses, links, instantiates and lays out its run directory the sa
   the flattened config as params and the YAML as an artifact;
 * the run directory (``trainer.default_root_dir``, default ``<project>/results/train/<run name>``)
   holds ``config.yaml``, ``checkpoints/`` (``last.ckpt`` every epoch and every 50 steps, and ``mlflow_run_id`` so a
-  resumed run continues the same MLflow run) and ``drafter/`` (the ``save_pretrained`` export);
+  resumed run continues the same MLflow run) and ``drafter/`` (the ``save_pretrained`` export); a finished run is
+  never reopened: a training in the same directory after it (a rebuilt artifact) starts a new run that supersedes it,
+  and a resumed run drops the points logged after its checkpoint (each step once);
 * any exception marks the MLflow run FAILED (KILLED for Ctrl-C).
 """
 
@@ -23,6 +25,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import logging
 import re
 import sys
 import typing
@@ -43,13 +46,17 @@ from lit_domino.configs import load_config, parse_override
 from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
 from lit_domino.paths import project_root
-from lit_domino.tracking import MarkFailedOnError, TrackingConfig, log_config, make_mlflow_logger, mark_failed_on_error
+from lit_domino import tracking
+from lit_domino.tracking import (MarkFailedOnError, ResumableRun, TrackingConfig, log_config, make_mlflow_logger,
+                                 mark_failed_on_error)
 from lit_domino.runtime.command import UsageError
 
 RUN_ID_FILE = "mlflow_run_id"
-"""Written next to the checkpoints: a resumed run continues the same MLflow run."""
+"""Written next to the checkpoints: a resumed run continues the same MLflow run (see :func:`recorded_run`)."""
 CHECKPOINT_DIR = "checkpoints"
 EXPORT_DIR = "drafter"
+
+log = logging.getLogger(__name__)
 
 
 def as_seed(value) -> int:
@@ -81,6 +88,31 @@ class MLflowConfig(SaveConfigCallback):
                 if ckpt is not None and ckpt.dirpath:
                     Path(ckpt.dirpath).mkdir(parents=True, exist_ok=True)
                     (Path(ckpt.dirpath) / RUN_ID_FILE).write_text(logger.run_id)
+                old = (logger.tags or {}).get(tracking.SUPERSEDES_TAG)
+                if old:  # the finished run this one rebuilds: linked both ways once the new run exists
+                    tracking.mark_superseded(logger.experiment, old, logger.run_id)
+
+
+def recorded_run(folder: str | Path, tracking_uri: str | None = None, *, warn: bool = False) -> tuple[str | None, str | None]:
+    """What the run id recorded in ``folder`` (``<folder>/mlflow_run_id``) means for a training there:
+    ``(run to continue, finished run to supersede)``.
+
+    Only the run of an interrupted training (``RUNNING``, ``KILLED``, ``FAILED``) is continued. The run of a
+    completed training (``FINISHED``, or tagged ``training_complete``: :func:`tracking.training_finished`) is
+    never reopened, though the record outlives it (a rebuilt artifact, a ``--ckpt_path`` continuation): a new
+    run supersedes it. A run the store does not have (a deleted ``mlflow.db``, another ``MLFLOW_TRACKING_URI``)
+    or that was deleted is neither (a new run; a warning with ``warn``)."""
+    marker = Path(folder) / RUN_ID_FILE
+    run_id = marker.read_text().strip() if marker.is_file() else ""
+    if not run_id:
+        return None, None
+    finished = tracking.training_finished(run_id, tracking_uri)
+    if finished is None:
+        if warn:
+            log.warning("the MLflow run %s recorded in %s is not in the tracking store (deleted, or another "
+                        "MLFLOW_TRACKING_URI?); this training logs to a new run", run_id, marker)
+        return None, None
+    return (None, run_id) if finished else (run_id, None)
 
 
 class ResumableCheckpoint(ModelCheckpoint):
@@ -120,8 +152,8 @@ class DrafterCLI(LightningCLI):
                  callbacks: list | None = None, **kwargs):
         self.resume = resume
         self.logger_tags = dict(logger_tags or {})
-        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), TrackLoaderPosition(),
-                                                             *(callbacks or [])]})
+        kwargs.setdefault("trainer_defaults", {"callbacks": [MarkFailedOnError(), ResumableRun(),
+                                                             TrackLoaderPosition(), *(callbacks or [])]})
         super().__init__(
             DrafterModule,
             DrafterDataModule,
@@ -177,6 +209,7 @@ class DrafterCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         cfg = self._cfg()
         if cfg.tracking.enabled and cfg.trainer.get("logger") in (None, True):
+            run_id, supersedes = self._resume_run_id(cfg)
             kwargs["logger"] = make_mlflow_logger(
                 cfg.tracking.experiment,
                 cfg.tracking.run_name,
@@ -186,7 +219,8 @@ class DrafterCLI(LightningCLI):
                 table=cfg.tracking.table,
                 tags=self.logger_tags,
                 tracking_uri=cfg.tracking.tracking_uri,
-                run_id=self._resume_run_id(cfg),
+                run_id=run_id,
+                supersedes=supersedes,
             )
         try:
             return super().instantiate_trainer(**kwargs)
@@ -196,16 +230,16 @@ class DrafterCLI(LightningCLI):
                        f"devices={t.get('devices')!r}, num_nodes={t.get('num_nodes', 1)!r}")
             raise ConfigError(f"{setting} cannot run here: {err}") from err
 
-    def _resume_run_id(self, cfg) -> str | None:
+    def _resume_run_id(self, cfg) -> tuple[str | None, str | None]:
+        """``(run to continue, finished run to supersede)`` for a resumed training (:func:`recorded_run`)."""
         ckpt_path = cfg.get("ckpt_path")
         if ckpt_path and ckpt_path != "last":
             folder = Path(ckpt_path).parent
         elif ckpt_path == "last" or self.resume:
             folder = Path(cfg.checkpoint.dirpath)
         else:
-            return None
-        marker = folder / RUN_ID_FILE
-        return marker.read_text().strip() if marker.is_file() else None
+            return None, None
+        return recorded_run(folder, cfg.tracking.tracking_uri, warn=True)
 
     @property
     def last_checkpoint(self) -> Path:

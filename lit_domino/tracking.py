@@ -21,6 +21,12 @@
 * :func:`ensure_run` — a run id that the current store does not know (a deleted
   ``mlflow.db``, another ``MLFLOW_TRACKING_URI``) is replaced by a recreated run, with a
   warning, instead of failing with ``MlflowException: Run ... not found``.
+* Resumed trainings: :func:`training_finished` tells an interrupted run (continued) from
+  the run of a completed training (never reopened: a rebuild starts a new run,
+  :func:`mark_superseded` links the two with the ``supersedes`` / ``superseded_by`` tags);
+  :class:`ResumableRun` (callback) drops the points an interrupted process logged after the
+  checkpoint a resume continues from, so each step is in the run's history once, and tags
+  the run of a training that completed.
 
 Importing this module is cheap (no Lightning, no MLflow until a helper needs them):
 worker processes import it first.
@@ -209,6 +215,43 @@ def _create_run(client, exp_id: str, run_name: str | None, tags: Mapping[str, An
     return new_id
 
 
+SUPERSEDES_TAG = "supersedes"
+"""Tag of a run that rebuilt a finished training: the id of the finished run it replaces."""
+SUPERSEDED_BY_TAG = "superseded_by"
+"""Tag of a finished run whose artifact was rebuilt by another run: that run's id."""
+TRAINED_TAG = "training_complete"
+"""Tag set when a run's training completed (``fit`` reached its end): the run is never reopened, even where a
+later stage set another status (a sweep's decoding failure: FAILED; decoding after training: RUNNING)."""
+
+
+def training_finished(run_id: str, tracking_uri: str | None = None) -> bool | None:
+    """Whether the training of run ``run_id`` completed: it is ``FINISHED`` or tagged :data:`TRAINED_TAG`
+    (False: an interrupted run, ``RUNNING``/``KILLED``/``FAILED``); None when the store does not have the
+    run or it was deleted (trashed)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(ensure_store(tracking_uri))
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        if getattr(err, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return None
+    if run.info.lifecycle_stage == "deleted":
+        return None
+    return run.info.status == "FINISHED" or run.data.tags.get(TRAINED_TAG) == "true"
+
+
+def mark_superseded(client, old_run_id: str, new_run_id: str) -> None:
+    """Tag the finished run ``old_run_id`` ``superseded_by=<new_run_id>`` (the new run carries
+    ``supersedes=<old_run_id>`` from its creation); a failure is a warning, never the training's end."""
+    try:
+        client.set_tag(old_run_id, SUPERSEDED_BY_TAG, new_run_id)
+    except Exception as err:  # noqa: BLE001 (a tag is not worth a failed training)
+        log.warning("could not tag MLflow run %s superseded by run %s: %s", old_run_id, new_run_id, err)
+
+
 def run_tags(variant: str | None = None, preset: str | None = None, seed: int | None = None,
              table: str | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The suite's run tags (None values left out)."""
@@ -227,24 +270,31 @@ def make_mlflow_logger(
     tags: Mapping[str, Any] | None = None,
     tracking_uri: str | None = None,
     run_id: str | None = None,
+    supersedes: str | None = None,
 ):
     """An ``MLFlowLogger`` on the suite's store, tagged ``variant``/``preset``/``seed``/``table``.
 
-    ``run_id`` continues an existing run (a resumed training) instead of starting one.
+    ``run_id`` continues an existing run (a resumed training) instead of starting one; with
+    :class:`ResumableRun` among the trainer's callbacks, the points logged after the
+    checkpoint the training resumes from are dropped first. ``supersedes``: the finished run
+    this new one rebuilds (tagged ``supersedes``; see :func:`mark_superseded`).
     """
     from lightning.pytorch.loggers import MLFlowLogger
 
     tracking_uri = ensure_store(tracking_uri)
     if run_id is None:
         ensure_experiment(experiment, tracking_uri)
-    return MLFlowLogger(
+    extra = {**dict(tags or {}), **({SUPERSEDES_TAG: supersedes} if supersedes and run_id is None else {})}
+    logger = MLFlowLogger(
         experiment_name=experiment,
         run_name=run_name,
         tracking_uri=tracking_uri,
-        tags=run_tags(variant, preset, seed, table, tags),
+        tags=run_tags(variant, preset, seed, table, extra),
         artifact_location=default_artifact_location(tracking_uri, experiment),
         run_id=run_id,
     )
+    logger._lit_domino_resumed = run_id is not None
+    return logger
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, str]:
@@ -415,10 +465,113 @@ def _mark_failed_callback_class():
     return MarkFailedOnError
 
 
+# --------------------------------------------------------------------------- resumed runs
+
+
+def drop_metrics_from(client, run_id: str, step: int) -> int | None:
+    """Delete the metric points of ``run_id`` at steps ``>= step`` (every key); returns how many.
+
+    MLflow has no API for this; on a SQL store (SQLite, the default, or a database) the rows are
+    deleted and each key's latest value (what ``get_run`` shows) recomputed, in one transaction.
+    Returns None for other stores (a tracking server, a file store): nothing deleted.
+    """
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = client._tracking_client.store
+    if not isinstance(store, SqlAlchemyStore):
+        return None
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+
+    try:
+        session_scope = store.ManagedSessionMaker(read_only=False)
+    except TypeError:  # MLflow before read replicas: every session writes
+        session_scope = store.ManagedSessionMaker()
+    with session_scope as session:
+        late = session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, SqlMetric.step >= step)
+        keys = sorted(k for (k,) in late.with_entities(SqlMetric.key).distinct())
+        count = late.delete(synchronize_session=False)
+        for key in keys:
+            session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == run_id,
+                                                  SqlLatestMetric.key == key).delete(synchronize_session=False)
+            # MLflow's rule for the latest value: the largest (step, timestamp, value)
+            latest = (session.query(SqlMetric).filter(SqlMetric.run_uuid == run_id, SqlMetric.key == key)
+                      .order_by(SqlMetric.step.desc(), SqlMetric.timestamp.desc(), SqlMetric.value.desc()).first())
+            if latest is not None:
+                session.add(SqlLatestMetric(run_uuid=run_id, key=key, value=latest.value, timestamp=latest.timestamp,
+                                            step=latest.step, is_nan=latest.is_nan))
+    return count
+
+
+def _skip_logged_steps(logger, client, run_id: str) -> None:
+    """Make ``logger`` leave out the points of steps its run has already logged (per key): each step once,
+    where the store cannot drop the points of the discarded trajectory."""
+    last = {key: max(m.step for m in client.get_metric_history(run_id, key))
+            for key in client.get_run(run_id).data.metrics}
+    original = logger.log_metrics
+
+    def log_metrics(metrics, step=None):
+        fresh = {k: v for k, v in metrics.items() if k not in last or (step or 0) > last[k]}
+        if fresh:
+            original(fresh, step)
+
+    logger.log_metrics = log_metrics
+
+
+def _resumable_run_callback_class():
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    class ResumableRun(Callback):
+        """Callback: the MLflow run of a resumable training holds each step once and says when it completed.
+
+        * At train start (after the checkpoint is restored) of a run ``make_mlflow_logger`` continued
+          (``run_id``): an interrupted process logged points after its last checkpoint, and the resumed
+          training logs those steps again from that checkpoint. The first points come from a trajectory
+          that was thrown away (the checkpoint is what the weights continue from), so the points at steps
+          ``>=`` the restored ``global_step`` are deleted (:func:`drop_metrics_from`; Lightning logs the
+          batch of optimizer step ``g`` at step ``g - 1``, the next batch after a checkpoint at ``g`` at
+          step ``g``). Without a checkpoint (interrupted before the first) every point goes. On a store
+          that cannot delete points, the steps already logged are skipped instead (the discarded
+          trajectory's values stay), with a warning. The run reads ``RUNNING`` again while it trains.
+        * At train end (``fit`` reached its end, not an exception): the run is tagged :data:`TRAINED_TAG`.
+        """
+
+        def _runs(self, trainer):
+            if trainer.is_global_zero:
+                yield from (lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger))
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            for logger in self._runs(trainer):
+                if not getattr(logger, "_lit_domino_resumed", False):
+                    continue
+                logger._lit_domino_resumed = False  # once per fit
+                client, run_id, step = logger.experiment, logger.run_id, int(trainer.global_step)
+                client.update_run(run_id, status="RUNNING")
+                dropped = drop_metrics_from(client, run_id, step)
+                if dropped is None:
+                    log.warning("MLflow run %s: this store cannot delete metric points; the steps the interrupted "
+                                "training logged after its checkpoint (step %d) keep their first values and are not "
+                                "logged again", run_id, step)
+                    _skip_logged_steps(logger, client, run_id)
+                elif dropped:
+                    log.info("MLflow run %s resumes at step %d: dropped %d metric points the interrupted training "
+                             "logged after its checkpoint", run_id, step, dropped)
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            for logger in self._runs(trainer):
+                logger.experiment.set_tag(logger.run_id, TRAINED_TAG, "true")
+
+    ResumableRun.__module__, ResumableRun.__qualname__ = __name__, "ResumableRun"
+    return ResumableRun
+
+
 def __getattr__(name: str):
-    # MarkFailedOnError subclasses Lightning's Callback: defined on first use, so that importing
+    # the callbacks subclass Lightning's Callback: defined on first use, so that importing
     # this module does not import Lightning (seconds on a busy machine)
     if name == "MarkFailedOnError":
         cls = globals()["MarkFailedOnError"] = _mark_failed_callback_class()
+        return cls
+    if name == "ResumableRun":
+        cls = globals()["ResumableRun"] = _resumable_run_callback_class()
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
