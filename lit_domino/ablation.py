@@ -420,9 +420,11 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
                  train_only: bool = False, jobs: int | str = "auto") -> dict:
     """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``.
 
-    ``overrides``: dotted config keys applied to every variant's training config (for example
-    ``{"data.train_examples": {"math": 4000}}``); they change the drafters' cache keys, so the
-    plain study's artifacts are left alone. Pair them with ``out_dir``.
+    ``overrides``: dotted config keys of the variants' training configs (for example
+    ``{"data.train_examples": {"math": 4000}}``): a model key (``model.rank``) reaches the variants whose
+    module takes it and ``methods.<kind>.<key>`` the preset's section of that drafter method, the log naming
+    the variants skipped (:func:`study_configs`); they change the drafters' cache keys, so the plain study's
+    artifacts are left alone. Pair them with ``out_dir``.
 
     ``train_only``: stop after stage 2 (the drafters are cached); a later run without it decodes.
     Decoding is timed, so train on a busy machine and decode alone.

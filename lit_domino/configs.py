@@ -287,8 +287,12 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
             raise ConfigError(f"{show(METHODS + '.' + key, value)}: variant {variant} is a {kind} drafter; "
                               f"{METHODS}.{key.split('.', 1)[0]} reaches only that method's variants")
         *path, last = key.split(".")
+        if path:  # domino.rank or domino.curriculum.kind: the model key is the one after the method
+            names = [(path + [last])[1]]
+        else:  # domino={rank: 8}
+            names = list(value) if isinstance(value, dict) else []
         keys = model_parameters(module_class(cfg))
-        for name in ([path[1]] if len(path) > 1 else [last] if path else list(value) if isinstance(value, dict) else []):
+        for name in names:
             if name not in keys:
                 raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
                                   f"{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
