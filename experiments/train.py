@@ -7,6 +7,8 @@
 
 ``--variant/--preset`` compose ``experiments/configs`` (base.yaml + the variant + the preset, see
 ``lit_domino.configs``); any LightningCLI flag after them (``--trainer.max_epochs 3``) still applies.
+``--set methods.<kind>.<key>=V`` sets the preset's per-method section. A mistyped variant, preset,
+``--set`` section or target is one line (``train: error: ...``, rc 2) before torch is imported.
 """
 
 from __future__ import annotations
@@ -18,7 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from lit_domino.cli import main  # noqa: E402
+from lit_domino.configs import check_train_arguments  # noqa: E402  (YAML only: answers before torch loads)
+from lit_domino.runtime.command import run_command  # noqa: E402
+
+
+def main(argv: list[str] | None = None, run: bool = True):
+    """The cheap checks (variant, preset, ``--set`` sections, target), then ``lit_domino.cli.main``."""
+
+    def train(args: list[str]):
+        check_train_arguments(args)
+        from lit_domino.cli import main as cli_main  # torch and Lightning: only once the cheap checks passed
+
+        return cli_main(args, run=run)
+
+    return run_command("train", train, argv)
+
 
 if __name__ == "__main__":
     main()

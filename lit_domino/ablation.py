@@ -25,45 +25,52 @@ import multiprocessing
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlflow
-import torch
 import yaml
-from mlflow.tracking import MlflowClient
 
 from lit_domino import cache
-from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
-from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, ConfigError, check_config, recorded_run
-from lit_domino.data.benchmarks import load_benchmark
-from lit_domino.data.datamodule import DrafterDataModule
-from lit_domino.decoding.engine import usable_cpus
-from lit_domino.decoding.metrics import benchmark
-from lit_domino.experiment import PRESETS, drafter_artifact, load_config, parse_override, train_variant
-from lit_domino.jobclock import JobClock, StageProgress
-from lit_domino.models import load_drafter
-from lit_domino.models.sessions import check_pool_size
+from lit_domino.configs import (EMBEDDED_PREFIX, ConfigError, check_arguments, did_you_mean, load_config,
+                                parse_override, study_overrides)
 from lit_domino.paths import project_root
+from lit_domino.runtime.command import CommandParser, run_command
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
 from lit_domino.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
-from lit_domino.target import EMBEDDED_PREFIX, load_target
 from lit_domino.tracking import default_tracking_uri, ensure_experiment, ensure_run, run_tags
 
+if TYPE_CHECKING:
+    from lit_domino.data.datamodule import DrafterDataModule
+    from lit_domino.jobclock import JobClock
+
+# Everything above imports no torch, Lightning or MLflow: ``main`` checks its arguments first (in well under
+# 2 s), and the functions import the heavy modules where they need them.
+
+
+
+def _study(preset: str, variants: list[str] | None = None) -> tuple[dict, dict, list[str]]:
+    """The study file, the table membership and the variants to run; :class:`ConfigError` (one line on the
+    command line) for a preset or a variant that the study does not have. YAML only: no heavy import."""
+    study = yaml.safe_load(STUDY_FILE.read_text())
+    if preset not in study["presets"]:
+        raise ConfigError(f"unknown preset {preset!r}{did_you_mean(preset, study['presets'])}; choose one of "
+                          f"{', '.join(study['presets'])}")
+    tables = {name: list(study["variants"][name]) for name in ("main", "ablations")}
+    known = tables["main"] + tables["ablations"]
+    unknown = [v for v in variants or () if v not in known]
+    if unknown:
+        raise ConfigError("unknown variants " + ", ".join(f"{v!r}{did_you_mean(v, known)}" for v in unknown)
+                          + f"; the study has {', '.join(known)}")
+    return study, tables, list(variants or known)
 
 
 def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] | None = None) -> dict:
     """Variants, seeds and evaluation settings of the ablation under ``preset``; ``plan["tables"]`` is the
     study file's table membership ``{"main": [...], "ablations": [...]}`` (the main table's rows in order)."""
-    study = yaml.safe_load(STUDY_FILE.read_text())
-    if preset not in study["presets"]:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)}")
+    from lit_domino.models.sessions import check_pool_size
+
+    study, tables, chosen = _study(preset, variants)
     plan = dict(study["presets"][preset])
-    tables = {name: list(study["variants"][name]) for name in ("main", "ablations")}
-    known = tables["main"] + tables["ablations"]
-    if variants:
-        unknown = [v for v in variants if v not in known]
-        if unknown:
-            raise ValueError(f"unknown variants {unknown}; choose from {known}")
-    plan["variants"] = list(variants or known)
+    plan["variants"] = chosen
     plan["seeds"] = [int(s) for s in (seeds if seeds else plan["seeds"])]
     plan["tables"] = tables
     # Domino variants whose inner backbone is decoded alone too: only those an ablation row reports
@@ -82,6 +89,25 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
     plan["exact_head"] = [] if plan["pool_size"] is None else sorted(
         v for v in plan["variants"] if f"{v}{EXACT_HEAD}" in named)
     return plan
+
+
+def study_configs(preset: str, plan: dict, overrides: dict | None = None) -> tuple[list[dict], list[str]]:
+    """Every variant x seed's training config with the overrides that reach it (``configs.study_overrides``:
+    ``model.rank`` only for the variants whose module takes it, ``methods.<kind>.<key>`` for that method's), and
+    the notes naming the variants an override skipped. Each variant's config is parsed by the training parser
+    here, so a mistyped key or value fails before any training or cache reuse, naming the variant."""
+    from lit_domino.cli import check_config
+
+    per_variant, notes = study_overrides(plan["variants"], preset, overrides)
+    configs = []
+    for variant in plan["variants"]:
+        mine = [load_config(variant, preset, seed, per_variant[variant]) for seed in plan["seeds"]]
+        try:
+            check_config(mine[0])  # the seeds' configs differ in seed_everything alone
+        except ConfigError as err:
+            raise ConfigError(f"variant {variant}: {err}") from None
+        configs += mine
+    return configs, notes
 
 
 EXACT_HEAD = "@full"
@@ -136,6 +162,10 @@ def training_jobs(jobs: int | str, configs: list[dict]) -> int:
     """How many trainings run at once: ``auto`` = one per usable CPU core, at most 2 and at most one per
     training, when the trainings run on the CPU (a 1-thread training uses a core better than half of a
     2-thread one: tiny models scale badly across threads); 1 on accelerators. An int is taken as given."""
+    import torch
+
+    from lit_domino.decoding.engine import usable_cpus
+
     if jobs != "auto":
         if int(jobs) < 1:
             raise ValueError(f"jobs must be >= 1 or 'auto', got {jobs!r}")
@@ -157,6 +187,8 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
     """One DataModule per distinct data the trainings read (the seeds and the variants of one feature rule
     share it), named for the log: regenerating and caching it once, here, before the trainings fan out,
     keeps the parallel workers from waiting on each other's data locks."""
+    from lit_domino.data.datamodule import DrafterDataModule
+
     seen, out = set(), []
     for cfg in configs:
         data = dict(cfg["data"])
@@ -173,12 +205,16 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
 
 def _train_worker_init(threads: int) -> None:
     """A training worker: ``threads`` torch threads and only Lightning's warnings (the parent logs the stages)."""
+    import torch
+
     torch.set_num_threads(threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
 
 
 def _train_in_worker(cfg: dict, experiment: str):
+    from lit_domino.experiment import train_variant
+
     return train_variant(cfg, experiment=experiment, progress=False)
 
 
@@ -189,6 +225,8 @@ def training_names(configs: list[dict]) -> list[str]:
 def plan_trainings(configs: list[dict], clock: JobClock, reference: dict) -> list[int]:
     """Put every training on the clock (before the job's first stage, so that every ETA counts them);
     returns the indices of those not in the cache."""
+    from lit_domino.experiment import drafter_artifact
+
     todo = [i for i, c in enumerate(configs) if not cache.is_complete(drafter_artifact(c), warn=False)]
     for i, (name, cfg) in enumerate(zip(training_names(configs), configs)):
         clock.plan(name, reference.get("train", {}).get(cfg["tracking"]["variant"], 0.0), cached=i not in todo,
@@ -202,6 +240,10 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
 
     A training that fails lets the others running finish (nothing half-trained is lost: they resume from
     checkpoints anyway), then its error is raised."""
+    from lit_domino.cli import CHECKPOINT_DIR, recorded_run
+    from lit_domino.decoding.engine import usable_cpus
+    from lit_domino.experiment import drafter_artifact, train_variant
+
     t0 = clock.t0
     names = training_names(configs)
     todo = plan_trainings(configs, clock, reference)
@@ -259,11 +301,16 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
 
 
 def load_prompts(plan: dict) -> dict:
+    from lit_domino.data.benchmarks import load_benchmark
+
     return {name: load_benchmark(name, n) for name, n in plan["prompts"].items()}
 
 
 def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[dict]:
     """Decode every drafter (and the peers) on every benchmark in this process → benchmark rows."""
+    from lit_domino.decoding.metrics import benchmark
+    from lit_domino.models import load_drafter
+
     drafters, pools, assistant = {}, {}, None
     for t in trained:
         d = load_drafter(t.drafter_dir, target=target)
@@ -325,6 +372,11 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
 
     A cached drafter whose training run is not in the current store (a deleted ``mlflow.db``, another
     ``MLFLOW_TRACKING_URI``) gets a run recreated from its report (``tracking.ensure_run``), with a warning."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.callbacks import plot_position_acceptance, plot_tau_histogram
+
     uri = default_tracking_uri()
     client = MlflowClient(uri)
     for t in trained:
@@ -368,9 +420,11 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
                  train_only: bool = False, jobs: int | str = "auto") -> dict:
     """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``.
 
-    ``overrides``: dotted config keys applied to every variant's training config (for example
-    ``{"data.train_examples": {"math": 4000}}``); they change the drafters' cache keys, so the
-    plain study's artifacts are left alone. Pair them with ``out_dir``.
+    ``overrides``: dotted config keys of the variants' training configs (for example
+    ``{"data.train_examples": {"math": 4000}}``): a model key (``model.rank``) reaches the variants whose
+    module takes it and ``methods.<kind>.<key>`` the preset's section of that drafter method, the log naming
+    the variants skipped (:func:`study_configs`); they change the drafters' cache keys, so the plain study's
+    artifacts are left alone. Pair them with ``out_dir``.
 
     ``train_only``: stop after stage 2 (the drafters are cached); a later run without it decodes.
     Decoding is timed, so train on a busy machine and decode alone.
@@ -378,14 +432,17 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     ``jobs``: trainings at once in worker processes (``auto``: :func:`training_jobs`). The log has one line
     per stage with the job's ETA (:class:`~lit_domino.jobclock.JobClock`, from the study file's
     ``reference_seconds``); ``stage_times.json`` beside the tables holds what each stage took."""
+    from lit_domino.cli import EXPORT_DIR
+    from lit_domino.experiment import drafter_artifact
+    from lit_domino.jobclock import JobClock, StageProgress
+    from lit_domino.target import load_target
+
 
     plan = study_plan(preset, variants, seeds)
     if overrides:
         plan["overrides"] = dict(overrides)
     out_dir = Path(out_dir or default_out_dir(preset, plan))
-    configs = [load_config(v, preset, s, overrides) for v in plan["variants"] for s in plan["seeds"]]
-    for cfg in configs:  # a mistyped --set key fails here, before any training or cache reuse
-        check_config(cfg)
+    configs, notes = study_configs(preset, plan, overrides)  # a mistyped --set fails here, before anything is built
     reference = plan.get("reference_seconds") or {}
     spec = configs[0]["data"]["target"]
     target_cached = _target_cached(spec)
@@ -400,6 +457,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     if not train_only:  # whether the decode is cached is known once the target is loaded (below)
         clock.plan("decode", reference.get("decode", 0.0))
         clock.plan("tables", reference.get("tables", 0.0))
+    for note in notes:  # which variants a method's --set key skipped
+        _log(note, t0)
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
          f"trainings {clock.jobs} at a time", t0)
 
@@ -515,10 +574,10 @@ def jobs_arg(text: str) -> int | str:
     return int(text)
 
 
-def main(argv=None) -> dict:
-    """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script)."""
-    parser = argparse.ArgumentParser(prog="ablation", description="Train every drafter variant, decode for real, "
-                                     "print the papers' tables (cached under ./artifacts, runs in MLflow).")
+def build_parser() -> CommandParser:
+    """``experiments/ablation.py``'s arguments (one-line errors; building it imports nothing heavy)."""
+    parser = CommandParser(prog="ablation", description="Train every drafter variant, decode for real, "
+                           "print the papers' tables (cached under ./artifacts, runs in MLflow).")
     parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")
     parser.add_argument("--variants", default=None, help="comma-separated subset (default: all of the study)")
     parser.add_argument("--seeds", default=None, type=seed_list, help="comma-separated seeds >= 0 (default: the preset's)")
@@ -526,31 +585,44 @@ def main(argv=None) -> dict:
                         "subset appended for --variants/--seeds/--set runs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
-                        help="override a training config key for every variant, VALUE in YAML, e.g. "
-                             "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable)")
+                        help="override a training config key, VALUE in YAML, e.g. "
+                             "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable); a model "
+                             "key (model.rank) reaches the variants whose module takes it, methods.<kind>.<key> "
+                             "(methods.domino.rank=16) the preset's section of that drafter method")
     parser.add_argument("--train-only", action="store_true",
                         help="train (or find cached) every drafter, then stop; rerun without it to decode and tabulate")
     parser.add_argument("--jobs", default="auto", type=jobs_arg,
                         help="trainings at once, in worker processes (default auto: 2 on a CPU machine with 2+ "
                              "cores, 1 with accelerators)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: list[str]) -> dict:
+    args = build_parser().parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+    overrides = dict(args.set)
+    # what YAML alone can refuse, before torch is imported: the preset, the variants, the --set sections, the target
+    _study(args.preset, variants)
+    check_arguments(args.preset, overrides)
     if args.no_progress:  # the libraries' own bars too (dataset saves, weight loading)
         import datasets
         import transformers
 
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
-    try:
-        return run_ablation(
-            args.preset,
-            variants=args.variants.split(",") if args.variants else None,
-            seeds=args.seeds,
-            out_dir=args.out,
-            progress=not args.no_progress,
-            overrides=dict(args.set),
-            train_only=args.train_only,
-            jobs=args.jobs,
-        )
-    except ConfigError as err:  # a mistyped --set key: one line, no traceback
-        parser.error(str(err))
+    return run_ablation(
+        args.preset,
+        variants=variants,
+        seeds=args.seeds,
+        out_dir=args.out,
+        progress=not args.no_progress,
+        overrides=overrides,
+        train_only=args.train_only,
+        jobs=args.jobs,
+    )
 
+
+def main(argv: list[str] | None = None) -> dict:
+    """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script): errors the
+    user can fix are one line (``ablation: error: ...``, rc 2), an interrupt ``ablation: interrupted`` (rc 130)."""
+    return run_command("ablation", _main, argv)

@@ -20,15 +20,15 @@ every training parses, links, instantiates and lays out its run directory the sa
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import dataclasses
 import difflib
 import importlib
 import inspect
 import logging
 import re
-import sys
 import typing
+import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -42,14 +42,14 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_domino import cache, configs
 from lit_domino.data.resumable import TrackLoaderPosition
-from lit_domino.configs import load_config, parse_override
+from lit_domino.configs import SECTIONS, ConfigError, check_arguments, load_config, variant_arguments
 from lit_domino.data.datamodule import DrafterDataModule
 from lit_domino.lit import DrafterModule, ExportDrafter
 from lit_domino.paths import project_root
 from lit_domino import tracking
 from lit_domino.tracking import (MarkFailedOnError, ResumableRun, TrackingConfig, log_config, make_mlflow_logger,
                                  mark_failed_on_error)
-from lit_domino.runtime.command import UsageError
+from lit_domino.runtime.command import DEBUG_FLAG, UsageError, run_command
 
 RUN_ID_FILE = "mlflow_run_id"
 """Written next to the checkpoints: a resumed run continues the same MLflow run (see :func:`recorded_run`)."""
@@ -259,32 +259,27 @@ def expand_variant_args(argv: list[str]) -> list[str]:
 
     The composed config (``lit_domino.configs.load_config``) goes first, so the usual LightningCLI
     flags after it (``--trainer.max_epochs 3``, ``--config more.yaml``, ``--ckpt_path last``) still win.
+    The ``--set`` keys are checked here (:func:`check_config`, the Trainer aside: a later
+    ``--trainer.accelerator`` may still change it), so a mistyped one is one line, not the parser's usage.
     """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--variant")
-    pre.add_argument("--preset", default="default")
-    pre.add_argument("--seed", type=int, default=0)
-    pre.add_argument("--set", type=parse_override, action="append", default=[])
-    known, rest = pre.parse_known_args(argv)
+    known, rest = variant_arguments(argv)
     if known.variant is None:
-        return list(argv)
-    cfg = load_config(known.variant, known.preset, known.seed, dict(known.set))
+        return [a for a in argv if a != DEBUG_FLAG]
+    overrides = dict(known.set)
+    check_arguments(known.preset, overrides, [known.variant])
+    cfg = load_config(known.variant, known.preset, known.seed, overrides)
+    if overrides:
+        check_config(cfg, trainer=False)
     subcommand = [a for a in rest[:1] if not a.startswith("-")]
     return [*subcommand, "--config", yaml.safe_dump(cfg, sort_keys=False), *rest[len(subcommand):]]
 
 
 def main(argv: list[str] | None = None, run: bool = True) -> DrafterCLI:
-    """``experiments/train.py``: the CLI, after ``--variant/--preset`` composition."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    return DrafterCLI(args=expand_variant_args(argv), run=run)
+    """``experiments/train.py``: the CLI, after ``--variant/--preset`` composition; errors in the
+    composition or a ``--set`` key are one line (``train: error: ...``, rc 2)."""
+    return run_command("train", lambda args: DrafterCLI(args=expand_variant_args(args), run=run), argv)
 
 
-class ConfigError(UsageError):
-    """A composed config the training parser refuses (an unknown or mistyped key, a bad value)."""
-
-
-SECTIONS = ("seed_everything", "model", "data", "trainer", "tracking", "checkpoint", "export")
-"""The top-level keys of a training config."""
 
 
 def _params(*fns) -> dict[str, inspect.Parameter]:
@@ -296,9 +291,7 @@ def _params(*fns) -> dict[str, inspect.Parameter]:
 
 def _known_keys(cfg: dict, section: str) -> list[str]:
     """The keys the training parser accepts in ``section`` (``model.curriculum`` too): for close-match hints."""
-    module = configs.module_class(cfg)
-    model = _params(*(c.__init__ for c in reversed(module.__mro__)
-                      if "__init__" in c.__dict__ and isinstance(c, type) and issubclass(c, DrafterModule)))
+    model = configs.model_parameters(configs.module_class(cfg))
     top = {"model": model, "data": _params(DrafterDataModule.__init__), "trainer": _params(L.Trainer.__init__),
            "tracking": _params(TrackingConfig), "checkpoint": {**_params(ModelCheckpoint.__init__), **_params(ResumableCheckpoint.__init__)},
            "export": _params(ExportDrafter.__init__)}
@@ -312,14 +305,60 @@ def _known_keys(cfg: dict, section: str) -> list[str]:
 
 
 _CHECKED: set[str] = set()
-"""Hashes of the configs :func:`check_config` accepted in this process."""
+"""Hashes of the configs :func:`check_config` accepted in this process (with the Trainer or without)."""
+
+_TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", "str": "a string",
+               "NoneType": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
 
 
-def check_config(cfg: dict[str, Any]) -> None:
+def _type_name(text: str) -> str:
+    """``<class 'float'>`` → ``a float``; ``typing.Literal['a', 'b']`` → ``one of 'a', 'b'``."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", text)
+    if literal:
+        return f"one of {literal.group(1)}"
+    name = re.fullmatch(r"<class '([\w.]+)'>", text)
+    name = name.group(1).rsplit(".", 1)[-1] if name else text
+    return _TYPE_NAMES.get(name, f"a {name}")
+
+
+def _type_error(text: str) -> str | None:
+    """jsonargparse's nested type error (a value of the wrong type, wrapped in the model's Union and a dump of
+    the whole section) → ``model.lr: expected a float, got 'abc'``; None when ``text`` is not one."""
+    lines = text.rstrip().splitlines()
+    at = [i for i, line in enumerate(lines) if re.match(r'\s*Parser key "[\w.]+"', line)]
+    if not at:
+        return None
+    keys = [re.search(r'Parser key "([\w.]+)"', lines[i]).group(1) for i in at]
+    key = ".".join(keys)  # model + lr, or data.batch_size alone
+    indent = len(lines[at[-1]]) - len(lines[at[-1]].lstrip())
+    block = []
+    for line in lines[at[-1] + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line.strip())
+    text = "\n".join(block)
+    subtypes = re.search(r"Subtypes: \[(.*)\]", text)
+    expected = re.search(r"Expected a (.+?)\. Got value: (.*)", text)
+    given = re.search(r"Given value: (.*)", text)
+    if subtypes and given:
+        types = re.findall(r"<class '[\w.]+'>|typing\.Literal\[[^\]]*\]", subtypes.group(1))
+        value = given.group(1)
+    elif expected:
+        types, value = [expected.group(1)], expected.group(2)
+    else:
+        return None
+    names = [n for n in dict.fromkeys(_type_name(t) for t in types)]
+    return f"{key}: expected {' or '.join(names)}, got {value!r}"
+
+
+def check_config(cfg: dict[str, Any], trainer: bool = True) -> None:
     """Parse a composed config with the training parser before anything is trained or reused from the cache:
     an unknown or mistyped key (``--set model.rnak=3``, ``trainer.max_step``) raises :class:`ConfigError`
-    naming it and its close matches."""
-    digest = cache.config_hash(cfg)
+    naming it and its close matches; a value of the wrong type names the key and the type it takes.
+
+    ``trainer=False``: parse the Trainer's settings but do not build it (``train.py`` checks its ``--set`` keys
+    so, and a later ``--trainer.accelerator cpu`` may still make a GPU preset's Trainer buildable)."""
+    digest = cache.config_hash(cfg if trainer else {"parse_only": cfg})
     if digest in _CHECKED:  # parsed already in this process (the ablation checks every config up front)
         return
     unknown = [k for k in cfg if k not in SECTIONS]
@@ -331,7 +370,8 @@ def check_config(cfg: dict[str, Any]) -> None:
     args = cli_args(cfg)
     args["tracking"] = {**args.get("tracking", {}), "enabled": False}
     try:
-        DrafterCLI(args=args, run=False, parser_kwargs={"exit_on_error": False})
+        with _quiet():
+            (DrafterCLI if trainer else _ParseOnlyCLI)(args=args, run=False, parser_kwargs={"exit_on_error": False})
     except ValueError as err:  # a module or DataModule refused a value: its own message, not jsonargparse's wrapping
         text = str(err)
         reason = re.search(r"Errors:\s*\n\s*- ([^\n]+)", text)
@@ -346,7 +386,10 @@ def check_config(cfg: dict[str, Any]) -> None:
         elif option:
             section, key = "model", option.group(1)
         else:
-            lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+            typed = _type_error(text)
+            if typed:
+                raise ConfigError(typed) from None
+            lines = [l.strip() for l in text.strip().splitlines() if l.strip() and not l.strip().startswith("Given value")]
             raise ConfigError(f"the training parser refuses this config: {lines[0]} {lines[-1]}") from None
         known = _known_keys(cfg, section)
         close = difflib.get_close_matches(key, known, n=3)
@@ -354,6 +397,29 @@ def check_config(cfg: dict[str, Any]) -> None:
                 else f"; {section} takes {', '.join(sorted(known))}" if known else "")
         raise ConfigError(f"unknown config key {section}.{key}{hint}") from None
     _CHECKED.add(digest)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Lightning's info lines and warnings off while a config is only checked (the training prints them)."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [log.level for log in loggers]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for log in loggers:
+                log.setLevel(logging.WARNING)
+            yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
+class _ParseOnlyCLI(DrafterCLI):
+    """:class:`DrafterCLI` that parses and builds the model and the DataModule, not the Trainer."""
+
+    def instantiate_trainer(self, **kwargs):
+        return None
 
 
 def cli_args(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -7,24 +7,54 @@ names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset cha
 (``methods: {domino: {rank: 32}}``). :func:`load_config` composes them, in that order, into
 the dict the training parser (``lit_domino.cli.DrafterCLI``) reads; ``experiments/train.py
 fit --variant V --preset P`` composes the very same files.
+
+Overrides (``--set KEY=VALUE``) are dotted keys: ``data.batch_size``, ``model.rank`` (short for
+``model.init_args.rank``) and ``methods.<kind>.<key>`` (the preset's per-method section, for the
+variants of that drafter method only). :func:`study_overrides` spreads a study's overrides over its
+variants: a method's key reaches the variants whose module takes it, and says which it skipped.
+
+This module imports no torch or Lightning until a variant's module class is needed, so that the
+commands check their arguments (:func:`check_arguments`) in well under a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import importlib
+import inspect
+import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
+from lit_domino.embedded_target import RECIPE_SUFFIX, TARGET_PRESETS
 from lit_domino.paths import project_root
+from lit_domino.runtime.command import CommandParser, UsageError
 
 CONFIG_DIR = project_root() / "experiments" / "configs"
 PRESETS = ("smoke", "default", "paper")
 BASE = "base"
 """``base.yaml``: not a variant, the config every variant extends."""
+SECTIONS = ("seed_everything", "model", "data", "trainer", "tracking", "checkpoint", "export")
+"""The top-level keys of a training config."""
+METHODS = "methods"
+"""The presets' per-method section: ``methods.<drafter kind>.<model key>``, not a section of the training config."""
+EMBEDDED_PREFIX = "embedded:"
+
+
+class ConfigError(UsageError):
+    """A config the training parser refuses (an unknown or mistyped key, a bad value), or an override that
+    reaches no variant: one line on the command line."""
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """``" (did you mean model.rank?)"`` for the closest of ``choices`` to ``word``, else ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
 def _read_yaml(path: Path) -> dict:
@@ -35,6 +65,99 @@ def _read_yaml(path: Path) -> dict:
 def available_variants(config_dir: Path = CONFIG_DIR) -> list[str]:
     """The variant names: every ``<variant>.yaml`` beside ``base.yaml``."""
     return sorted(p.stem for p in Path(config_dir).glob("*.yaml") if p.stem != BASE)
+
+
+def check_preset(preset: str, config_dir: Path = CONFIG_DIR) -> None:
+    """:class:`ConfigError` unless ``preset`` has a ``presets/<preset>.yaml``."""
+    if preset not in PRESETS or not (Path(config_dir) / "presets" / f"{preset}.yaml").is_file():
+        raise ConfigError(f"unknown preset {preset!r}{did_you_mean(preset, PRESETS)}; choose one of "
+                          f"{', '.join(PRESETS)}")
+
+
+def check_variant(variant: str, config_dir: Path = CONFIG_DIR) -> None:
+    variants = available_variants(config_dir)
+    if variant not in variants:
+        raise ConfigError(f"unknown variant {variant!r}{did_you_mean(variant, variants)}; choose one of "
+                          f"{', '.join(variants)} (files in {config_dir})")
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def check_target_spec(spec: Any, key: str = "data.target") -> None:
+    """A target spec must name an embedded target, an existing directory or a plausible hub id
+    (``org/name``); checked before anything is built, with the rules of ``lit_domino.target.load_target``."""
+    if not isinstance(spec, (str, Path)) or not str(spec).strip():
+        raise ConfigError(f"{key}: expected a model directory, a hub id or embedded:<name>, got {spec!r}")
+    spec = str(spec)
+    if spec.startswith(EMBEDDED_PREFIX):
+        name = spec[len(EMBEDDED_PREFIX):].removesuffix(RECIPE_SUFFIX)
+        if name not in TARGET_PRESETS:  # embedded_target is light: checked before any heavy import
+            raise ConfigError(f"{key}: unknown embedded target {name!r}"
+                              f"{did_you_mean(name, TARGET_PRESETS, EMBEDDED_PREFIX)}; choose one of "
+                              + ", ".join(EMBEDDED_PREFIX + n for n in TARGET_PRESETS))
+        return
+    path = Path(spec).expanduser()
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a local directory
+        if not path.is_dir():
+            raise ConfigError(f"{key}: target directory {spec!r} does not exist")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{key}: {spec!r} is not a model directory (no config.json)")
+        return
+    if not _HUB_ID.fullmatch(spec):
+        raise ConfigError(f"{key}: {spec!r} is neither embedded:<name>, an existing directory nor a hub id "
+                          "(org/name)")
+
+
+def check_override_keys(overrides: dict) -> None:
+    """Every override's section exists (``methods`` included): the cheap part of :func:`check_config`."""
+    for key in overrides:
+        head = key.split(".", 1)[0]
+        if head not in (*SECTIONS, METHODS):
+            raise ConfigError(f"{key}: unknown config section {head!r}{did_you_mean(head, (*SECTIONS, METHODS))}; "
+                              f"a training config has {', '.join(SECTIONS)} (and the presets' {METHODS}.<method>)")
+        if head == METHODS and len(key.split(".")) < 2:
+            raise ConfigError(f"{key}: name the method and its key, e.g. {METHODS}.domino.rank=8")
+
+
+def preset_value(preset: str, key: str, config_dir: Path = CONFIG_DIR) -> Any:
+    """A dotted key's value in base.yaml + the preset (variants aside), without importing any module."""
+    cfg = deep_merge(_read_yaml(Path(config_dir) / f"{BASE}.yaml"),
+                     _read_yaml(Path(config_dir) / "presets" / f"{preset}.yaml"))
+    for part in key.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def check_arguments(preset: str, overrides: dict, variants: Iterable[str] = (),
+                    config_dir: Path = CONFIG_DIR) -> None:
+    """What a command can check from YAML alone, before torch is imported: the preset and variants exist,
+    every override names a section, and the target (``--set data.target`` or the preset's) is plausible."""
+    check_preset(preset, config_dir)
+    for variant in variants:
+        check_variant(variant, config_dir)
+    check_override_keys(overrides)
+    target = overrides.get("data.target", preset_value(preset, "data.target", config_dir))
+    if "data" in overrides and isinstance(overrides["data"], dict):
+        target = overrides["data"].get("target", target)
+    check_target_spec(target)
+
+
+def variant_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``experiments/train.py``'s ``--variant/--preset/--seed/--set`` and the rest of ``argv`` (LightningCLI's)."""
+    pre = CommandParser(prog="train", add_help=False)
+    pre.add_argument("--variant")
+    pre.add_argument("--preset", default="default")
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--set", type=parse_override, action="append", default=[])
+    return pre.parse_known_args(argv)
+
+
+def check_train_arguments(argv: list[str]) -> None:
+    """``experiments/train.py``'s cheap checks (:func:`check_arguments`), before torch is imported."""
+    known, _ = variant_arguments(argv)
+    if known.variant is not None:
+        check_arguments(known.preset, dict(known.set), [known.variant])
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -48,16 +171,22 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+def _model_path(key: str) -> list[str]:
+    """``"model.rank"`` → ``["model", "init_args", "rank"]`` (``model.init_args.rank`` and ``model.class_path`` as given)."""
+    parts = key.split(".")
+    if parts[0] == "model" and len(parts) >= 2 and parts[1] not in ("init_args", "class_path"):
+        parts = ["model", "init_args", *parts[1:]]
+    return parts
+
+
 def set_dotted(cfg: dict, key: str, value: Any) -> None:
     """``"model.rank"`` or ``"model.init_args.rank"`` → ``cfg["model"]["init_args"]["rank"]``."""
-    parts = key.split(".")
-    if parts[0] == "model" and len(parts) >= 2 and parts[1] != "init_args":
-        parts = ["model", "init_args", *parts[1:]]
+    parts = _model_path(key)
     node = cfg
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ValueError(f"override {key!r}: {part!r} is not a section")
+            raise ConfigError(f"override {key!r}: {part!r} is not a section")
     node[parts[-1]] = value
 
 
@@ -72,13 +201,41 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"--set {key}: value is not valid YAML: {err}") from None
 
 
+def show(key: str, value: Any) -> str:
+    """``key=value`` as the user would type it (``model.rank=8``)."""
+    try:
+        text = json.dumps(value)
+    except TypeError:
+        text = repr(value)
+    return f"{key}={text}"
+
+
 def module_class(cfg: dict) -> type:
     """The LightningModule class a composed config names (``model.class_path``)."""
     path = (cfg.get("model") or {}).get("class_path")
     if not path:
-        raise ValueError("the config names no model.class_path (a variant file sets it)")
+        raise ConfigError("the config names no model.class_path (a variant file sets it)")
     module, _, name = str(path).rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"model.class_path: cannot import {path!r}: {err}") from None
+
+
+def model_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The ``model.init_args`` a drafter module takes: the parameters of its and its drafter-module bases'
+    ``__init__`` (the classes that name a ``drafter_class``; ``*args``/``**kwargs`` aside)."""
+    out: dict[str, inspect.Parameter] = {}
+    for c in reversed(cls.__mro__):
+        if "__init__" in c.__dict__ and hasattr(c, "drafter_class"):
+            out.update({n: p for n, p in inspect.signature(c.__init__).parameters.items()
+                        if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)})
+    return out
+
+
+def method_kind(cfg: dict) -> str:
+    """The drafter method (kind) of a composed config's module: the key of its preset ``methods:`` section."""
+    return module_class(cfg).drafter_class.kind
 
 
 def _variant_chain(variant: str, config_dir: Path) -> list[dict]:
@@ -86,46 +243,152 @@ def _variant_chain(variant: str, config_dir: Path) -> list[dict]:
     chain, seen, name = [], [], variant
     while name is not None:
         if name in seen:
-            raise ValueError(f"variant {variant!r}: `extends:` loops through {seen + [name]}")
+            raise ConfigError(f"variant {variant!r}: `extends:` loops through {seen + [name]}")
         seen.append(name)
         path = config_dir / f"{name}.yaml"
         if not path.is_file():
-            raise ValueError(f"variant {seen[0]!r} extends {name!r}, which has no {path}")
+            raise ConfigError(f"variant {seen[0]!r} extends {name!r}, which has no {path}")
         data = _read_yaml(path)
         name = data.pop("extends", None)
         chain.insert(0, data)
     return chain
 
 
-def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR) -> dict:
-    """base.yaml + the variant's ``extends:`` chain + the variant + the preset (its ``methods:`` section
-    applied to the model of the variant's drafter method)."""
+def _split_methods(overrides: dict | None) -> tuple[dict, dict]:
+    """``overrides`` → (the ``methods.<kind>...`` ones, keyed without ``methods.``; the rest)."""
+    methods, rest = {}, {}
+    for key, value in (overrides or {}).items():
+        if key.split(".", 1)[0] == METHODS:
+            methods[key.split(".", 1)[1] if "." in key else ""] = value
+        else:
+            rest[key] = value
+    return methods, rest
+
+
+def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR,
+            methods: dict | None = None) -> dict:
+    """base.yaml + the variant's ``extends:`` chain + the variant + the preset (its ``methods:`` section,
+    with the ``methods`` overrides ``{"domino.rank": 8}`` applied, merged into the model of the variant's
+    drafter method). A ``methods`` override of another method is an error: it would change nothing."""
     config_dir = Path(config_dir)
-    variants = available_variants(config_dir)
-    if variant not in variants:
-        raise ValueError(f"unknown variant {variant!r}; choose one of {variants} (files in {config_dir})")
-    if preset not in PRESETS or not (config_dir / "presets" / f"{preset}.yaml").is_file():
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESETS)}")
+    check_variant(variant, config_dir)
+    check_preset(preset, config_dir)
     cfg = _read_yaml(config_dir / f"{BASE}.yaml")
     for layer in _variant_chain(variant, config_dir):
         cfg = deep_merge(cfg, layer)
     preset_cfg = _read_yaml(config_dir / "presets" / f"{preset}.yaml")
-    methods = preset_cfg.pop("methods", None) or {}
+    section = preset_cfg.pop(METHODS, None) or {}
     cfg = deep_merge(cfg, preset_cfg)
-    kind = module_class(cfg).drafter_class.kind
-    if methods.get(kind):
-        cfg = deep_merge(cfg, {"model": {"init_args": methods[kind]}})
+    kind = method_kind(cfg)
+    for key, value in (methods or {}).items():
+        if key.split(".", 1)[0] != kind:
+            raise ConfigError(f"{show(METHODS + '.' + key, value)}: variant {variant} is a {kind} drafter; "
+                              f"{METHODS}.{key.split('.', 1)[0]} reaches only that method's variants")
+        *path, last = key.split(".")
+        if path:  # domino.rank or domino.curriculum.kind: the model key is the one after the method
+            names = [(path + [last])[1]]
+        else:  # domino={rank: 8}
+            names = list(value) if isinstance(value, dict) else []
+        keys = model_parameters(module_class(cfg))
+        for name in names:
+            if name not in keys:
+                raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
+                                  f"{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+        node = section
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {METHODS}.{key}: {part!r} is not a section")
+        # a mapping merges into the preset's (methods.domino={rank: 8} keeps its gru_hidden)
+        node[last] = deep_merge(node[last], value) if isinstance(value, dict) and isinstance(node.get(last), dict) \
+            else value
+    if section.get(kind):
+        if not isinstance(section[kind], dict):
+            raise ConfigError(f"{METHODS}.{kind}: expected a mapping of model keys, got {section[kind]!r}")
+        cfg = deep_merge(cfg, {"model": {"init_args": section[kind]}})
     return cfg
 
 
 def load_config(variant: str, preset: str = "default", seed: int = 0, overrides: dict | None = None,
                 config_dir: Path = CONFIG_DIR) -> dict:
     """The composed config of ``variant`` under ``preset`` with ``seed`` and dotted ``overrides``
-    (``{"data.batch_size": 8, "model.rank": 32}``), tagged with the variant and preset."""
-    cfg = compose(variant, preset, config_dir)
+    (``{"data.batch_size": 8, "model.rank": 32, "methods.domino.gru_hidden": 32}``), tagged with the
+    variant and preset."""
+    methods, rest = _split_methods(overrides)
+    cfg = compose(variant, preset, config_dir, methods)
     cfg["seed_everything"] = int(seed)
-    for key, value in (overrides or {}).items():
+    for key, value in rest.items():
         set_dotted(cfg, key, value)
     cfg.setdefault("tracking", {})["variant"] = variant
     cfg["tracking"]["preset"] = preset
     return cfg
+
+
+def _names(variants: Iterable[str]) -> str:
+    return ", ".join(variants) or "none"
+
+
+def study_overrides(variants: list[str], preset: str, overrides: dict | None,
+                    config_dir: Path = CONFIG_DIR) -> tuple[dict[str, dict], list[str]]:
+    """A study's ``--set`` overrides spread over its ``variants``: ``({variant: its overrides}, notes)``.
+
+    A key of another section (``data.``, ``trainer.``, ...) goes to every variant. A model key
+    (``model.rank``) goes to the variants whose module takes it, ``methods.<kind>.<key>`` to the variants of
+    that drafter method; each such key that skips some variants gets a note naming both sides. A key that
+    reaches none of them is a :class:`ConfigError` with the close matches and the variants that take them.
+    """
+    config_dir = Path(config_dir)
+    check_override_keys(overrides or {})
+    every = available_variants(config_dir)
+    info = {}  # variant -> (kind, model keys): every variant's, for the hints
+    for v in every:
+        cfg = compose(v, preset, config_dir)
+        info[v] = (method_kind(cfg), model_parameters(module_class(cfg)))
+    kinds = sorted({kind for kind, _ in info.values()})
+    per_variant: dict[str, dict] = {v: {} for v in variants}
+    notes = []
+    for key, value in (overrides or {}).items():
+        parts = key.split(".")
+        if parts[0] == METHODS:
+            kind = parts[1]
+            if kind not in kinds:
+                raise ConfigError(f"{key}: unknown method {kind!r}{did_you_mean(kind, kinds)}; "
+                                  f"{METHODS} has {', '.join(kinds)}")
+            if len(parts) > 2:
+                names = [parts[2]]
+            elif isinstance(value, dict):
+                names = list(value)
+            else:
+                raise ConfigError(f"{key}: expected a mapping of {kind}'s model keys, got {value!r}")
+            keys = next(k for kind_, k in info.values() if kind_ == kind)
+            for name in names:
+                if name not in keys:
+                    takers = [v for v, (kd, _) in info.items() if kd == kind]
+                    raise ConfigError(f"{METHODS}.{kind}.{name}: the {kind} method ({_names(takers)}) has no model "
+                                      f"key {name!r}{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+            takes = [v for v in variants if info[v][0] == kind]
+            why = "other methods"
+        elif parts[0] == "model" and _model_path(key)[1] == "init_args" and len(_model_path(key)) > 2:
+            name = _model_path(key)[2]
+            takes = [v for v in variants if name in info[v][1]]
+            if not takes:
+                owners = {}
+                for v in [*variants, *(x for x in every if x not in variants)]:  # this run's variants first
+                    for match in difflib.get_close_matches(name, list(info[v][1]), n=1):
+                        owners.setdefault(match, []).append(v)
+                hint = "; ".join(f"did you mean model.{m} ({_names(vs)})?" for m, vs in owners.items())
+                raise ConfigError(f"{key}: no variant of this run takes it ({_names(variants)})"
+                                  + (f"; {hint}" if hint else ""))
+            why = "no such key"
+        else:
+            takes = list(variants)
+            why = ""
+        if not takes:  # a methods key of a method not in this run
+            raise ConfigError(f"{show(key, value)}: reaches none of this run's variants "
+                              f"({', '.join(f'{v} is a {info[v][0]} drafter' for v in variants)})")
+        skipped = [v for v in variants if v not in takes]
+        if skipped:
+            notes.append(f"{show(key, value)}: applied to {_names(takes)}; not to {_names(skipped)} ({why})")
+        for v in takes:
+            per_variant[v][key] = value
+    return per_variant, notes

@@ -21,10 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Any
 
-import torch
-from mlflow.entities import Metric
-
-from lit_domino import cache
+from lit_domino import cache  # torch and MLflow are imported where used: the commands import this module to parse
 
 # --------------------------------------------------------------------------- strict JSON
 
@@ -77,6 +74,7 @@ def pinned_threads(n: int | None) -> Iterator[None]:
     if n is None:
         yield
         return
+    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(int(n))
@@ -230,6 +228,7 @@ def log_command_run(experiment: str, run_name: str, tags: Mapping[str, str], par
 def log_metrics(client, run_id: str, metrics: Mapping[str, float], step: int = 0) -> int:
     """Log ``metrics`` (non-finite values skipped) to run ``run_id`` with an ``MlflowClient``, in batches of
     at most 1000 (MLflow's limit); returns how many were logged."""
+    from mlflow.entities import Metric
 
     stamp = int(time.time() * 1000)
     items = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if finite(v)]

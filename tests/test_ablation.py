@@ -74,6 +74,61 @@ def test_command_line_overrides_are_yaml(capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
+class Reached(Exception):
+    """Raised where the study would build its target: everything before it (planning, config checks) passed."""
+
+
+def test_a_method_key_is_applied_to_that_methods_variants_and_the_log_names_those_skipped(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """``--set model.rank=8`` on the whole study: the Domino variants get it, the others are named as skipped
+    (before: an error listing EAGLE-3's keys); ``methods.domino.gru_hidden`` reaches the preset's section."""
+    from lit_domino import ablation, target, tiny_target
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(target, "load_target", reached)
+    monkeypatch.setattr(tiny_target, "build_tiny_target", reached)
+    seen = {}
+    real = ablation.study_configs
+
+    def spy(preset, plan, overrides=None):
+        configs, notes = real(preset, plan, overrides)
+        seen.update({c["tracking"]["variant"]: c["model"]["init_args"] for c in configs})
+        return configs, notes
+
+    monkeypatch.setattr(ablation, "study_configs", spy)
+    with pytest.raises(Reached):
+        main(["--preset", "smoke", "--train-only", "--out", str(tmp_path), "--set", "model.rank=8",
+              "--set", "methods.domino.gru_hidden=16"])
+    out = capsys.readouterr().out
+    assert ("model.rank=8: applied to domino, domino_ttt, domino_nocurriculum; not to eagle3, small_lm, backbone "
+            "(no such key)") in out
+    assert ("methods.domino.gru_hidden=16: applied to domino, domino_ttt, domino_nocurriculum; not to eagle3, "
+            "small_lm, backbone (other methods)") in out
+    assert [(seen[v].get("rank"), seen[v].get("gru_hidden")) for v in ("domino", "domino_ttt", "backbone", "eagle3")] \
+        == [(8, 16), (8, 16), (None, None), (None, None)]
+
+
+def test_a_bad_preset_is_answered_in_one_line_before_torch_is_imported():
+    """``experiments/ablation.py --preset nosuch`` took 11-21 s and a traceback: the heavy imports came first."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "ablation.py"
+    code = ("import runpy, sys\nsys.argv = [sys.argv[1], '--preset', 'nosuch']\ntry:\n"
+            "    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as exit_:\n"
+            "    print(exit_.code, sorted(m for m in ('torch', 'lightning', 'mlflow', 'transformers') if m in sys.modules))")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - t0
+    assert proc.stderr == "ablation: error: unknown preset 'nosuch'; choose one of smoke, default, paper\n"
+    assert proc.stdout.strip() == "2 []"  # rc 2, and none of the heavy libraries imported
+    assert seconds < 2.0, seconds
+
+
 @pytest.mark.slow
 def test_smoke_ablation_end_to_end(tmp_path):
     from mlflow.tracking import MlflowClient

@@ -140,7 +140,7 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_cli_crash_before_training_is_recorded_failed(train, tmp_path):
+def test_cli_crash_before_training_is_recorded_failed(train, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from lit_domino.target import TargetError
@@ -148,8 +148,37 @@ def test_cli_crash_before_training_is_recorded_failed(train, tmp_path):
 
     args = _args("backbone", "smoke", tmp_path / "no-such-target", tmp_path / "run", "--tracking.experiment",
                  "cli-crash", "--tracking.run_name", "crash", tracking=True)
-    with pytest.raises(TargetError, match="does not exist"):
+    with pytest.raises(SystemExit) as exit_:  # one line, rc 2 (a TargetError: the user can fix it)
         train.main(["fit", *args])
+    assert exit_.value.code == 2 and "train: error: target directory" in capsys.readouterr().err
+    with pytest.raises(TargetError, match="does not exist"):  # --debug keeps the error itself
+        train.main(["fit", *args, "--tracking.run_name", "crash-debug", "--debug"])
     client = MlflowClient(default_tracking_uri())
     runs = client.search_runs([client.get_experiment_by_name("cli-crash").experiment_id])
-    assert [r.info.status for r in runs] == ["FAILED"] and runs[0].data.tags["variant"] == "backbone"
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"] and runs[0].data.tags["variant"] == "backbone"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--set", "model.rnak=8"], "train: error: unknown config key model.rnak; did you mean model.rank?"),
+    (["--set", "model.lr=abc"], "train: error: model.lr: expected a float, got 'abc'"),
+    (["--set", "methods.domino.rnak=8"], "train: error: methods.domino.rnak: variant domino (domino) has no model key "
+                                         "'rnak' (did you mean methods.domino.rank?)"),
+    (["--set", "data.target=embedded:nosuch"], "train: error: data.target: unknown embedded target 'nosuch'"),
+    (["--preset", "nosuch"], "train: error: unknown preset 'nosuch'"),
+])
+def test_a_bad_set_is_one_line(train, tmp_path, capsys, extra, message):
+    """``train.py fit ... --set model.rnak=8`` printed 105 lines (the parser's usage), the one that mattered at 103."""
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["fit", "--variant", "domino", "--preset", "smoke", "--trainer.default_root_dir", str(tmp_path),
+                    *extra], run=False)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_set_reaches_the_presets_method_section_and_checks_keys_without_building_the_trainer(train, tiny_target_dir,
+                                                                                            tmp_path):
+    cli = train.main(_args("domino", "smoke", tiny_target_dir, tmp_path, "--set", "methods.domino.rank=8"), run=False)
+    assert cli.model.hparams.rank == 8 and cli.model.hparams.gru_hidden == 64
+    # the paper preset's Trainer wants a GPU: the --set check parses it but leaves it to --trainer.accelerator cpu
+    cli = train.main(_args("domino", "paper", tiny_target_dir, tmp_path, "--set", "model.rank=16"), run=False)
+    assert cli.model.hparams.rank == 16 and cli.trainer.accelerator.__class__.__name__ == "CPUAccelerator"
