@@ -4,7 +4,8 @@
 ``default`` preset; ``<variant>.yaml`` holds its LightningModule and what differs (``extends:``
 names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset changes, with a
 ``methods:`` section keyed by drafter kind for keys that only one method's module takes
-(``methods: {domino: {rank: 32}}``). :func:`load_config` composes them, in that order, into
+(``methods: {domino: {rank: 32}}``; a ``data:`` key inside one goes to the data section, for that method's
+variants only). :func:`load_config` composes them, in that order, into
 the dict the training parser (``lit_domino.cli.DrafterCLI``) reads; ``experiments/train.py
 fit --variant V --preset P`` composes the very same files.
 """
@@ -114,7 +115,9 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
     cfg = deep_merge(cfg, preset_cfg)
     kind = module_class(cfg).drafter_class.kind
     if methods.get(kind):
-        cfg = deep_merge(cfg, {"model": {"init_args": methods[kind]}})
+        method = dict(methods[kind])
+        data = method.pop("data", None)  # a method's own data keys (DSpark's block size on the paper preset)
+        cfg = deep_merge(cfg, {"model": {"init_args": method}, **({"data": data} if data else {})})
     return cfg
 
 
