@@ -4,7 +4,8 @@
 ``default`` preset; ``<variant>.yaml`` holds its LightningModule and what differs (``extends:``
 names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset changes, with a
 ``methods:`` section keyed by drafter kind for keys that only one method's module takes
-(``methods: {domino: {rank: 32}}``). :func:`load_config` composes them, in that order, into
+(``methods: {domino: {rank: 32}}``; a ``data:`` key inside one goes to the data section, for that method's
+variants only). :func:`load_config` composes them, in that order, into
 the dict the training parser (``lit_domino.cli.DrafterCLI``) reads; ``experiments/train.py
 fit --variant V --preset P`` composes the very same files.
 
@@ -291,7 +292,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
             names = list(value) if isinstance(value, dict) else []
         keys = model_parameters(module_class(cfg))
         for name in names:
-            if name not in keys:
+            if name not in keys and name != "data":  # data: the method's own data keys (below)
                 raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
                                   f"{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
         node = section
@@ -305,7 +306,9 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
     if section.get(kind):
         if not isinstance(section[kind], dict):
             raise ConfigError(f"{METHODS}.{kind}: expected a mapping of model keys, got {section[kind]!r}")
-        cfg = deep_merge(cfg, {"model": {"init_args": section[kind]}})
+        method = dict(section[kind])
+        data = method.pop("data", None)  # a method's own data keys (DSpark's block size on the paper preset)
+        cfg = deep_merge(cfg, {"model": {"init_args": method}, **({"data": data} if data else {})})
     return cfg
 
 

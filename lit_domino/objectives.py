@@ -105,9 +105,15 @@ class LossSettings:
     logits recomputed in the backward pass (:func:`chunked_ce`). ``None`` = one chunk: a method's forward
     then materialises the full ``[..., V]`` logits of every position as before (the reference path, what
     the memory benchmark calls "old"). Default 1024 (~0.6 GB of fp32 logits per chunk at V = 151,936)."""
+    distill: tuple[float, float, float] = (0.1, 0.9, 1.0)
+    """DSpark: the weights (c_ce, c_tv, c_conf) of ``c_ce·CE + c_tv·TV(q, p) + c_conf·BCE(conf, 1 − TV)``
+    (:func:`distill_terms`); default DeepSpec's (0.1, 0.9, 1.0)."""
 
     def __post_init__(self):
         check_chunk_size(self.chunk_size)
+        if len(self.distill) != 3 or any(not math.isfinite(float(c)) or float(c) < 0 for c in self.distill):
+            raise ValueError(f"distill weights must be three finite numbers >= 0 (CE, TV, confidence), got "
+                             f"{self.distill!r}")
 
 
 def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -200,6 +206,42 @@ def chunked_ce(
             out = out[:-1]
         totals = list(out) if totals is None else [t + o for t, o in zip(totals, out)]
     return totals, (torch.cat(picks) if argmax is not None else None)
+
+
+def distill_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+                  confidence: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DSpark's per-row terms, each float32 ``[n]``: ``CE(logits, labels)``, ``TV(q, p) = ½‖q − p‖₁`` with
+    q = softmax(logits), p = softmax(target_logits), and ``BCE(confidence, c*)`` with ``c* = 1 − TV`` (no
+    gradient through c*: the confidence head learns the acceptance rate, it does not move q); zeros without
+    ``confidence`` logits ``[n]``."""
+    logq = torch.log_softmax(logits.float(), -1)
+    ce = -logq.gather(-1, labels[:, None])[:, 0]
+    tv = 0.5 * (logq.exp() - torch.softmax(target_logits.float(), -1)).abs().sum(-1)
+    if confidence is None:
+        return ce, tv, torch.zeros_like(tv)
+    c_star = (1.0 - tv).detach().clamp(0.0, 1.0)
+    return ce, tv, F.binary_cross_entropy_with_logits(confidence.float(), c_star, reduction="none")
+
+
+def chunked_row_sums(row_fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                     weights: torch.Tensor, chunk_size: int | None) -> list[torch.Tensor]:
+    """``Σ_i w_i·t_j(i)`` for each per-row term ``t_j`` [n] that ``row_fn(*row_chunks)`` returns, chunk by chunk
+    (:func:`chunked_ce`'s recomputation: with a ``chunk_size`` each chunk runs under ``torch.utils.checkpoint``,
+    so only one chunk's ``[n, V]`` logits are alive). With no rows the sums are 0, still attached to the graph."""
+    N = weights.shape[0]
+    step = N if chunk_size is None else int(chunk_size)
+    recompute = chunk_size is not None and torch.is_grad_enabled()
+
+    def body(w, *xs):
+        return tuple((t.float() * w).sum() for t in row_fn(*xs))
+
+    totals = None
+    for start in range(0, max(N, 1), max(step, 1)):
+        sl = slice(start, start + step)
+        args = (weights[sl].float(), *(x[sl] for x in inputs))
+        out = checkpoint(body, *args, use_reentrant=False) if recompute else body(*args)
+        totals = list(out) if totals is None else [t + o for t, o in zip(totals, out)]
+    return totals
 
 
 def label_rows(labels: torch.Tensor, weights: torch.Tensor | None = None):

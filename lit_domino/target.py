@@ -172,12 +172,14 @@ class Target:
         return select_features(hidden_states, check_layer_ids(layer_ids, self.num_layers))
 
     def layer_ids(self, rule: str, n: int | None = None) -> list[int]:
-        """Feature layers by rule: ``"dflash"`` (needs n) or ``"eagle3"``."""
+        """Feature layers by rule: ``"dflash"`` (needs n), ``"eagle3"`` or ``"dspark"`` (DFlash's n, then ``L-1``)."""
         if rule == "dflash":
             return dflash_layer_ids(self.num_layers, n or 1)
         if rule == "eagle3":
             return eagle3_layer_ids(self.num_layers)
-        raise ValueError(f"unknown feature-layer rule {rule!r}; choose 'dflash' or 'eagle3'")
+        if rule == "dspark":  # DSpark: the DFlash layers, then the last layer (the target's distribution)
+            return dflash_layer_ids(self.num_layers, n or 1) + [self.num_layers - 1]
+        raise ValueError(f"unknown feature-layer rule {rule!r}; choose 'dflash', 'eagle3' or 'dspark'")
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the chat template (thinking off)."""

@@ -282,7 +282,8 @@ class DrafterDataModule(L.LightningDataModule):
             server, never inside ``fit`` where the other ranks would time out at Lightning's barrier).
         feature_layers: target decoder layers (0-based) whose hidden states drafters read;
             None = pick by ``feature_rule``.
-        feature_rule: ``dflash`` (with ``num_feature_layers``) or ``eagle3``.
+        feature_rule: ``dflash`` (with ``num_feature_layers``), ``eagle3`` or ``dspark`` (DFlash's layers, then
+            the target's last one: the distribution DSpark distils).
         num_feature_layers: n of the DFlash rule.
         features: ``cached`` (computed once, fp16 on disk) or ``online`` (per batch).
         max_length: sequences are truncated to this many tokens.
@@ -331,8 +332,8 @@ class DrafterDataModule(L.LightningDataModule):
             raise ValueError(f"features must be 'cached' or 'online', got {features!r}")
         if regen_missing not in ("build", "error"):
             raise ValueError(f"regen_missing must be 'build' or 'error', got {regen_missing!r}")
-        if feature_rule not in ("dflash", "eagle3"):
-            raise ValueError(f"feature_rule must be 'dflash' or 'eagle3', got {feature_rule!r}")
+        if feature_rule not in ("dflash", "eagle3", "dspark"):
+            raise ValueError(f"feature_rule must be 'dflash', 'eagle3' or 'dspark', got {feature_rule!r}")
         if block_size < 2:
             raise ValueError(f"block_size must be >= 2 (one known token + at least one draft), got {block_size}")
         if min(batch_size, num_anchors, max_length) < 1:

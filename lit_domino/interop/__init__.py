@@ -2,7 +2,8 @@
 
 * ``dflash`` (:mod:`.dflash`): z-lab's DFlash layout, for the backbone;
 * ``specforge-domino`` (:mod:`.specforge_domino`): the DFlash layout with SpecForge's Domino projector;
-* ``eagle3`` (:mod:`.eagle3`): the EAGLE-3 layout vLLM loads through ``speculators``.
+* ``eagle3`` (:mod:`.eagle3`): the EAGLE-3 layout vLLM loads through ``speculators``;
+* ``dspark`` (:mod:`.dspark`): speculators' DSpark layout (``DSparkDraftModel``), for DSpark.
 
 ``export_drafter(drafter, dir, format=...)`` writes one; ``lit_domino.load_drafter`` reads any of them
 (and hub ids, :func:`resolve_drafter_source`), detected from ``config.json``. A drafter kind that a format
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_domino.interop import dflash, eagle3, specforge_domino
+from lit_domino.interop import dflash, dspark, eagle3, specforge_domino
 from lit_domino.interop.common import (LABEL_CONVENTION, SIDECAR_NAME, ExportError, ForeignConfigError,
                                        read_config_json)
 
-FORMATS = {dflash.NAME: dflash, specforge_domino.NAME: specforge_domino, eagle3.NAME: eagle3}
+FORMATS = {dflash.NAME: dflash, specforge_domino.NAME: specforge_domino, eagle3.NAME: eagle3, dspark.NAME: dspark}
 """Format name → its module (``export``, ``KINDS``: the drafter kinds it expresses exactly)."""
 
 
@@ -54,12 +55,14 @@ def detect_format(directory: str | Path) -> str | None:
         return None
     if eagle3.detect(cfg):
         return eagle3.NAME
+    if dspark.detect(cfg):
+        return dspark.NAME
     if dflash.detect(cfg):
         dc = cfg.get("dflash_config") or {}
         return specforge_domino.NAME if dc.get("projector_type") == specforge_domino.PROJECTOR else dflash.NAME
     raise ForeignConfigError(f"{Path(directory) / 'config.json'} is neither a lit_domino drafter config (no 'kind') "
                              f"nor a format this suite reads ({', '.join(FORMATS)}: a 'dflash_config' or "
-                             "'speculators_model_type: eagle3')")
+                             "'speculators_model_type: eagle3' or 'dspark')")
 
 
 def import_drafter(directory: str | Path, map_location="cpu"):
@@ -69,6 +72,8 @@ def import_drafter(directory: str | Path, map_location="cpu"):
     cfg = read_config_json(directory)
     if fmt == eagle3.NAME:
         return eagle3.import_eagle3(directory, cfg, map_location)
+    if fmt == dspark.NAME:
+        return dspark.import_dspark(directory, cfg, map_location)
     return dflash.import_dflash_layout(directory, cfg, map_location)
 
 

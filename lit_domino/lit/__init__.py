@@ -7,10 +7,11 @@ each module names its drafter class and calls the method's own forward and loss.
 from lit_domino.lit.backbone import BackboneModule
 from lit_domino.lit.base import DrafterModule, ExportDrafter, StepOutput, load_module
 from lit_domino.lit.domino import DominoModule
+from lit_domino.lit.dspark import DSparkModule
 from lit_domino.lit.eagle import Eagle3Module
 from lit_domino.lit.small_lm import SmallLMModule
 
 __all__ = [
     "DrafterModule", "ExportDrafter", "StepOutput", "load_module",
-    "BackboneModule", "DominoModule", "Eagle3Module", "SmallLMModule",
+    "BackboneModule", "DSparkModule", "DominoModule", "Eagle3Module", "SmallLMModule",
 ]

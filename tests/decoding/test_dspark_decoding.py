@@ -1,0 +1,93 @@
+"""DSpark decodes losslessly: token identity with the target's greedy decode at T = 0 (every head type, the
+static-cache block forward, DLoop stages, forced acceptances) and the target's distribution at T > 0 (chi-square
+on (x1, x2) with the Markov head's q)."""
+
+import pytest
+import torch
+
+from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.models import build_drafter, drafter_config
+from lit_domino.models.dspark import HEAD_TYPES
+from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return lively_target(128, seed=0)
+
+
+def _drafter(target, head_type, block_size=8, scale=1.0, **kw):
+    torch.manual_seed(0)
+    d = build_drafter(drafter_config("dspark", target, block_size=block_size, num_layers=1,
+                                     head=dict(rank=16, head_type=head_type), **kw), target)
+    with torch.no_grad():
+        torch.nn.init.normal_(d.head.w2.weight, std=scale)  # a bias that changes the picks
+    return d
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_dspark_is_lossless_greedy(target, head_type):
+    d = _drafter(target, head_type)
+    for i, p in enumerate([[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42]]):
+        expected = hf_greedy(target, p, 20)
+        for opts in ({}, {"static_cache": True}, {"dloop": DLoopConfig(-4.0, 3)}, {"block_size": 4}):
+            assert generate(target, d, torch.tensor([p]), max_new_tokens=20, **opts).tokens == expected, (i, opts)
+        mixed = OracleMix(d, p + hf_greedy(target, p, 20 + 16), seed=i)
+        assert generate(target, mixed, torch.tensor([p]), max_new_tokens=20).tokens == expected
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "rnn"])
+def test_dspark_sampling_is_distributed_as_the_target(head_type):
+    V = 8
+    target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32, max_positions=64, seed=3)
+    with torch.no_grad():
+        target.model.model.norm.weight.mul_(6.0)  # a non-uniform target distribution
+    target.model.generation_config.eos_token_id = None
+    torch.manual_seed(0)
+    d = build_drafter(drafter_config("dspark", target, block_size=3, num_layers=1,
+                                     head=dict(rank=4, head_type=head_type)), target)
+    with torch.no_grad():  # a confident, sequence-dependent draft: q far from p, so rejections matter
+        torch.nn.init.normal_(d.head.w1.weight, std=1.0)
+        torch.nn.init.normal_(d.head.w2.weight, std=3.0)
+    prompt = [3, 5, 2, 6]
+
+    def p(seq):
+        with torch.no_grad():
+            return torch.softmax(target.model(input_ids=torch.tensor([seq])).logits[0, -1].double(), -1)
+
+    exact = torch.zeros(V, V, dtype=torch.double)
+    p0 = p(prompt)
+    for x0 in range(V):
+        p1 = p(prompt + [x0])
+        for x1 in range(V):
+            exact[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
+    n, counts, accepted = 2000, torch.zeros(V, V, dtype=torch.double), set()
+    for seed in range(n):
+        res = generate(target, d, torch.tensor([prompt]), max_new_tokens=3, temperature=1.0, seed=seed)
+        counts[res.tokens[1], res.tokens[2]] += 1
+        accepted.update(res.accepted_per_round)
+    assert {0, 1} <= accepted
+    expected = exact * n
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum().view(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = len(obs) - 1
+    from scipy.stats import chi2
+
+    assert stat < float(chi2.isf(1e-3, dof)), stat
+
+
+def test_dspark_sampling_q_is_the_heads_corrected_softmax(target):
+    """The stage's q is softmax(corrected logits / T) of the very logits each token was sampled from."""
+    d = _drafter(target, "gated", scale=2.0)
+    s = d.new_session()
+    ids = torch.tensor([5, 6, 7, 8])
+    layers = d.config.feature_layers
+    s.extend(ids, target.forward_features(ids[None], layers)[0])
+    stage = s.draft(9, 7, temperature=0.7, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(stage.probs, torch.softmax(stage.logits.float() / 0.7, -1))
+    torch.testing.assert_close(stage.logprobs, stage.probs.log().gather(-1, stage.tokens[:, None])[:, 0])
