@@ -147,13 +147,16 @@ def _as_batch(input_ids, name: str = "input_ids") -> torch.Tensor:
             raise ValueError(f"{name} must be token ids (a LongTensor [b, T] or [T], a list of ints or a list of "
                              f"equal-length lists of ints), got {type(input_ids).__name__}: {err}") from err
         if input_ids.numel() == 0:
-            input_ids = input_ids.long()  # [] is float64 to numpy; "empty prompt" is the error that matters
+            input_ids = input_ids.long()  # [] gets a float dtype; "empty prompt" is the error that matters
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2:
         raise ValueError(f"{name} must be a LongTensor [b, T] (or [T]), got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype == torch.bool and name == "attention_mask":
+        input_ids = input_ids.long()
     if input_ids.dtype not in INTEGER_DTYPES:
-        raise ValueError(f"{name} must hold integer token ids, got dtype {input_ids.dtype}")
+        raise ValueError(f"{name} must hold integer {'token ids' if name == 'input_ids' else 'values'}, got dtype "
+                         f"{input_ids.dtype}")
     return input_ids.long()
 
 
@@ -201,8 +204,6 @@ def prompts_of(target, input_ids, attention_mask=None) -> list[torch.Tensor]:
     if attention_mask is None:
         _refuse_padding(target, input_ids)
         return list(input_ids)
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
-        attention_mask = attention_mask.long()
     mask = _as_batch(attention_mask, "attention_mask").cpu()
     if tuple(mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}: they "

@@ -196,7 +196,8 @@ def test_an_attention_mask_decodes_each_row_as_its_own_prompt(tok_target, kind):
     expected = [hf_greedy(tok_target, r, N) for r in rows]
     alone = [generate(tok_target, drafter, [r], max_new_tokens=N) for r in rows]
     assert [o.tokens for o in alone] == expected
-    for ids, mask in ((right, mask_right), (left, mask_left), (right, mask_right.bool()), (left, mask_left.tolist())):
+    for ids, mask in ((right, mask_right), (left, mask_left), (right, mask_right.bool()), (left, mask_left.tolist()),
+                      (left, mask_left.numpy().astype(bool))):
         out = generate(tok_target, drafter, ids, attention_mask=mask, max_new_tokens=N)
         assert [o.tokens for o in out] == expected
         assert [o.accepted_per_round for o in out] == [o.accepted_per_round for o in alone]
