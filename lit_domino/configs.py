@@ -96,7 +96,7 @@ def check_target_spec(spec: Any, key: str = "data.target") -> None:
         if name not in TARGET_PRESETS:  # embedded_target is light: checked before any heavy import
             raise ConfigError(f"{key}: unknown embedded target {name!r}"
                               f"{did_you_mean(name, TARGET_PRESETS, EMBEDDED_PREFIX)}; choose one of "
-                              + ", ".join(EMBEDDED_PREFIX + n for n in TARGET_PRESETS))
+                              + ", ".join(EMBEDDED_PREFIX + n for n in sorted(TARGET_PRESETS)))
         return
     path = Path(spec).expanduser()
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a local directory

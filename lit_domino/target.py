@@ -52,12 +52,27 @@ def dflash_layer_ids(num_layers: int, n: int) -> list[int]:
     return [min(max(j, 0), num_layers - 1) for j in ids]
 
 
+EAGLE3_MIN_LAYERS = 3
+"""EAGLE-3 reads three distinct decoder layers (low, middle, high): a shallower target cannot give them."""
+
+
 def eagle3_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3 feature layers ``[1, L//2 - 1, L - 4]`` (low, middle, high), clamped into range."""
-    if num_layers < 1:
-        raise ValueError(f"need num_layers >= 1, got {num_layers}")
+    """EAGLE-3 feature layers: three distinct decoder layers, low, middle and high.
+
+    ``[1, L//2 - 1, L - 4]`` (the official rule) where those are distinct, i.e. ``L >= 7`` (Qwen3-8B, 36 layers →
+    ``[1, 17, 32]``). Shallower targets would repeat a layer (6 layers gave ``[1, 2, 2]``, 4 gave ``[1, 1, 0]``):
+    the fused features would hold one layer twice, so they take three consecutive layers instead, from layer 1
+    (``[1, 2, 3]`` for 4-6 layers; ``[0, 1, 2]`` for 3). Fewer than 3 layers is a ``ValueError``.
+    """
+    if num_layers < EAGLE3_MIN_LAYERS:
+        raise ValueError(f"EAGLE-3 reads {EAGLE3_MIN_LAYERS} distinct target decoder layers (low, middle, high); a "
+                         f"target with {num_layers} decoder layer{'s' if num_layers != 1 else ''} has too few: "
+                         "use a deeper target or a drafter that reads fewer layers (backbone, domino)")
     ids = [1, num_layers // 2 - 1, num_layers - 4]
-    return [min(max(j, 0), num_layers - 1) for j in ids]
+    if len(set(ids)) == len(ids) and ids == sorted(ids):  # L >= 7
+        return ids
+    low = min(1, num_layers - EAGLE3_MIN_LAYERS)
+    return [low, low + 1, low + 2]
 
 
 def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
@@ -176,7 +191,10 @@ class Target:
         if rule == "dflash":
             return dflash_layer_ids(self.num_layers, n or 1)
         if rule == "eagle3":
-            return eagle3_layer_ids(self.num_layers)
+            try:
+                return eagle3_layer_ids(self.num_layers)
+            except ValueError as err:
+                raise TargetError(f"target {self.name!r}: {err}") from err
         if rule == "dspark":  # DSpark: the DFlash layers, then the last layer (the target's distribution)
             return dflash_layer_ids(self.num_layers, n or 1) + [self.num_layers - 1]
         raise ValueError(f"unknown feature-layer rule {rule!r}; choose 'dflash', 'eagle3' or 'dspark'")

@@ -115,7 +115,7 @@ def test_an_override_that_reaches_no_variant_is_an_error_with_a_close_match(vari
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("embedded:nosuch", "unknown embedded target 'nosuch'; choose one of embedded:default, embedded:smoke, "),
+    ("embedded:nosuch", "unknown embedded target 'nosuch'; choose one of embedded:default, embedded:small, embedded:smoke"),
     ("embedded:smok", "(did you mean embedded:smoke?)"),
     ("/nonexistent/model", "target directory '/nonexistent/model' does not exist"),
     ("not a hub id!", "is neither embedded:<name>, an existing directory nor a hub id"),
@@ -146,7 +146,7 @@ def test_a_plausible_target_spec_passes(tmp_path):
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rnak=3"],
      "model.rnak: no variant of this run takes it (domino); did you mean model.rank (domino, "),
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rank=0"], "rank must be a positive integer, got 0"),
-    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, domino_ttt, domino_nocurriculum)?"),
+    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, dspark, domino_ttt, domino_nocurriculum)?"),
     (["--preset", "smoke", "--set", "model.lr=abc"], "ablation: error: variant eagle3: model.lr: expected a float, "
                                                      "got 'abc'"),
     (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "variant domino: unknown config key "

@@ -19,6 +19,27 @@ def test_layer_rules_match_published_values():
     assert eagle3_layer_ids(8) == [1, 3, 4]
 
 
+def test_eagle3_layers_are_three_distinct_increasing_layers_at_every_depth():
+    """Issue 34: the 6-layer smoke target got [1, 2, 2] (a layer twice), 4 layers [1, 1, 0]."""
+    assert eagle3_layer_ids(6) == [1, 2, 3] and eagle3_layer_ids(4) == [1, 2, 3] and eagle3_layer_ids(3) == [0, 1, 2]
+    for depth in range(3, 81):
+        ids = eagle3_layer_ids(depth)
+        assert len(ids) == 3 and ids == sorted(set(ids)) and 0 <= ids[0] and ids[-1] < depth, (depth, ids)
+        if depth >= 7:  # the official [1, L//2-1, L-4] wherever it is distinct
+            assert ids == [1, depth // 2 - 1, depth - 4]
+    with pytest.raises(ValueError, match="EAGLE-3 reads 3 distinct .* 2 decoder layers has too few"):
+        eagle3_layer_ids(2)
+
+
+def test_a_target_too_shallow_for_eagle3_is_refused_naming_it():
+    from lit_domino.models import drafter_config
+    from lit_domino.testing import random_target
+
+    shallow = random_target(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+    with pytest.raises(TargetError, match=r"target 'random-0': EAGLE-3 reads 3 distinct"):
+        drafter_config("eagle3", shallow)
+
+
 def test_layer_ids_out_of_range_error():
     with pytest.raises(ValueError, match="out of range"):
         check_layer_ids([1, 8], 8)

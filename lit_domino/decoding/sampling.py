@@ -11,6 +11,21 @@ import torch
 
 from lit_domino.models.sessions import is_greedy
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this decode greedily: ``generate`` runs exactly the T = 0 path (:func:`effective_temperature`).
+
+Near 0, softmax(logits / T) is a point mass on the argmax anyway (at T = 1e-5 a logit 1e-4 below the top one
+keeps e^-10 of its mass), and in float32 logits / T overflows to inf once T < |logit| / 3.4e38: T = 1e-45 made
+``torch.multinomial`` fail with "probability tensor contains either inf, nan or element < 0". Every temperature
+a user samples at (0.1 .. 2) is far above it."""
+
+
+def effective_temperature(temperature: float | None) -> float:
+    """The temperature decoding uses: 0.0 (greedy) for T < :data:`GREEDY_BELOW` (or None), else ``float(T)``."""
+    if temperature is None or temperature < GREEDY_BELOW:
+        return 0.0
+    return float(temperature)
+
 
 def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """p = softmax(logits / T) in float32."""

@@ -58,8 +58,9 @@ def detect_format(directory: str | Path) -> str | None:
     if dspark.detect(cfg):
         return dspark.NAME
     if dflash.detect(cfg):
-        dc = cfg.get("dflash_config") or {}
-        return specforge_domino.NAME if dc.get("projector_type") == specforge_domino.PROJECTOR else dflash.NAME
+        dc = cfg.get("dflash_config")  # not an object: refused naming it by dflash's import
+        projector = dc.get("projector_type") if isinstance(dc, dict) else None
+        return specforge_domino.NAME if projector == specforge_domino.PROJECTOR else dflash.NAME
     raise ForeignConfigError(f"{Path(directory) / 'config.json'} is neither a lit_domino drafter config (no 'kind') "
                              f"nor a format this suite reads ({', '.join(FORMATS)}: a 'dflash_config' or "
                              "'speculators_model_type: eagle3' or 'dspark')")

@@ -38,6 +38,44 @@ def refuse(field: str, value, why: str) -> None:
     raise ForeignConfigError(f"cannot import: {field}={value!r} is not expressible here ({why})")
 
 
+_REQUIRED = object()
+
+
+def config_value(cfg: dict, key: str, kind: type, where: str = "", default=_REQUIRED, why: str = ""):
+    """``cfg[key]`` as ``kind`` (int, float or list of ints), naming the field when it is missing or mistyped.
+
+    A partial or hand-edited config otherwise fails deep inside ``int(None)`` with a TypeError naming no field.
+    ``default``: the value when the key is absent (or null); without one the key is required. ``where`` prefixes
+    nested keys (``dflash_config.``); ``why`` says what the field is for."""
+    value = cfg.get(key) if isinstance(cfg, dict) else None
+    if value is None:
+        if default is _REQUIRED:
+            raise ForeignConfigError(f"cannot import: {where}{key} is missing from the config" + (f" ({why})" if why
+                                                                                                else ""))
+        return default
+    if kind is list:
+        if (not isinstance(value, (list, tuple)) or not value
+                or any(isinstance(j, bool) or not isinstance(j, int) for j in value)):
+            raise ForeignConfigError(f"cannot import: {where}{key}={value!r} must be a non-empty list of integers")
+        return [int(j) for j in value]
+    # JSON integers only (a bool is an int in Python; 16.0 is accepted, 16.5 is not an integer)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (kind is float or float(value).is_integer())
+    if not ok:
+        raise ForeignConfigError(f"cannot import: {where}{key}={value!r} must be "
+                                 f"{'an integer' if kind is int else 'a number'}")
+    return kind(value)
+
+
+def config_section(cfg: dict, key: str, where: str = "") -> dict:
+    """The nested object ``cfg[key]`` ({} when absent or null), naming the field when it is not an object."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ForeignConfigError(f"cannot import: {where}{key}={value!r} must be a JSON object")
+    return dict(value)
+
+
 # --------------------------------------------------------------------------- the sidecar
 
 
@@ -63,9 +101,12 @@ def read_sidecar(directory: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        side = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise DrafterLoadError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(side, dict):
+        raise DrafterLoadError(f"{path} does not hold a JSON object")
+    return side
 
 
 def read_config_json(directory: Path) -> dict:
@@ -125,15 +166,44 @@ def qwen3_fields(cfg: dict, where: str = "") -> dict:
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
     if rope_type not in (None, "default"):
         refuse(f"{where}rope_parameters.rope_type", rope_type, "only default RoPE (no scaling) is implemented here")
-    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-    theta = theta if theta is not None else get("rope_theta", 10000.0)
-    heads = int(get("num_attention_heads"))
-    return dict(hidden_size=int(get("hidden_size")), vocab_size=int(get("vocab_size")),
-                num_layers=int(get("num_hidden_layers")), num_heads=heads,
-                num_kv_heads=int(get("num_key_value_heads") or heads),
-                head_dim=int(get("head_dim") or int(get("hidden_size")) // heads),
-                intermediate_size=int(get("intermediate_size")), rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta), max_position_embeddings=int(get("max_position_embeddings")))
+    theta = config_value(rope, "rope_theta", float, f"{where}rope_parameters.", None) if isinstance(rope, dict) else None
+    theta = theta if theta is not None else config_value(cfg, "rope_theta", float, where, 10000.0)
+
+    def need(key, kind=int, default=_REQUIRED):
+        return config_value(cfg, key, kind, where, default, "a required Qwen3 config field")
+
+    hidden, heads = need("hidden_size"), need("num_attention_heads")
+    return dict(hidden_size=hidden, vocab_size=need("vocab_size"), num_layers=need("num_hidden_layers"),
+                num_heads=heads, num_kv_heads=need("num_key_value_heads", default=heads),
+                head_dim=need("head_dim", default=hidden // heads if heads > 0 else 0),
+                intermediate_size=need("intermediate_size"), rms_norm_eps=need("rms_norm_eps", float, 1e-6),
+                rope_theta=theta, max_position_embeddings=need("max_position_embeddings"))
+
+
+def build_config(cls, fields: dict):
+    """``cls(**fields).validate()``, its ValueError (naming the field) raised as a :class:`ForeignConfigError`."""
+    try:
+        return cls(**fields).validate()
+    except ForeignConfigError:
+        raise
+    except ValueError as err:
+        raise ForeignConfigError(f"cannot import: {err}") from err
+
+
+def apply_sidecar_fields(config, directory: Path):
+    """``config`` with the sidecar's suite-only fields (EAGLE-3's ``ttt_steps``), an unknown or invalid one refused
+    naming the sidecar and the field."""
+    side = read_sidecar(directory)
+    extra = side.get("lit_domino_fields") if side is not None else None
+    if not extra:
+        return config
+    if not isinstance(extra, dict):
+        raise ForeignConfigError(f"cannot import: {directory / SIDECAR_NAME}: lit_domino_fields={extra!r} must be a "
+                                 "JSON object")
+    try:
+        return config.replace(**extra)
+    except (TypeError, ValueError) as err:
+        raise ForeignConfigError(f"cannot import: {directory / SIDECAR_NAME}: lit_domino_fields: {err}") from err
 
 
 def foreign_fingerprint(directory: Path, hidden_size: int, vocab_size: int, mask_token_id: int | None,
@@ -142,7 +212,12 @@ def foreign_fingerprint(directory: Path, hidden_size: int, vocab_size: int, mask
     foreign config states (no tokenizer hash: foreign formats record none)."""
     side = read_sidecar(directory)
     if side is not None:
-        return dict(side["target"]["fingerprint"])
+        record = side.get("target")
+        fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
+        if not isinstance(fingerprint, dict):
+            raise ForeignConfigError(f"cannot import: {directory / SIDECAR_NAME} has no target.fingerprint object "
+                                     "(the target the drafter was exported for); restore it or delete the sidecar")
+        return dict(fingerprint)
     fp = {"hidden_size": hidden_size, "vocab_size": vocab_size}
     if mask_token_id is not None:
         fp["mask_token_id"] = int(mask_token_id)

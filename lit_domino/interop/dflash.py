@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from lit_domino.interop import specforge_domino
-from lit_domino.interop.common import (ExportError, foreign_fingerprint, load_into, load_weights, qwen3_config,
-                                       qwen3_fields, read_sidecar, refuse, save_weights, target_record,
-                                       write_sidecar)
+from lit_domino.interop.common import (ExportError, apply_sidecar_fields, build_config, config_section, config_value,
+                                       foreign_fingerprint, load_into, load_weights, qwen3_config, qwen3_fields,
+                                       refuse, save_weights, target_record, write_sidecar)
 from lit_domino.models.backbone import BackboneConfig
 from lit_domino.models.io import build_drafter
 
@@ -62,25 +62,22 @@ def import_dflash_layout(directory: Path, cfg: dict, map_location="cpu"):
     if "DFlash2DraftModel" in (cfg.get("architectures") or []):
         refuse("architectures", cfg["architectures"], "DFlash 2 (dynamic convolutions, candidate selector) is "
                "another drafter")
-    dc = dict(cfg.get("dflash_config") or {})
+    dc = config_section(cfg, "dflash_config")
     unknown = sorted(set(dc) - DFLASH_KEYS)
     if unknown:
         refuse(f"dflash_config.{unknown[0]}", dc[unknown[0]], "a dflash_config key this suite does not implement")
     for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
-        if float(dc.get(key, neutral)) != neutral:
+        if config_value(dc, key, float, "dflash_config.", neutral) != neutral:
             refuse(f"dflash_config.{key}", dc[key], f"only {neutral:g} is implemented here")
     if dc.get("final_logit_softcapping") not in (None, 0, 0.0):
         refuse("dflash_config.final_logit_softcapping", dc["final_logit_softcapping"], "no logit soft-capping here")
     fields = qwen3_fields(cfg)
-    if dc.get("mask_token_id") is None:
-        refuse("dflash_config.mask_token_id", None, "a DFlash block needs its MASK token id")
-    num_target_layers = cfg.get("num_target_layers")
-    layers = dc.get("target_layer_ids")
-    if layers is None:
-        refuse("dflash_config.target_layer_ids", None, "the feature layers must be stated (DFlash's default rule "
-               "depends on the draft depth, ours on the target's)")
-    block_size = int(dc.get("block_size", cfg.get("block_size", 16)))
-    fields.update(block_size=block_size, feature_layers=[int(j) for j in layers], mask_token_id=int(dc["mask_token_id"]))
+    mask = config_value(dc, "mask_token_id", int, "dflash_config.", why="a DFlash block needs its MASK token id")
+    num_target_layers = config_value(cfg, "num_target_layers", int, default=None)
+    layers = config_value(dc, "target_layer_ids", list, "dflash_config.", why="the feature layers must be stated "
+                          "(DFlash's default rule depends on the draft depth, ours on the target's)")
+    block_size = config_value(dc, "block_size", int, "dflash_config.", config_value(cfg, "block_size", int, "", 16))
+    fields.update(block_size=block_size, feature_layers=layers, mask_token_id=mask)
     fields["target_fingerprint"] = foreign_fingerprint(directory, fields["hidden_size"], fields["vocab_size"],
                                                        fields["mask_token_id"], num_target_layers)
     projector = dc.get("projector_type")
@@ -89,15 +86,13 @@ def import_dflash_layout(directory: Path, cfg: dict, map_location="cpu"):
         for key in ("emb_dim", "gru_hidden_dim"):
             if key in dc:
                 refuse(f"dflash_config.{key}", dc[key], "a head key without a projector_type")
-        config = BackboneConfig(**fields).validate()
+        config = build_config(BackboneConfig, fields)
     elif projector == specforge_domino.PROJECTOR:
         config, tensors = specforge_domino.import_head(dc, fields, tensors)
     else:
         refuse("dflash_config.projector_type", projector, "only DFlash (none) and 'domino' projectors are "
                "implemented here")
-    side = read_sidecar(directory)
-    if side is not None and side.get("lit_domino_fields"):
-        config = config.replace(**side["lit_domino_fields"])
+    config = apply_sidecar_fields(config, directory)
     drafter = build_drafter(config)
     load_into(drafter, tensors, directory, map_location)
     return drafter

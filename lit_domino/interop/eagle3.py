@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from lit_domino.interop.common import (ExportError, foreign_fingerprint, load_into, load_weights, qwen3_config,
-                                       qwen3_fields, read_config_json, read_sidecar, refuse, save_weights,
+from lit_domino.interop.common import (ExportError, ForeignConfigError, apply_sidecar_fields, build_config,
+                                       config_section, config_value, foreign_fingerprint, load_into, load_weights,
+                                       qwen3_config, qwen3_fields, read_config_json, refuse, save_weights,
                                        target_record, write_sidecar)
 from lit_domino.models.base import CONFIG_NAME, DrafterMismatchError
 from lit_domino.models.eagle import Eagle3Config
@@ -87,34 +88,36 @@ def import_eagle3(directory: Path, cfg: dict, map_location="cpu"):
     for flag in FLAGS:
         if cfg.get(flag):
             refuse(flag, cfg[flag], "the EAGLE-3 layer here norms the embedding and the feature only")
-    layer = cfg.get("transformer_layer_config") or {}
+    if cfg.get("transformer_layer_config") is None:
+        raise ForeignConfigError("cannot import: transformer_layer_config is missing from the config (the Qwen3 "
+                                 "config of the draft layer)")
+    layer = config_section(cfg, "transformer_layer_config")
     fields = qwen3_fields(layer, "transformer_layer_config.")
     if fields["num_layers"] != 1:
         refuse("transformer_layer_config.num_hidden_layers", fields["num_layers"], "the EAGLE-3 drafter here has "
                "exactly one decoder layer")
-    if int(cfg.get("draft_vocab_size", fields["vocab_size"])) != fields["vocab_size"]:
+    if config_value(cfg, "draft_vocab_size", int, default=fields["vocab_size"]) != fields["vocab_size"]:
         refuse("draft_vocab_size", cfg["draft_vocab_size"], "drafts here use the target's full vocabulary and LM "
                "head (no d2t/t2d mapping)")
     if cfg.get("target_hidden_size") not in (None, fields["hidden_size"]):
         refuse("target_hidden_size", cfg["target_hidden_size"], "the draft width equals the target's here")
-    layers = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if not layers:
-        refuse("eagle_aux_hidden_state_layer_ids", layers, "the three feature layers must be stated")
-    if min(int(j) for j in layers) < AUX_OFFSET:
+    layers = config_value(cfg, "eagle_aux_hidden_state_layer_ids", list,
+                          why="the three feature layers must be stated")
+    if min(layers) < AUX_OFFSET:
         refuse("eagle_aux_hidden_state_layer_ids", layers, "id 0 is the embedding output; features here are "
                "decoder-layer outputs (speculators' id j = our layer j - 1)")
-    spec = cfg.get("speculators_config") or {}
+    spec = config_section(cfg, "speculators_config")
     methods = spec.get("proposal_methods") or [{}]
-    k = int(methods[0].get("speculative_tokens", 7))
-    side = read_sidecar(directory)
-    mask = side["target"]["fingerprint"].get("mask_token_id") if side else None
-    fields.update(block_size=k + 1, feature_layers=[int(j) - AUX_OFFSET for j in layers], ttt_steps=k,
-                  mask_token_id=int(mask) if mask is not None else fields["vocab_size"] - 1)
+    if not isinstance(methods, list) or not isinstance(methods[0], dict):
+        raise ForeignConfigError(f"cannot import: speculators_config.proposal_methods={methods!r} must be a list of "
+                                 "JSON objects")
+    k = config_value(methods[0], "speculative_tokens", int, "speculators_config.proposal_methods[0].", 7)
     fields["target_fingerprint"] = foreign_fingerprint(directory, fields["hidden_size"], fields["vocab_size"],
-                                                       mask, None)
-    config = Eagle3Config(**fields).validate()
-    if side is not None and side.get("lit_domino_fields"):
-        config = config.replace(**side["lit_domino_fields"])
+                                                       None, None)
+    mask = fields["target_fingerprint"].get("mask_token_id")  # the sidecar's, when exported here
+    fields.update(block_size=k + 1, feature_layers=[j - AUX_OFFSET for j in layers], ttt_steps=k,
+                  mask_token_id=int(mask) if mask is not None else fields["vocab_size"] - 1)
+    config = apply_sidecar_fields(build_config(Eagle3Config, fields), directory)
     tensors = load_weights(directory)
     carried = {k: tensors.pop(k) for k in TARGET_TENSORS if k in tensors}
     ours = {}

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_domino.interop.common import ExportError, refuse, save_weights, target_record, write_sidecar
+from lit_domino.interop.common import (ExportError, build_config, config_value, refuse, save_weights, target_record,
+                                       write_sidecar)
 from lit_domino.models.domino import DominoConfig, DominoHeadConfig
 
 NAME = "specforge-domino"
@@ -51,14 +52,12 @@ def import_head(dc: dict, fields: dict, tensors: dict):
     if bool(dc.get("shift_label", False)):
         refuse("dflash_config.shift_label", dc["shift_label"], "this suite's label convention is DFlash's: block "
                "position k >= 1 predicts x_{start+k} (shift_label false)")
-    if int(dc.get("pure_draft_prefix_len", 0)) != 0:
+    if config_value(dc, "pure_draft_prefix_len", int, "dflash_config.", 0) != 0:
         refuse("dflash_config.pure_draft_prefix_len", dc["pure_draft_prefix_len"], "the Domino head here corrects "
                "every drafted position (0)")
-    for key in ("emb_dim", "gru_hidden_dim"):
-        if dc.get(key) is None:
-            refuse(f"dflash_config.{key}", None, "a Domino projector needs its rank and GRU width")
-    config = DominoConfig(**fields, head=DominoHeadConfig(rank=int(dc["emb_dim"]),
-                                                          gru_hidden=int(dc["gru_hidden_dim"]))).validate()
+    rank, gru = (config_value(dc, key, int, "dflash_config.", why="a Domino projector needs its rank and GRU width")
+                 for key in ("emb_dim", "gru_hidden_dim"))
+    config = build_config(DominoConfig, {**fields, "head": DominoHeadConfig(rank=rank, gru_hidden=gru)})
     back = {v: k for k, v in RENAMES.items()}
     out = {}
     for key, value in tensors.items():

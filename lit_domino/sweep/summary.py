@@ -4,6 +4,7 @@ all also logged to the study's MLflow run (artifacts ``optuna/``, metrics ``impo
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +19,20 @@ from optuna.visualization import matplotlib as ovm
 from lit_domino.paths import project_root
 from lit_domino.sweep.storage import SPACE_ATTR, trial_counts
 from lit_domino.sweep.tracking import RUN_ATTR, mlflow_client
+
+
+def same_objective_warning(values: list[float], objective: str = "value") -> str | None:
+    """A warning when every finished trial (>= 2) has the same objective, else None.
+
+    A first sweep that trains too few steps shows it: Domino's correction starts at zero (W_up = 0), so after a
+    few dozen steps it flips no pick, every rank and λ schedule drafts the backbone's tokens and the trials' τ agree
+    to 16 digits; the best trial and the importances then say nothing."""
+    if len(values) < 2 or not all(math.isclose(v, values[0], rel_tol=1e-12, abs_tol=1e-12) for v in values):
+        return None
+    return (f"warning: all {len(values)} finished trials have the same {objective} = {values[0]!r}: the parameters "
+            "changed nothing, so the best trial and the importances below are arbitrary. That usually means too "
+            "few training steps: the zero-started Domino correction has not yet changed a single draft pick. "
+            "Train longer (--max-steps) before comparing trials")
 
 
 def summarize(study: optuna.Study, out_dir: str | Path | None = None, *, log_to_mlflow: bool = True,
@@ -39,6 +54,9 @@ def summarize(study: optuna.Study, out_dir: str | Path | None = None, *, log_to_
     if not complete:
         echo("no completed trials yet: nothing to summarise")
         return result
+    if warning := same_objective_warning([t.value for t in complete], objective):
+        echo(warning)
+        result["warning"] = warning
     best = study.best_trial
     result["best"] = {"number": best.number, "value": best.value, "params": best.params,
                       "mlflow_run_id": best.user_attrs.get("mlflow_run_id"),

@@ -18,7 +18,7 @@ def target():
 def drafter(target):
     torch.manual_seed(2)
     cfg = drafter_config("eagle3", target, ttt_steps=STEPS)
-    assert cfg.feature_layers == [1, 1, 0]  # EAGLE-3 rule [1, L//2-1, L-4] on 4 layers
+    assert cfg.feature_layers == [1, 2, 3]  # EAGLE-3 rule on 4 layers: three distinct layers (eagle3_layer_ids)
     return build_drafter(cfg, target).eval()
 
 

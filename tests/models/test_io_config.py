@@ -79,7 +79,7 @@ def test_config_from_target_and_json_round_trip(target):
     assert as_dict["kind"] == "domino" and as_dict["head"] == {"rank": 8, "gru_hidden": 1024}
     assert "ttt_steps" not in as_dict and "rank" not in as_dict  # no other method's keys
     assert DrafterConfig.from_dict(as_dict) == cfg
-    assert drafter_config("eagle3", target).feature_layers == [1, 1, 0]
+    assert drafter_config("eagle3", target).feature_layers == [1, 2, 3]  # distinct on 4 layers (eagle3_layer_ids)
     assert drafter_config("small_lm", target).feature_layers == [] and not drafter_config("small_lm", target).reads_features
     with pytest.raises(ValueError, match="unknown DominoConfig fields"):
         DrafterConfig.from_dict({**cfg.to_dict(), "bogus": 1})

@@ -35,3 +35,33 @@ def test_summary_with_too_few_trials(tmp_path, capsys):
     assert "need at least 2 completed trials (have 1)" in capsys.readouterr().out
     assert result["importances"] is None and result["best"]["number"] == 0
     assert (tmp_path / "p" / "history.png").exists() and not (tmp_path / "p" / "importances.png").exists()
+
+
+def test_summary_warns_when_every_finished_trial_has_the_same_objective(tmp_path, capsys):
+    """Issue 34: the README's quick sweep gave every trial the same τ to 16 digits (20 steps: the zero-started
+    correction flips no pick), and the summary presented a best trial and importances as if they meant something."""
+    space, settings = sweep.load_space(), fake_settings(tmp_path, "flat", n_trials=3)
+    study = sweep.create_or_load_study(settings, space)
+    for _ in range(3):
+        trial = study.ask()
+        space.suggest(trial)
+        study.tell(trial, 1.3151515151515152)
+    result = sweep.summarize(study, tmp_path / "p", log_to_mlflow=False)
+    text = capsys.readouterr().out
+    assert "warning: all 3 finished trials have the same tau = 1.3151515151515152" in text
+    assert "too few training steps" in text and "--max-steps" in text
+    assert result["warning"].startswith("warning: all 3 finished trials")
+    assert text.index("warning: all 3") < text.index("best trial #")  # before the numbers it makes meaningless
+
+
+def test_no_same_objective_warning_when_trials_differ_or_only_one_finished(tmp_path, capsys):
+    from lit_domino.sweep.summary import same_objective_warning
+
+    assert same_objective_warning([1.5]) is None and same_objective_warning([]) is None
+    assert same_objective_warning([1.3152, 1.3153]) is None
+    assert same_objective_warning([1.0, 1.0 + 1e-15], "tau") is not None  # equal up to float noise
+    space, settings = sweep.load_space(), fake_settings(tmp_path, "varied", n_trials=4)
+    study = sweep.create_or_load_study(settings, space)
+    add_trials(study, space, 4)
+    result = sweep.summarize(study, tmp_path / "p", log_to_mlflow=False)
+    assert "finished trials have the same" not in capsys.readouterr().out and "warning" not in result
