@@ -26,6 +26,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -52,7 +53,7 @@ from lit_domino.runtime.command import run_command
 from lit_domino.study import cached_rows, drafter_metrics, log_metrics, pinned_threads, write_json
 from lit_domino.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
 from lit_domino.target import EMBEDDED_PREFIX, load_target
-from lit_domino.tracking import default_tracking_uri, ensure_experiment, ensure_run, run_tags
+from lit_domino.tracking import _interrupt_of, default_tracking_uri, ensure_experiment, ensure_run, run_tags
 
 
 
@@ -187,6 +188,12 @@ def _train_worker_init(threads: int, started) -> None:
     global _STARTED
     _STARTED = started
     install_stop_handlers(hint=False)
+    # tqdm's default lock is a named semaphore: a worker killed at the end of an interrupted job (_stop_trainings)
+    # left it to the resource tracker's "leaked semaphore" warning; a thread lock serves one process as well
+    with contextlib.suppress(ImportError):
+        import tqdm
+
+        tqdm.tqdm.set_lock(threading.RLock())
     if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started this process (_signals_blocked)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     torch.set_num_threads(threads)
@@ -619,6 +626,18 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
 
 
+@contextlib.contextmanager
+def _interrupt_not_exit():
+    """Lightning ends a fit stopped by Ctrl-C (the embedded target's build) with ``SystemExit(1)``: the command
+    ends as interrupted instead (rc 130, its one line), not with a silent rc 1."""
+    try:
+        yield
+    except SystemExit as exc:
+        if _interrupt_of(exc) is None:
+            raise
+        raise KeyboardInterrupt(INTERRUPTED) from None
+
+
 def seed_list(text: str) -> list[int]:
     """``"0,1"`` → ``[0, 1]``: the argparse type of ``--seeds`` (an error at parse time names the bad item)."""
     seeds = []
@@ -664,7 +683,7 @@ def main(argv=None) -> dict:
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
     def body(_argv):
-        with interruptible():  # SIGTERM as Ctrl-C: one line, rc 130 (run_command)
+        with interruptible(), _interrupt_not_exit():  # SIGTERM as Ctrl-C: one line, rc 130 (run_command)
             return run_ablation(
                 args.preset,
                 variants=args.variants.split(",") if args.variants else None,

@@ -227,3 +227,32 @@ def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resume
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert rerun.stdout.count("(resuming from its last checkpoint) started") == 2, rerun.stdout
     assert [client.get_run(r).info.status for r in run_ids] == ["FINISHED", "FINISHED"]
+
+
+def test_ctrl_c_in_a_bare_lightning_fit_ends_the_ablation_as_interrupted():
+    """Lightning ends a fit stopped by Ctrl-C with SystemExit(1) (the embedded target's build in the ablation's
+    stage 1): the command used to exit 1 without a word; it ends as interrupted (rc 130 and its line)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lit_domino import ablation
+
+    class Interrupting(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # interrupted long before
+            return (self.w - batch[0].float().mean()).pow(2).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False)
+    with pytest.raises(KeyboardInterrupt, match="rerun the same command to resume"):
+        with experiment.interruptible(), ablation._interrupt_not_exit():
+            trainer.fit(Interrupting(), DataLoader(TensorDataset(torch.arange(8)), batch_size=2))
