@@ -19,9 +19,14 @@ Stages (each visible as it runs, each cached):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import logging
 import multiprocessing
+import os
+import signal
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -203,19 +208,127 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
     return out
 
 
-def _train_worker_init(threads: int) -> None:
-    """A training worker: ``threads`` torch threads and only Lightning's warnings (the parent logs the stages)."""
+_STARTED = None
+"""A training worker's view of its parent's shared flags: ``_STARTED[i]`` = 1 once training ``i`` runs."""
+
+
+def _train_worker_init(threads: int, started) -> None:
+    """A training worker: ``threads`` torch threads and only Lightning's warnings (the parent logs the stages).
+    SIGINT and SIGTERM stop its training at the next batch, quietly: the parent prints the one line."""
     import torch
 
+    from lit_domino.experiment import STOP_SIGNALS, install_stop_handlers
+
+    global _STARTED
+    _STARTED = started
+    install_stop_handlers(hint=False)
+    # tqdm's default lock is a named semaphore: a worker killed at the end of an interrupted job (_stop_trainings)
+    # left it to the resource tracker's "leaked semaphore" warning; a thread lock serves one process as well
+    with contextlib.suppress(ImportError):
+        import tqdm
+
+        tqdm.tqdm.set_lock(threading.RLock())
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started this process (_signals_blocked)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     torch.set_num_threads(threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
 
 
-def _train_in_worker(cfg: dict, experiment: str):
+def _train_in_worker(cfg: dict, experiment: str, index: int):
     from lit_domino.experiment import train_variant
 
+    _STARTED[index] = 1  # an interrupted parent waits for this training to stop (one not started it need not)
     return train_variant(cfg, experiment=experiment, progress=False)
+
+
+@contextlib.contextmanager
+def _signals_blocked():
+    """SIGINT and SIGTERM held back while the pool starts a worker: the worker inherits the blocked mask and lifts
+    it once its handlers are in place (a Ctrl-C during its imports printed a traceback per worker); here they are
+    delivered when the block ends."""
+    from lit_domino.experiment import STOP_SIGNALS
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+STOP_TIMEOUT = 30.0
+"""Seconds an interrupted ablation waits for its training workers to stop (they stop at their next batch, well
+under a second on the CPU presets) before it kills them."""
+
+INTERRUPTED = "rerun the same command to resume"
+
+
+def _interrupted(name: str, err: BaseException) -> str:
+    """The log line of a training that stopped at an interrupt."""
+    step = getattr(err, "step", None)
+    return f"stage 2/4 train {name} interrupted{'' if step is None else f' at step {step}'}; the rerun resumes it"
+
+
+def _mark_killed(artifact: Path) -> None:
+    """The MLflow run of a training whose worker had to be killed: KILLED rather than left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.cli import CHECKPOINT_DIR, RUN_ID_FILE
+
+    try:
+        run_id = (artifact / CHECKPOINT_DIR / RUN_ID_FILE).read_text().strip()
+        client = MlflowClient(default_tracking_uri())
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "KILLED")
+    except Exception as err:  # noqa: BLE001 (best effort, never masks the interrupt)
+        logging.getLogger(__name__).warning("could not mark the MLflow run of %s KILLED: %s", artifact, err)
+
+
+def _stop_trainings(pool: ProcessPoolExecutor, running: dict, started, configs: list[dict], names: list[str],
+                    t0: float) -> None:
+    """The job was interrupted: pass the stop request to every worker (a signal sent to this process alone does
+    not reach them; one already stopping ignores the repeat) and wait for each started training to end, KILLED
+    and resumable; past :data:`STOP_TIMEOUT` (or at a second Ctrl-C) kill what is left. A worker still starting
+    (importing torch: 30 s and more on a busy machine) has nothing to save and is not waited for."""
+    from lit_domino.experiment import drafter_artifact, stop_requested
+
+    signum = stop_requested() or signal.SIGINT
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError, ValueError):
+            if proc.is_alive():
+                os.kill(proc.pid, signum)
+    pending, deadline = dict(running), time.monotonic() + STOP_TIMEOUT
+    try:
+        while time.monotonic() < deadline:
+            waited = {f: i for f, i in pending.items() if started[i]}
+            if not waited:
+                break
+            done, _ = wait(waited, timeout=min(0.5, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+            for future in done:
+                name = names[pending.pop(future)][6:]
+                try:
+                    future.result()
+                    _log(f"stage 2/4 train {name} finished before it could stop", t0)
+                except KeyboardInterrupt as err:
+                    _log(_interrupted(name, err), t0)
+                except BaseException as err:  # noqa: BLE001 (the interrupt is what the job ends with)
+                    _log(f"stage 2/4 train {name} failed while stopping: {err!r}", t0)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+        pass
+    # the workers are idle now (or stuck): end them at once rather than wait for their interpreters to wind down
+    # (torch, Lightning and MLflow took 16 s on a busy 2-core machine)
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError, ValueError):
+            proc.kill()
+    for i in pending.values():
+        if started[i]:
+            _mark_killed(drafter_artifact(configs[i]))
+            _log(f"stage 2/4 train {names[i][6:]} did not stop: killed; the rerun resumes it", t0)
+        else:
+            _log(f"stage 2/4 train {names[i][6:]} stopped before it started", t0)
 
 
 def training_names(configs: list[dict]) -> list[str]:
@@ -241,8 +354,7 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
     A training that fails lets the others running finish (nothing half-trained is lost: they resume from
     checkpoints anyway), then its error is raised."""
     from lit_domino.cli import CHECKPOINT_DIR, recorded_run
-    from lit_domino.decoding.engine import usable_cpus
-    from lit_domino.experiment import drafter_artifact, train_variant
+    from lit_domino.experiment import drafter_artifact, interruptible, train_variant
 
     t0 = clock.t0
     names = training_names(configs)
@@ -257,23 +369,42 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
                         else "")
     total = len(configs)
     results: dict[int, object] = {}
-    for i, (name, cfg) in enumerate(zip(names, configs)):
-        if parallel and i in todo:
-            continue  # trained below, in the workers
-        _log(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
-        clock.start(name)
-        results[i] = train_variant(cfg, experiment=experiment, progress=progress)
-        clock.finish(name, cached=results[i].from_cache)
-    if len(results) == total:
-        return [results[i] for i in range(total)]
+    with interruptible(hint=False):  # SIGINT/SIGTERM: every training stops KILLED and resumable, then one line
+        for i, (name, cfg) in enumerate(zip(names, configs)):
+            if parallel and i in todo:
+                continue  # trained below, in the workers
+            _log(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
+            clock.start(name)
+            try:
+                results[i] = train_variant(cfg, experiment=experiment, progress=progress)
+            except KeyboardInterrupt as err:
+                _log(_interrupted(name[6:], err), t0)
+                raise KeyboardInterrupt(INTERRUPTED) from None
+            clock.finish(name, cached=results[i].from_cache)
+        if len(results) == total:
+            return [results[i] for i in range(total)]
+        _train_in_workers(configs, experiment, clock, todo, states, results)
+    return [results[i] for i in range(total)]
 
+
+def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, todo: list[int], states: dict,
+                      results: dict) -> None:
+    """The trainings ``todo`` in ``clock.jobs`` spawned worker processes, into ``results``; see :func:`train_all`.
+    An interrupt (here or in a worker) stops every training (:func:`_stop_trainings`), then raises one
+    ``KeyboardInterrupt``."""
+    from lit_domino.decoding.engine import usable_cpus
+
+    t0, names = clock.t0, training_names(configs)
     order = sorted(todo, key=lambda i: -clock.stages[names[i]].reference)
     threads = max(1, usable_cpus() // clock.jobs)
     _log(f"stage 2/4 train {len(todo)} drafters, {clock.jobs} at a time in worker processes ({threads} thread(s) "
          f"each; progress bars off); {clock.eta()}", t0)
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools or locks
-    with ProcessPoolExecutor(clock.jobs, mp_context=ctx, initializer=_train_worker_init, initargs=(threads,)) as pool:
-        running, error = {}, None
+    started = ctx.RawArray("b", len(configs))  # set by the workers: which trainings are underway
+    pool = ProcessPoolExecutor(clock.jobs, mp_context=ctx, initializer=_train_worker_init,
+                               initargs=(threads, started))
+    running, error = {}, None
+    try:
         pending = list(order)
         while pending or running:
             while pending and len(running) < clock.jobs and error is None:
@@ -281,7 +412,8 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
                 clock.start(names[i])
                 _log(f"stage 2/4 train [{len(todo) - len(pending)}/{len(todo)}] {names[i][6:]}{states[names[i]]} "
                      f"started; {clock.eta()}", t0)
-                running[pool.submit(_train_in_worker, configs[i], experiment)] = i
+                with _signals_blocked():  # the worker this may start inherits the mask (see _train_worker_init)
+                    running[pool.submit(_train_in_worker, configs[i], experiment, i)] = i
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -289,6 +421,9 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
                 i = running.pop(future)
                 try:
                     results[i] = future.result()
+                except KeyboardInterrupt as err:  # a worker was interrupted alone: the job stops as a whole
+                    _log(_interrupted(names[i][6:], err), t0)
+                    raise KeyboardInterrupt(INTERRUPTED) from None
                 except BaseException as err:  # noqa: BLE001 (re-raised once the running ones finish)
                     error = error or err
                     _log(f"stage 2/4 train {names[i][6:]} failed: {err!r}", t0)
@@ -297,7 +432,11 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
                 _log(f"stage 2/4 train {names[i][6:]} done in {seconds / 60:.1f} min; {clock.eta()}", t0)
         if error is not None:
             raise error
-    return [results[i] for i in range(total)]
+    except KeyboardInterrupt:
+        _stop_trainings(pool, running, started, configs, names, t0)
+        raise KeyboardInterrupt(INTERRUPTED) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def load_prompts(plan: dict) -> dict:
@@ -555,6 +694,20 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
 
 
+@contextlib.contextmanager
+def _interrupt_not_exit():
+    """Lightning ends a fit stopped by Ctrl-C (the embedded target's build) with ``SystemExit(1)``: the command
+    ends as interrupted instead (rc 130, its one line), not with a silent rc 1."""
+    from lit_domino.tracking import _interrupt_of
+
+    try:
+        yield
+    except SystemExit as exc:
+        if _interrupt_of(exc) is None:
+            raise
+        raise KeyboardInterrupt(INTERRUPTED) from None
+
+
 def seed_list(text: str) -> list[int]:
     """``"0,1"`` → ``[0, 1]``: the argparse type of ``--seeds`` (an error at parse time names the bad item)."""
     seeds = []
@@ -610,19 +763,26 @@ def _main(argv: list[str]) -> dict:
 
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
-    return run_ablation(
-        args.preset,
-        variants=variants,
-        seeds=args.seeds,
-        out_dir=args.out,
-        progress=not args.no_progress,
-        overrides=overrides,
-        train_only=args.train_only,
-        jobs=args.jobs,
-    )
+    from lit_domino.experiment import interruptible
+
+    with interruptible(), _interrupt_not_exit():  # SIGTERM as Ctrl-C: one line, rc 130 (run_command)
+        return run_ablation(
+            args.preset,
+            variants=variants,
+            seeds=args.seeds,
+            out_dir=args.out,
+            progress=not args.no_progress,
+            overrides=overrides,
+            train_only=args.train_only,
+            jobs=args.jobs,
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script): errors the
     user can fix are one line (``ablation: error: ...``, rc 2), an interrupt ``ablation: interrupted`` (rc 130)."""
-    return run_command("ablation", _main, argv)
+    try:
+        return run_command("ablation", _main, argv)
+    except SystemExit:
+        gc.freeze()  # the process ends: skip the final collection of torch's heap (7 of 7.5 s on a busy machine)
+        raise

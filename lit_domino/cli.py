@@ -49,7 +49,7 @@ from lit_domino.paths import project_root
 from lit_domino import tracking
 from lit_domino.tracking import (MarkFailedOnError, ResumableRun, TrackingConfig, log_config, make_mlflow_logger,
                                  mark_failed_on_error)
-from lit_domino.runtime.command import DEBUG_FLAG, UsageError, run_command
+from lit_domino.runtime.command import DEBUG_FLAG, run_command
 
 RUN_ID_FILE = "mlflow_run_id"
 """Written next to the checkpoints: a resumed run continues the same MLflow run (see :func:`recorded_run`)."""

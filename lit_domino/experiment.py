@@ -9,12 +9,15 @@ its run directory (``checkpoints/``, ``drafter/``, ``config.yaml``) plus ``repor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import psutil
 from lightning.pytorch.callbacks import Callback
@@ -23,7 +26,7 @@ from lit_domino import cache
 from lit_domino.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, DrafterCLI, check_config, cli_args
 from lit_domino.configs import CONFIG_DIR, PRESETS, load_config, parse_override, set_dotted  # noqa: F401 (the API)
 from lit_domino.target import target_identity
-from lit_domino.tracking import mark_failed_on_error
+from lit_domino.tracking import _interrupt_of, mark_failed_on_error
 
 TRAINER_COSMETIC = ("enable_progress_bar", "enable_model_summary", "log_every_n_steps", "default_root_dir", "logger",
                     "callbacks", "num_sanity_val_steps")
@@ -51,6 +54,159 @@ def training_key(cfg: dict) -> dict:
         "data": cfg.get("data"),
         "trainer": {k: v for k, v in sorted(trainer.items()) if k not in TRAINER_COSMETIC},
     }
+
+
+# --------------------------------------------------------------------------- Ctrl-C and SIGTERM
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a training: Ctrl-C and a polite kill (systemd, a job scheduler, ``kill``)."""
+
+REPEAT_WINDOW = 1.0
+"""Seconds within which a second stop signal is the same request delivered twice (the terminal's signal to the
+process group and the ablation's parent forwarding it), not a second Ctrl-C that asks to stop at once."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The interrupt a stop signal raises (a ``KeyboardInterrupt``, so every handler of Ctrl-C sees it);
+    ``signum`` says which signal it was."""
+
+    def __init__(self, signum: int, message: str | None = None, step: int | None = None):
+        super().__init__(message or f"interrupted by {signal.Signals(signum).name}")
+        self.signum, self.step = signum, step
+
+    def __reduce__(self):  # with every argument: it crosses from a training worker to its parent
+        return type(self), (self.signum, str(self), self.step)
+
+
+class _StopRequest:
+    """This process's pending stop request and where it may be raised (see :func:`interruptible`)."""
+
+    def __init__(self):
+        self.reset()
+        self.depth = 0  # open interruptible() blocks
+        self.in_loop = 0  # inside a fit's loop: StopAtSafePoint raises at the next batch
+        self.hint = True  # whether the raised interrupt prints tracking.RESUME_HINT
+
+    def reset(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0
+
+    def interrupt(self, message: str | None = None) -> Interrupted:
+        err = Interrupted(self.signum or signal.SIGINT, message)
+        if not self.hint:
+            err._lit_domino_hinted = True  # tracking.hint_resume stays quiet: the caller prints one line instead
+        return err
+
+
+_STOP = _StopRequest()
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a ``__del__`` or a weakref finalizer: an exception raised there is printed
+    as "Exception ignored" and lost (the interrupt that Lightning's ``Profiler.__del__`` swallowed)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename.endswith("weakref.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_stop_signal(signum, frame) -> None:
+    """Record the stop request; raise it now unless a safe point comes soon or raising here would be lost.
+
+    Inside a fit's loop the request is raised at the next batch (:class:`StopAtSafePoint`): never in the middle
+    of an MLflow write or a checkpoint save. A second signal (after :data:`REPEAT_WINDOW`) raises at once."""
+    now = time.monotonic()
+    first = _STOP.signum is None
+    if first:
+        _STOP.signum, _STOP.at = signum, now
+    elif now - _STOP.at < REPEAT_WINDOW:
+        return  # the same request twice
+    if _STOP.depth and (not first or not _STOP.in_loop) and not _in_finalizer(frame):
+        raise _STOP.interrupt()
+
+
+def stop_requested() -> int | None:
+    """The signal of this process's pending stop request (None: none)."""
+    return _STOP.signum
+
+
+def install_stop_handlers(hint: bool = True) -> None:
+    """Make SIGINT and SIGTERM stop requests in this process for good (a training worker's initializer): while no
+    :func:`interruptible` block is open they are only recorded, so an idle worker never dies in its queue.
+    ``hint``: as :func:`interruptible`'s, for every block that does not say."""
+    _STOP.hint = hint
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
+
+
+@contextlib.contextmanager
+def interruptible(hint: bool | None = None) -> Iterator[None]:
+    """SIGINT and SIGTERM stop the block with :class:`Interrupted` (a ``KeyboardInterrupt``), at once or, inside a
+    fit's loop, at the next batch; one delivered while nothing could raise it (before the block, in a finalizer)
+    is raised at the next safe point or when the block ends. SIGTERM thus stops a training like Ctrl-C (its
+    MLflow run KILLED, the resume state kept) instead of Lightning's ``SIGTERMException`` (a FAILED run).
+
+    ``hint``: whether the interrupt prints ``tracking.RESUME_HINT`` (None: as the enclosing block; False where
+    the caller prints its own line, the ablation). Nests; outside the main thread it only runs the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    outer_hint = _STOP.hint
+    if hint is not None:
+        _STOP.hint = hint
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
+    _STOP.depth += 1
+    try:
+        if _STOP.signum is not None:  # delivered while nothing could raise it (an idle worker)
+            raise _STOP.interrupt()
+        yield
+        if _STOP.signum is not None:  # delivered where raising it would have been lost
+            raise _STOP.interrupt()
+    finally:
+        _STOP.depth -= 1
+        _STOP.hint = outer_hint
+        if not _STOP.depth:
+            _STOP.reset()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+class StopAtSafePoint(Callback):
+    """Raise a pending stop request (:func:`interruptible`) at the next batch of the fit, train or validation:
+    Lightning's own Ctrl-C handling then ends the run KILLED with ``last.ckpt`` intact."""
+
+    def __init__(self):
+        self._in_loop = False
+
+    def _check(self, *_args, **_kwargs) -> None:
+        if _STOP.signum is not None and _STOP.depth:
+            raise _STOP.interrupt()
+
+    def _leave_loop(self) -> None:
+        if self._in_loop:
+            self._in_loop, _STOP.in_loop = False, _STOP.in_loop - 1
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if _STOP.depth and trainer.world_size == 1 and threading.current_thread() is threading.main_thread():
+            # Lightning's SIGTERM handler (installed for the fit) raises SIGTERMException, which ends the run
+            # FAILED; here SIGTERM is a stop request like Ctrl-C (under DDP Lightning's keeps the ranks in step)
+            signal.signal(signal.SIGTERM, _on_stop_signal)
+        self._in_loop, _STOP.in_loop = True, _STOP.in_loop + 1
+        self._check()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._leave_loop()
+        self._check()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._leave_loop()
+
+    on_fit_start = on_train_epoch_start = on_validation_start = _check
+    on_train_batch_start = on_train_batch_end = on_validation_batch_start = on_validation_batch_end = _check
 
 
 class TrainStats(Callback):
@@ -147,8 +303,11 @@ def train_variant(
     variant, preset, seed = t["variant"], t.get("preset"), int(cfg["seed_everything"])
     path = drafter_artifact(cfg, root)
     if not is_rank_zero():
-        return _train_on_other_rank(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress)
-    with cache.building(path):  # one training per drafter: a concurrent caller waits, then reuses it
+        with interruptible():
+            return _train_on_other_rank(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progress)
+    # SIGINT/SIGTERM: the run KILLED, the checkpoints kept (see interruptible); one delivered while the drafter
+    # is exported is raised once the artifact is complete (a rerun then reuses it)
+    with interruptible(), cache.building(path):  # one training per drafter: a concurrent caller waits, reuses it
         if cache.is_complete(path):
             return _cached(path, variant, preset, seed)
         path.mkdir(parents=True, exist_ok=True)
@@ -200,12 +359,23 @@ def _fit(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progr
     # an interrupted training continues its MLflow run (one run per artifact), from its last
     # checkpoint when it has one, else from scratch
     resume = last.exists() or (path / CHECKPOINT_DIR / RUN_ID_FILE).is_file()
-    cli = DrafterCLI(args=args, run=False, resume=resume, logger_tags=tags, callbacks=[stats, *callbacks])
-    with mark_failed_on_error([cli.trainer.logger]):
-        trainer = cli.trainer
-        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
-        if trainer.interrupted:
-            raise KeyboardInterrupt(f"training of {variant} was interrupted")
+    cli = DrafterCLI(args=args, run=False, resume=resume, logger_tags=tags,
+                     callbacks=[stats, StopAtSafePoint(), *callbacks])
+    trainer = cli.trainer
+    try:
+        with mark_failed_on_error([trainer.logger]):
+            trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(last) if last.exists() else None)
+            if trainer.interrupted:  # Lightning < 2.1 returned from an interrupted fit
+                raise _STOP.interrupt()
+    except (KeyboardInterrupt, SystemExit) as exc:
+        cause = _interrupt_of(exc)  # Lightning ends an interrupted fit with SystemExit(1)
+        if cause is None:
+            raise
+        step = int(trainer.global_step)
+        err = Interrupted(getattr(cause, "signum", signal.SIGINT), f"training of {variant} s{seed} interrupted at "
+                          f"step {step}", step)
+        err._lit_domino_hinted = getattr(cause, "_lit_domino_hinted", False)  # the hint is printed once
+        raise err from None
     return cli, stats
 
 
@@ -225,5 +395,6 @@ def _train_on_other_rank(cfg, path, experiment, run_name, table, callbacks, pare
     return _cached(path, variant, preset, seed, from_cache=False)
 
 
-__all__ = ["CONFIG_DIR", "PRESETS", "RUN_ID_FILE", "TrainStats", "TrainedDrafter", "drafter_artifact", "is_rank_zero",
-           "load_config", "parse_override", "set_dotted", "train_variant", "training_key"]
+__all__ = ["CONFIG_DIR", "PRESETS", "RUN_ID_FILE", "Interrupted", "StopAtSafePoint", "TrainStats", "TrainedDrafter",
+           "drafter_artifact", "install_stop_handlers", "interruptible", "is_rank_zero", "load_config", "parse_override",
+           "set_dotted", "stop_requested", "train_variant", "training_key"]

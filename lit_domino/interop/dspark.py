@@ -115,7 +115,6 @@ def import_dspark(directory: Path, cfg: dict, map_location="cpu"):
     confidence = bool(cfg.get("enable_confidence_head", True))
     with_markov = bool(cfg.get("confidence_head_with_markov", True))
     num_layers = _target_layers(directory, cfg)
-    side = read_sidecar(directory)
     mask = cfg.get("mask_token_id")
     fields.update(block_size=int(cfg.get("block_size", 8)),
                   feature_layers=[int(j) - AUX_OFFSET for j in aux] + [num_layers - 1],
