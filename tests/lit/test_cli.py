@@ -32,8 +32,8 @@ def _args(variant: str, preset: str, target_dir, tmp_path, *extra, tracking=Fals
                    "--trainer.default_root_dir", str(tmp_path), "--tracking.enabled", str(tracking).lower(), *extra]
 
 
-def test_all_six_variant_configs_exist():
-    assert set(VARIANTS) == {"backbone", "domino", "domino_ttt", "domino_nocurriculum", "eagle3", "small_lm"}
+def test_every_variant_config_exists():
+    assert set(VARIANTS) == {"backbone", "domino", "domino_ttt", "domino_nocurriculum", "dspark", "eagle3", "small_lm"}
     assert {p.stem for p in (CONFIGS / "presets").glob("*.yaml")} == {"smoke", "default", "paper"}
 
 
@@ -86,9 +86,13 @@ def test_paper_preset_builds_with_a_tiny_stand_in(train, tiny_target_dir, tmp_pa
     assert data.hparams.num_anchors == 512 and data.hparams.features == "online"
     assert cli.trainer.max_epochs == 6 and cli.trainer.precision == "bf16-mixed"
     assert cli.trainer.gradient_clip_val == 1.0
-    assert model.hparams.lr == 6e-4 and model.hparams.gamma == 7.0
     drafter = model.build_drafter(data.feature_layers)
     cfg = drafter.config
+    if variant == "dspark":  # DeepSpec's recipe: 7 drafted tokens a block, gamma 4, a rank-256 Markov head
+        assert model.hparams.lr == 6e-4 and model.hparams.gamma == 4.0
+        assert (cfg.block_size, cfg.head.rank, cfg.num_layers) == (8, 256, 5)
+        return
+    assert model.hparams.lr == 6e-4 and model.hparams.gamma == 7.0
     assert cfg.block_size == 16
     if "domino" in variant:
         assert (cfg.head.rank, cfg.head.gru_hidden) == (256, 1024)
