@@ -49,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "head) or integers 1..V, e.g. full,16,64,256 for the K sweep (default: full)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--peers", default="",
-                   help="comma-separated peers: prompt_lookup,assisted (HF) and dflash (z-lab's dflash_generate on each backbone "
-                        "drafter; needs requirements-peers.txt)")
+                   help="comma-separated peers: prompt_lookup,assisted (HF) and dflash (z-lab's dflash_generate on "
+                        "each backbone drafter; needs requirements-peers.txt)")
     p.add_argument("--assistant", default=None,
                    help="for the assisted peer: the name of a small_lm drafter in --drafters, or an HF model dir")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)

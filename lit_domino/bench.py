@@ -301,6 +301,7 @@ def _log_bench(args: dict, rows: list[dict], md_path: Path, json_path: Path) -> 
     """The bench's MLflow run: options as params, ``{benchmark}/{method}/T{t}/{key}`` metrics, both files."""
     from lit_domino.study import POSITIONS, log_command_run, row_metrics
 
-    metrics = row_metrics(rows, BENCH_METRICS + (POSITIONS,), by=lambda r: (r["benchmark"], r["method"], f"T{r['temperature']:g}"))
+    metrics = row_metrics(rows, BENCH_METRICS + (POSITIONS,),
+                          by=lambda r: (r["benchmark"], r["method"], f"T{r['temperature']:g}"))
     return log_command_run(args["experiment"], f"bench-{time.strftime('%Y%m%d-%H%M%S')}",
                            {"table": "bench", "target": args["target"]}, args, metrics, [md_path, json_path])

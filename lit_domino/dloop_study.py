@@ -160,7 +160,8 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     τ, stages per verification and speedup, averaged over the domains."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
-    settings = list(dict.fromkeys([DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan.get("gates") or []]))
+    settings = [DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan.get("gates") or []]
+    settings = list(dict.fromkeys(settings))  # a table gate that is also an alternative gate: one row
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | avg speedup | Δ vs off |",
              "|---|---|---|---|---|---|---|"]
     out = []
