@@ -28,10 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from lit_domino.runtime.command import CommandParser, run_command  # noqa: E402 (light: no torch)
+
+PROG = "bench.py"
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="embedded:default",
                    help="model directory, hub id, embedded:<preset>, or 'random' (default: embedded:default)")
     p.add_argument("--drafters", default="", help="name=path[,name=path...]; path may be random:<kind>")
@@ -45,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "head) or integers 1..V, e.g. full,16,64,256 for the K sweep (default: full)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--peers", default="",
-                   help="peers: prompt_lookup,assisted (HF) and dflash (z-lab's dflash_generate on each backbone "
-                        "drafter; needs requirements-peers.txt)")
+                   help="comma-separated peers: prompt_lookup,assisted (HF) and dflash (z-lab's dflash_generate on "
+                        "each backbone drafter; needs requirements-peers.txt)")
     p.add_argument("--assistant", default=None,
                    help="for the assisted peer: the name of a small_lm drafter in --drafters, or an HF model dir")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10)
@@ -74,9 +78,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> list[dict]:
-    from lit_domino.bench import run_bench  # here, so that --help answers without importing torch
+    """Parse, check the options (no torch yet), then benchmark; bad input is one line ``bench.py: error: ...``."""
+    return run_command(PROG, _run, argv)
 
-    return run_bench(parse_args(argv))
+
+def _run(argv: list[str]) -> list[dict]:
+    from lit_domino.bench import check_options, run_bench  # light; run_bench imports torch after its checks
+
+    args = parse_args(argv)
+    check_options(vars(args))
+    return run_bench(args)
 
 
 if __name__ == "__main__":

@@ -15,41 +15,60 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+PROG = "dloop.py"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
     parser.add_argument("--drafters", default=None, help="comma-separated subset of backbone,domino,eagle3")
     parser.add_argument("--thresholds", default=None, help="gate thresholds g <= 0 (default: -0.25,-0.5,-0.75,-1,-2)")
     parser.add_argument("--stages", default=None, help="stage caps N >= 1 (default: 1,2,3,4; 1 = no loop)")
-    parser.add_argument("--table-dloop", default=None, help="the DLoop table's gate THRESHOLD:STAGES (default -0.5:3)")
+    parser.add_argument("--table-dloop", default=None,
+                        help="the DLoop table's gate [GATE@]THRESHOLD[:STAGES], as bench.py's --dloop "
+                             "(default -0.5:3; e.g. mean@-0.1:3)")
     parser.add_argument("--out", default=None, help="output directory (default: results/dloop)")
     parser.add_argument("--no-mlflow", action="store_true", help="no tables run in MLflow (training runs still log)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(argv)
     for i in range(len(argv) - 1):  # "--thresholds -0.5,-1" would read as an option: join it as "--thresholds=..."
         if argv[i] in ("--thresholds", "--table-dloop") and argv[i + 1].startswith("-"):
             argv[i:i + 2] = [f"{argv[i]}={argv[i + 1]}", ""]
-    args = parser.parse_args([a for a in argv if a != ""])
+    return parser.parse_args([a for a in argv if a != ""])
 
-    from lit_domino.dloop_study import parse_list, run_dloop_study, study_plan
 
-    table = None
-    if args.table_dloop:
-        g, _, n = args.table_dloop.partition(":")
-        try:
-            table = {"threshold": float(g), "max_stages": int(n or 3)}
-        except ValueError:
-            parser.error(f"--table-dloop {args.table_dloop!r}: expected THRESHOLD:STAGES, e.g. -0.5:3")
-    choice = dict(drafters=args.drafters.split(",") if args.drafters else None, table_dloop=table)
-    try:  # bad input (g > 0, N < 1, unknown drafters) fails here, before any training
+def main(argv=None):
+    """Parse, plan (every check, before any training), run; bad input is one line ``dloop.py: error: ...``."""
+    return run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]):
+    args = parse_args(argv)
+    from lit_domino.configs import PRESETS  # light: checked before the study's torch and Lightning imports
+
+    if args.preset not in PRESETS:
+        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    from lit_domino.decoding.dloop import DLoopConfig
+    from lit_domino.dloop_study import parse_list, run_dloop_study, study_plan, table_gate
+
+    choice = dict(drafters=args.drafters.split(",") if args.drafters else None)
+    try:  # bad input (g > 0, N < 1, unknown drafters, a gate spec) fails here, before any training
+        if args.table_dloop:
+            gate = DLoopConfig.parse(args.table_dloop)  # the suite's one gate-spec parser (bench.py's --dloop too)
+            if gate is None:
+                raise ValueError("the DLoop table needs a gate, not 'off'")
+            choice["table_dloop"] = table_gate(gate)
         choice.update(thresholds=parse_list(args.thresholds, float), stages=parse_list(args.stages, int))
         study_plan(args.preset, **choice)
+    except UsageError:
+        raise
     except ValueError as err:
-        parser.error(str(err))
-    run_dloop_study(args.preset, **choice, out_dir=args.out, progress=not args.no_progress,
-                    mlflow_enabled=not args.no_mlflow)
+        raise UsageError(str(err)) from None
+    return run_dloop_study(args.preset, **choice, out_dir=args.out, progress=not args.no_progress,
+                           mlflow_enabled=not args.no_mlflow)
 
 
 if __name__ == "__main__":

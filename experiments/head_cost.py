@@ -19,10 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from lit_domino.runtime.command import CommandParser, run_command  # noqa: E402 (light: no torch)
+
+PROG = "head_cost.py"
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="128:4096,256:8192,512:16384,1024:32768,2048:65536",
                    help="d:V,... target widths and vocabularies (default: 128:4096 = the embedded default's, "
                         "up to 2048:65536)")
@@ -40,15 +44,25 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> list[dict]:
+    """Parse and check the sizes and pools (no torch yet), then measure; bad input is one line."""
+    return run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]) -> list[dict]:
     args = parse_args(argv)
-    from lit_domino.bench import parse_pool_sizes
-    from lit_domino.decoding.metrics import markdown_table
-    from lit_domino.head_cost import DrafterSize, measure
-    from lit_domino.study import pinned_threads, write_json
+    from lit_domino.bench import parse_pool_sizes  # light, as lit_domino.head_cost's import
+    from lit_domino.head_cost import DrafterSize, check_measure, measure
+    from lit_domino.runtime.inputs import check_positive
 
     sizes = [DrafterSize.parse(s.strip()) for s in args.sizes.split(",") if s.strip()]
+    pools = parse_pool_sizes(args.pool_sizes)
+    check_measure(sizes, pools, block_size=args.block_size, rounds=args.rounds, accept=args.accept)
+    check_positive(args.threads, "--threads")
+    from lit_domino.decoding.metrics import markdown_table
+    from lit_domino.study import pinned_threads, write_json
+
     with pinned_threads(args.threads):
-        rows = measure(sizes, parse_pool_sizes(args.pool_sizes), block_size=args.block_size, rounds=args.rounds,
+        rows = measure(sizes, pools, block_size=args.block_size, rounds=args.rounds,
                        accept=args.accept, device=args.device)
     table = markdown_table(rows, ["hidden", "vocab", "rank", "gru_hidden", "block_size", "pool_size", "backbone_ms",
                                   "domino_ms", "head_ms", "ratio"])

@@ -29,7 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lit_domino.memory import GB, METHODS, PATH_KEYS, StepShape, memory_model, memory_model_table  # noqa: E402
+from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
+from lit_domino.runtime.inputs import check_positive  # noqa: E402
+
+PROG = "memory_bench.py"
+PATHS = ("old", "new")
 
 
 def run(method: str, path: str, shape: StepShape, threads: int) -> dict:
@@ -43,6 +47,8 @@ def run(method: str, path: str, shape: StepShape, threads: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    from lit_domino.memory import GB  # that module imports torch: loaded after the options are checked
+
     out = ["| method | old peak GB | new peak GB | old/new | old step Δ GB | new step Δ GB | old s | new s | loss old = new |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     by = {(r["method"], r["path"]): r for r in rows}
@@ -58,9 +64,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {METHODS}")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = CommandParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default=None,
+                    help="comma list of the drafter methods (lit_domino.memory.METHODS; default: all of them)")
     ap.add_argument("--anchors", type=int, default=128, help="A, anchors per sequence (paper 512)")
     ap.add_argument("--seq-len", type=int, default=1024, help="T, tokens per sequence")
     ap.add_argument("--hidden", type=int, default=64, help="d, the narrow width")
@@ -68,11 +75,36 @@ def main() -> None:
     ap.add_argument("--paths", default="old,new", help="comma list of old, new")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per case")
     ap.add_argument("--out", default=str(ROOT / "results" / "memory_bench.json"), help="JSON output")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for flag in ("anchors", "seq_len", "chunk", "threads"):
+        check_positive(getattr(args, flag), f"--{flag.replace('_', '-')}")
+    if args.hidden < 4 or args.hidden % 4:
+        raise UsageError(f"--hidden must be a positive multiple of 4 (head_dim = hidden / 4), got {args.hidden}")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or set(paths) - set(PATHS):
+        raise UsageError(f"--paths: a comma list of {', '.join(PATHS)}, got {args.paths!r}")
+    args.paths = ",".join(paths)
+    return args
+
+
+def main(argv=None) -> None:
+    """Parse and check (no torch yet), then run every case; bad input is one line ``memory_bench.py: error: ...``."""
+    run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]) -> None:
+    args = parse_args(argv)
+    from lit_domino.memory import METHODS, PATH_KEYS, StepShape, memory_model, memory_model_table
+
+    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise UsageError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+                         f"choose from {', '.join(METHODS)}")
     shape = StepShape.cpu_bench(anchors=args.anchors, seq_len=args.seq_len, hidden_size=args.hidden,
                                 head_dim=args.hidden // 4, chunk_size=args.chunk)
     rows = []
-    for method in args.methods.split(","):
+    for method in methods:
         for path in args.paths.split(","):
             rows.append(run(method, path, shape, args.threads))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "shape"}), flush=True)

@@ -27,12 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from lit_domino.runtime.command import CommandParser, run_command  # noqa: E402 (light: no torch)
+
+PROG = "regenerate.py"
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     from lit_domino.configs import PRESETS, parse_override  # light: yaml only
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", default="domino", help="the training variant whose data config to use (default domino)")
     p.add_argument("--preset", default="default", choices=PRESETS)
     p.add_argument("--seed", type=int, default=0, help="seed_everything of the training run (matters at T > 0)")
@@ -52,7 +56,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    from lit_domino.data.regen_step import run_regenerate  # here, so that --help answers without torch
+    """Parse, check the options (shards, splits, the server answering, chunks present for a merge), then
+    regenerate; bad input is one line ``regenerate.py: error: ...``."""
+    return run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]) -> dict:
+    from lit_domino.data.regen_step import run_regenerate  # light; torch loads after its checks
 
     out = run_regenerate(parse_args(argv))
     print(json.dumps(out, indent=2))

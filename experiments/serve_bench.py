@@ -23,10 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from lit_domino.runtime.command import CommandParser, run_command  # noqa: E402 (light: no torch)
+
+PROG = "serve_bench.py"
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="the (speculative) server, e.g. http://localhost:8000")
     p.add_argument("--model", default=None, help="its served model name (default: its first model)")
     p.add_argument("--baseline", default=None, help="the same target served without speculation")
@@ -50,7 +54,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> list[dict]:
-    from lit_domino.serve_bench import run_serve_bench  # here, so that --help answers without importing torch
+    """Parse, check the options and that every URL answers, then measure; errors are one line."""
+    return run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]) -> list[dict]:
+    from lit_domino.serve_bench import run_serve_bench  # light; it checks everything before loading prompts
 
     return run_serve_bench(parse_args(argv))
 

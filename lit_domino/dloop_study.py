@@ -85,6 +85,15 @@ def check_grid(thresholds: list[float], stages: list[int]) -> None:
             raise ValueError(f"stage counts N must be integers >= 1 (1 = no loop), got {n!r}")
 
 
+def table_gate(cfg: DLoopConfig) -> dict:
+    """The DLoop table's gate as the plan holds it: threshold and max_stages, plus ``gate`` unless it is the papers'
+    ``sum`` (so a plan with the default gate keeps the cache key of its decoded rows)."""
+    out = {"threshold": float(cfg.threshold), "max_stages": int(cfg.max_stages)}
+    if cfg.gate != "sum":
+        out["gate"] = cfg.gate
+    return out
+
+
 def loop_trainable(variant: str) -> bool:
     """Whether ``variant`` (a config name) trains a drafter whose method supports DLoop's loop-aware training."""
     if variant not in available_variants():
@@ -109,10 +118,14 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan["stages"] = [int(n) for n in (stages if stages is not None else study["stages"])]
     check_grid(plan["thresholds"], plan["stages"])
     td = dict(table_dloop or study["table_dloop"])
+    unknown = set(td) - {"gate", "threshold", "max_stages"}
+    if unknown:
+        raise ValueError(f"the DLoop table's gate takes gate, threshold, max_stages; got {sorted(unknown)} in {td}")
     check_grid([float(td["threshold"])], [int(td["max_stages"])])
     if int(td["max_stages"]) < 2:
         raise ValueError("the DLoop table's gate needs max_stages >= 2 (1 is no loop)")
-    plan["table_dloop"] = {"threshold": float(td["threshold"]), "max_stages": int(td["max_stages"])}
+    plan["table_dloop"] = table_gate(DLoopConfig(threshold=float(td["threshold"]), max_stages=int(td["max_stages"]),
+                                                 gate=str(td.get("gate", "sum"))))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
     plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
     plan["repeats"] = check_repeats(plan.get("repeats", 1))
@@ -143,11 +156,12 @@ def dloop_settings(plan: dict) -> list:
 
 
 def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
-    """Each drafter (plain / loop-trained) × gate setting (the table's sum gate first, then ``plan["gates"]``):
+    """Each drafter (plain / loop-trained) × gate setting (the table's gate first, then ``plan["gates"]``):
     τ, stages per verification and speedup, averaged over the domains."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     settings = [DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan.get("gates") or []]
+    settings = list(dict.fromkeys(settings))  # a table gate that is also an alternative gate: one row
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | avg speedup | Δ vs off |",
              "|---|---|---|---|---|---|---|"]
     out = []
@@ -492,7 +506,7 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
     with mlflow_run(f"dloop-{preset}", f"tables-{preset}", tags={"table": "dloop", "preset": preset}) as run:
         mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
                            "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
-                           "table_dloop": f"{plan['table_dloop']['threshold']:g}:{plan['table_dloop']['max_stages']}",
+                           "table_dloop": dloop_label(DLoopConfig(**plan["table_dloop"])),
                            "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"],
                            "repeats": plan.get("repeats", 1)})
         log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))

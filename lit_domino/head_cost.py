@@ -18,11 +18,9 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-import torch
+from lit_domino.runtime.command import UsageError
 
-from lit_domino.models.io import build_drafter, drafter_config
-from lit_domino.models.sessions import check_pool_size
-from lit_domino.testing import random_target
+# torch and the models are imported where they are used: the sizes are parsed and checked before they load
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class DrafterSize:
         """The papers' proportions r = d/16, d_s = d/4 (Qwen3-8B: 256, 1024), no smaller than the embedded
         default preset's head (r 64, d_s 128), which they give at d = 128."""
         if hidden < 16 or hidden % 16 or vocab < 2:
-            raise ValueError(f"a drafter size needs d a multiple of 16 (>= 16) and V >= 2, got d={hidden}, V={vocab}")
+            raise UsageError(f"a drafter size needs d a multiple of 16 (>= 16) and V >= 2, got d={hidden}, V={vocab}")
         return cls(hidden, vocab, max(64, hidden // 16), max(128, hidden // 4))
 
     @classmethod
@@ -51,12 +49,14 @@ class DrafterSize:
         """``"d:V"`` -> :meth:`papers` (d, V)."""
         try:
             d, v = (int(x) for x in spec.split(":"))
-        except ValueError as err:
-            raise ValueError(f"a size is 'd:V' (e.g. 1024:32768), got {spec!r}") from err
+        except ValueError:
+            raise UsageError(f"a size is 'd:V' (e.g. 1024:32768), got {spec!r}") from None
         return cls.papers(d, v)
 
 
 def _target(size: DrafterSize):
+    from lit_domino.testing import random_target
+
     heads = max(1, size.hidden // 128) if size.hidden >= 128 else 2  # head_dim 128 from d = 128, as Qwen3
     return random_target(vocab_size=size.vocab, hidden_size=size.hidden, num_layers=2, num_heads=heads,
                          num_kv_heads=max(1, heads // 4) if heads % 4 == 0 else heads,
@@ -66,6 +66,10 @@ def _target(size: DrafterSize):
 def build_pair(size: DrafterSize, block_size: int, device) -> tuple:
     """A random target of ``size`` and its one-layer backbone and Domino drafters, their backbones equal (the
     ratio is then the head's cost alone) -> (target, {"backbone": ..., "domino": ...}) on ``device``."""
+    import torch
+
+    from lit_domino.models.io import build_drafter, drafter_config
+
     target = _target(size)
     target.model.to(device)
     drafters = {}
@@ -82,6 +86,8 @@ class _Rounds:
     committed tokens (anchor + accepted) with their features; what ``generate`` charges to its draft phase."""
 
     def __init__(self, drafter, pool_size, *, rounds: int, accept: int, prompt_len: int, device):
+        import torch
+
         cfg = drafter.config
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, cfg.vocab_size - 1, (prompt_len,), generator=gen).to(device)
@@ -95,6 +101,8 @@ class _Rounds:
 
     def __call__(self) -> float:
         """One round -> its seconds."""
+        import torch
+
         if self.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -109,6 +117,17 @@ class _Rounds:
         return seconds
 
 
+def check_measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_size: int, rounds: int,
+                  accept: int) -> None:
+    """:func:`measure`'s input, checked whole before the first drafter is built (no torch needed)."""
+    if not sizes:
+        raise UsageError("no drafter sizes to measure (--sizes d:V,...)")
+    if block_size < 2 or not 0 <= accept <= block_size - 2:
+        raise UsageError(f"need block_size >= 2 and 0 <= accept <= block_size - 2, got {block_size}, {accept}")
+    if rounds < 1:
+        raise UsageError(f"rounds must be >= 1, got {rounds}")
+
+
 def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_size: int = 8, rounds: int = 100,
             accept: int = 2, prompt_len: int = 128, device: str = "cpu") -> list[dict]:
     """One row per size and pool: the backbone's and Domino's draft ms per round and their ratio.
@@ -117,15 +136,20 @@ def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_siz
     each), so each of the ``rounds`` samples pairs them at the same context length and the same moment: on a
     shared machine whose speed drifts by 2x within seconds, batches of rounds per drafter disagreed by more
     than the head costs. Times are medians over the rounds; ``ratio`` is the median of the paired ratios."""
-    if block_size < 2 or not 0 <= accept <= block_size - 2:
-        raise ValueError(f"need block_size >= 2 and 0 <= accept <= block_size - 2, got {block_size}, {accept}")
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    check_measure(sizes, pool_sizes, block_size=block_size, rounds=rounds, accept=accept)
+    import torch
+
+    from lit_domino.models.sessions import check_pool_size
+
+    for size in sizes:  # every size's pools, before the first drafter is built
+        for P in pool_sizes:
+            try:
+                check_pool_size(P, size.vocab)
+            except ValueError as err:
+                raise UsageError(f"--pool-sizes {P} at size {size.hidden}:{size.vocab}: {err}") from None
     dev = torch.device(device)
     rows = []
     for size in sizes:
-        for P in pool_sizes:
-            check_pool_size(P, size.vocab)
         target, drafters = build_pair(size, block_size, dev)
         arms = [("backbone", None)] + [("domino", P) for P in pool_sizes]
         with torch.inference_mode():  # as generate's; the drafters are built outside it (decode tables track versions)

@@ -14,30 +14,33 @@ each in its own cache (``LIT_DOMINO_CACHE``, ``MLFLOW_TRACKING_URI``)::
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-import torch
-from mlflow.tracking import MlflowClient
+from lit_domino.configs import PRESETS, load_config
+from lit_domino.runtime.command import CommandParser, UsageError, run_command
 
-from lit_domino.configs import load_config
-from lit_domino.data.benchmarks import load_benchmark
-from lit_domino.decoding import DLoopConfig, generate
-from lit_domino.experiment import train_variant
-from lit_domino.models import load_drafter
-from lit_domino.study import pinned_threads, write_json
-from lit_domino.tables import load_spec
-from lit_domino.target import load_target
-from lit_domino.tracking import default_tracking_uri
-
+# torch, MLflow and the models load inside capture(): the command's input is checked before them
 BENCHMARKS = ("embedded-math", "embedded-code", "embedded-chat")
-GATE = DLoopConfig(threshold=-1.0, max_stages=3)
-"""A loose gate, so later stages are really drafted on the smoke drafters."""
+GATE_SPEC = {"threshold": -1.0, "max_stages": 3}
+"""A loose DLoop gate, so later stages are really drafted on the smoke drafters."""
 
 
 def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_tokens: int = 32) -> dict:
     """Train (or reuse) every variant at seed 0 and record its losses and decodes into ``out`` (JSON)."""
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.data.benchmarks import load_benchmark
+    from lit_domino.decoding import DLoopConfig, generate
+    from lit_domino.experiment import train_variant
+    from lit_domino.models import load_drafter
+    from lit_domino.study import pinned_threads, write_json
+    from lit_domino.tables import load_spec
+    from lit_domino.target import load_target
+    from lit_domino.tracking import default_tracking_uri
+
+    gate = DLoopConfig(**GATE_SPEC)
     client = MlflowClient(default_tracking_uri())
     snapshot = {}
     with pinned_threads(1):
@@ -55,7 +58,7 @@ def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_to
                     row = {"tokens": greedy.tokens, "tau": greedy.tau, "accepted": greedy.accepted_per_round,
                            "sample_tokens": sample.tokens, "sample_tau": sample.tau}
                     if getattr(drafter, "supports_loop_training", False):
-                        looped = generate(target, drafter, ids, max_new_tokens=max_new_tokens, dloop=GATE)
+                        looped = generate(target, drafter, ids, max_new_tokens=max_new_tokens, dloop=gate)
                         row.update(dloop_tokens=looped.tokens, dloop_tau=looped.tau)
                     decodes[f"{name}/{i}"] = row
             snapshot[variant] = {"train_loss": [[m.step, m.value] for m in history],
@@ -83,19 +86,45 @@ def compare(a: dict, b: dict) -> list[dict]:
     return rows
 
 
+PROG = "parity.py"
+
+
+def read_snapshot(path: str) -> dict:
+    """A snapshot written by :func:`capture`; a missing or unreadable file is a :class:`UsageError` naming it."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UsageError(f"snapshot {path!r} " + ("is not a file" if p.exists() else "does not exist"))
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"snapshot {path!r} is not readable JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and "decode" in v for v in data.values()):
+        raise UsageError(f"snapshot {path!r} is not a parity snapshot (parity.py capture writes one)")
+    return data
+
+
 def main(argv=None) -> None:
-    """``experiments/parity.py capture OUT [--preset P]`` | ``compare BEFORE AFTER``."""
-    parser = argparse.ArgumentParser(prog="parity", description=__doc__.split("\n\n")[0])
+    """``experiments/parity.py capture OUT [--preset P]`` | ``compare BEFORE AFTER``; errors are one line."""
+    run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]) -> None:
+    parser = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     cap = sub.add_parser("capture", help="train every variant (seed 0) and snapshot losses and decodes")
     cap.add_argument("out")
-    cap.add_argument("--preset", default="smoke")
+    cap.add_argument("--preset", default="smoke", choices=PRESETS)
     cmp_ = sub.add_parser("compare", help="largest differences between two snapshots")
     cmp_.add_argument("before")
     cmp_.add_argument("after")
     args = parser.parse_args(argv)
     if args.cmd == "capture":
-        capture(args.out, args.preset)
+        out = Path(args.out).expanduser()
+        if out.is_dir() or not out.parent.is_dir():
+            raise UsageError(f"output {args.out!r}: " + ("is a directory" if out.is_dir() else
+                                                         f"its directory {str(out.parent)!r} does not exist"))
+        capture(out, args.preset)
         return
-    for row in compare(json.loads(Path(args.before).read_text()), json.loads(Path(args.after).read_text())):
+    before, after = read_snapshot(args.before), read_snapshot(args.after)
+    for row in compare(before, after):
         print(row)

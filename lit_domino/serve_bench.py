@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_domino.data.benchmarks import load_benchmark, parse_benchmark_list
+from lit_domino.runtime.command import UsageError
+from lit_domino.runtime.inputs import check_positive, check_server, parse_json_object
 from lit_domino.serving import ServerClient, ServerError
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
@@ -46,19 +47,28 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def parse_levels(spec: str | Sequence[int]) -> list[int]:
     """``"1,2,4"`` → ``[1, 2, 4]`` (each >= 1)."""
-    levels = [int(x) for x in spec.split(",") if x.strip()] if isinstance(spec, str) else [int(x) for x in spec]
+    try:
+        levels = [int(x) for x in spec.split(",") if x.strip()] if isinstance(spec, str) else [int(x) for x in spec]
+    except ValueError:
+        levels = []
     if not levels or min(levels) < 1:
-        raise ValueError(f"concurrency levels must be positive integers, got {spec!r}")
+        raise UsageError(f"--concurrency: levels must be positive integers (e.g. 1,2,4), got {spec!r}")
     return levels
 
 
 def benchmark_messages(spec: str, seed: int = 0) -> list[list[dict]]:
     """The first user turn of each prompt of ``name[:n],...`` (:mod:`lit_domino.data.benchmarks`) as chat messages."""
+    from lit_domino.data.benchmarks import load_benchmark, parse_benchmark_list  # datasets: only when measuring
+
+    try:
+        names = parse_benchmark_list(spec)
+    except ValueError as err:
+        raise UsageError(f"--benchmarks: {err}") from None
     out = []
-    for name, n in parse_benchmark_list(spec):
+    for name, n in names:
         out += [[{"role": "user", "content": p.turns[0]}] for p in load_benchmark(name, n, seed=seed)]
     if not out:
-        raise ValueError(f"--benchmarks {spec!r} gave no prompts")
+        raise UsageError(f"--benchmarks {spec!r} gave no prompts")
     return out
 
 
@@ -119,6 +129,24 @@ def serve_bench(servers: Mapping[str, ServerClient], prompts: list[list[dict]], 
     return rows
 
 
+def check_options(args: Mapping) -> tuple[list[int], dict | None]:
+    """The cheap checks, before any prompt is loaded: levels, numbers, JSON, and every URL answers now (one
+    ``GET /v1/models`` each, a few seconds at most) -> (levels, chat template kwargs)."""
+    levels = parse_levels(args["concurrency"])
+    kwargs = parse_json_object(args.get("chat_template_kwargs"), "--chat-template-kwargs")
+    check_positive(args.get("max_tokens"), "--max-tokens")
+    check_positive(args.get("warmup"), "--warmup", 0)
+    check_positive(args.get("retries"), "--retries", 0)
+    if args.get("timeout") is not None and not args["timeout"] > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args['timeout']}")
+    if args.get("temperature") is not None and not args["temperature"] >= 0:
+        raise UsageError(f"--temperature must be >= 0, got {args['temperature']}")
+    check_server(args["url"], "--url")
+    if args.get("baseline"):
+        check_server(args["baseline"], "--baseline")
+    return levels, kwargs
+
+
 def run_serve_bench(options: Mapping | Any) -> list[dict]:
     """The command: measure, then write ``<out>/serve_bench-<time>.md`` + ``.json`` and log one MLflow run.
 
@@ -126,13 +154,8 @@ def run_serve_bench(options: Mapping | Any) -> list[dict]:
     baseline, baseline_model, benchmarks, concurrency, max_tokens, temperature, chat_template_kwargs (JSON),
     retries, timeout, warmup, seed, out, experiment, no_mlflow, no_progress.
     """
-    import json
-
     args = dict(options if isinstance(options, Mapping) else vars(options))
-    levels = parse_levels(args["concurrency"])
-    kwargs = json.loads(args["chat_template_kwargs"]) if args.get("chat_template_kwargs") else None
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise ValueError(f"--chat-template-kwargs must be a JSON object, got {args['chat_template_kwargs']!r}")
+    levels, kwargs = check_options(args)
     prompts = benchmark_messages(args["benchmarks"], seed=args.get("seed", 0))
     client_kw = {"retries": args.get("retries", 3), "timeout_s": args.get("timeout", 600.0)}
     servers = {"speculative": ServerClient(args["url"], model=args.get("model"), **client_kw)}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from torch.utils.data import TensorDataset
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
@@ -192,6 +192,30 @@ def _lm_module(cfg: TinyTargetConfig, model):
     return TinyTargetLM()
 
 
+class StepProgressBar(TQDMProgressBar):
+    """One bar over the optimizer steps: the target trains by ``max_steps`` only (``max_epochs=-1``), where
+    Lightning's own bar reads "Epoch 0/-2" and restarts on every pass over the windows."""
+
+    def on_train_epoch_start(self, trainer, *_):
+        bar = self.train_progress_bar
+        if bar.total != trainer.max_steps:  # once (the base class resets it on every epoch)
+            bar.reset(total=trainer.max_steps)
+            bar.set_description("tiny target steps")
+            self._show(bar, trainer.global_step)  # a resumed build starts where it stopped
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        bar = self.train_progress_bar
+        if bar is not None and self._should_update(trainer.global_step, bar.total):
+            self._show(bar, trainer.global_step)
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    @staticmethod
+    def _show(bar, n: int) -> None:
+        if not bar.disable:
+            bar.n = n
+            bar.refresh()
+
+
 def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool = True, *,
                 checkpoint_every: int = 100, callbacks=()):
     """Train the tiny Qwen3 on the packed corpora; resumes exactly from ``workdir/ckpt/last.ckpt``.
@@ -225,7 +249,7 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
                                        # checkpoint would otherwise write last-v1.ckpt, and the
                                        # next resume would read the stale last.ckpt
                                        enable_version_counter=False),
-                       TrackLoaderPosition(), *callbacks],
+                       TrackLoaderPosition(), *callbacks, *([StepProgressBar()] if progress else [])],
             enable_progress_bar=progress,
             enable_model_summary=False,
             num_sanity_val_steps=0,

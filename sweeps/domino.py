@@ -30,8 +30,13 @@ os.environ.setdefault("MPLBACKEND", "Agg")  # plots are written to files, never 
 
 import yaml  # noqa: E402
 
-from lit_domino import sweep  # noqa: E402
-from lit_domino.experiment import parse_override  # noqa: E402
+from lit_domino.configs import PRESETS, parse_override  # noqa: E402 (light: yaml only)
+from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402
+
+PROG = "sweeps/domino.py"
+# lit_domino.sweep imports Optuna, Lightning and torch (~20 s on a busy machine): it loads after parsing, and
+# its defaults are shown by --help only (they are filled in from SweepSettings after parsing otherwise)
+SPACE_FILE = ROOT / "sweeps" / "space.yaml"
 
 
 def _interval(text: str):
@@ -44,9 +49,28 @@ def _interval(text: str):
             raise argparse.ArgumentTypeError(f"expected a step count or a fraction, got {text!r}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sweeps/domino.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+class _Defaults:
+    """SweepSettings' defaults for the help text; None for every field when the parser is built to parse."""
+
+    def __init__(self, settings=None):
+        self.settings = settings
+
+    def __getattr__(self, name):
+        return None if self.settings is None else getattr(self.settings, name)
+
+
+def build_parser(with_defaults: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; ``with_defaults`` (for --help) imports :mod:`lit_domino.sweep` to show its defaults,
+    without it the settings' options default to None (= SweepSettings' default, see :func:`settings_from`)."""
+    objectives = None
+    if with_defaults:
+        from lit_domino import sweep
+
+        d, objectives = _Defaults(sweep.SweepSettings()), sweep.OBJECTIVES
+    else:
+        d = _Defaults()
+    parser = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p):
@@ -57,15 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="launch or attach worker(s) to a study")
     common(run)
-    d = sweep.SweepSettings()
-    run.add_argument("--space", default=str(sweep.DEFAULT_SPACE_FILE), help="search space YAML (default %(default)s)")
+    run.add_argument("--space", default=str(SPACE_FILE), help="search space YAML (default %(default)s)")
     run.add_argument("--n-trials", type=int, default=d.n_trials,
                      help="finished trials the study should hold, all workers together (default %(default)s)")
-    run.add_argument("--objective", choices=sweep.OBJECTIVES, default=d.objective,
+    run.add_argument("--objective", choices=objectives, default=d.objective,
                      help="mean over domains of tau (papers' τ) or speedup vs our AR baseline (default %(default)s)")
     run.add_argument("--preset", default=d.preset, help="smoke | default | paper (default %(default)s)")
     run.add_argument("--seed", type=int, default=d.seed, help="training seed of every trial")
-    run.add_argument("--workers", type=int, default=1, help="worker processes to spawn on this study")
+    run.add_argument("--workers", type=int, default=1, help="worker processes to spawn on this study (>= 1)")
     run.add_argument("--resume", action="store_true",
                      help="continue after a crash: fail trials of dead workers (Optuna heartbeat; without one, "
                           "every RUNNING trial), retry failed trials once")
@@ -79,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--temperature", type=float, default=d.temperature, help="decoding temperature (default 0)")
     run.add_argument("--set", dest="overrides", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                      help="fixed config override for every trial, e.g. --set data.batch_size=8 (repeatable)")
-    run.add_argument("--pruner", choices=("median", "none"), default="median", help="pruning on val/tau_sim")
+    run.add_argument("--pruner", choices=("median", "none"), default=d.pruner, help="pruning on val/tau_sim")
     run.add_argument("--n-startup-trials", type=int, default=d.n_startup_trials,
                      help="trials before pruning and TPE start (default %(default)s)")
     run.add_argument("--n-warmup-steps", type=int, default=d.n_warmup_steps,
@@ -104,36 +127,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from(args) -> sweep.SweepSettings:
+SETTINGS_OPTIONS = ("study_name", "storage", "objective", "preset", "seed", "max_steps", "val_check_interval",
+                    "prompts", "prompts_per_domain", "max_new_tokens", "temperature", "n_trials", "pruner",
+                    "n_startup_trials", "n_warmup_steps", "sampler_seed", "heartbeat", "max_retries", "evaluator",
+                    "experiment", "progress")
+"""The options that are :class:`~lit_domino.sweep.SweepSettings` fields of the same name (None = its default)."""
+
+
+def settings_from(args):
+    """The worker's :class:`~lit_domino.sweep.SweepSettings` (options left unset keep the dataclass defaults)."""
+    from lit_domino import sweep
+
     threads = args.threads
     if threads is None and args.workers > 1:
         threads = max(1, (os.cpu_count() or 1) // args.workers)
-    return sweep.SweepSettings(
-        study_name=args.study_name, storage=args.storage, objective=args.objective, preset=args.preset,
-        seed=args.seed, overrides=dict(args.overrides), max_steps=args.max_steps,
-        val_check_interval=args.val_check_interval, prompts=args.prompts,
-        prompts_per_domain=args.prompts_per_domain, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, n_trials=args.n_trials, pruner=args.pruner,
-        n_startup_trials=args.n_startup_trials, n_warmup_steps=args.n_warmup_steps,
-        sampler_seed=args.sampler_seed, heartbeat=args.heartbeat, max_retries=args.max_retries,
-        evaluator=args.evaluator, experiment=args.experiment, threads=threads, progress=args.progress,
-    )
+    given = {k: getattr(args, k) for k in SETTINGS_OPTIONS if getattr(args, k) is not None}
+    return sweep.SweepSettings(**given, overrides=dict(args.overrides), threads=threads)
 
 
-def worker_argv(args, settings: sweep.SweepSettings, index: int) -> list[str]:
+def worker_argv(args, settings, index: int) -> list[str]:
     """The command line of spawned worker ``index`` (no --resume: the launcher already recovered)."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "run", "--study-name", args.study_name,
-            "--space", args.space, "--n-trials", str(args.n_trials), "--objective", args.objective,
-            "--preset", args.preset, "--seed", str(args.seed), "--prompts", args.prompts,
-            "--prompts-per-domain", str(args.prompts_per_domain), "--max-new-tokens", str(args.max_new_tokens),
-            "--temperature", str(args.temperature), "--pruner", args.pruner,
-            "--n-startup-trials", str(args.n_startup_trials), "--n-warmup-steps", str(args.n_warmup_steps),
-            "--heartbeat", str(args.heartbeat), "--max-retries", str(args.max_retries),
+    s = settings
+    argv = [sys.executable, str(Path(__file__).resolve()), "run", "--study-name", s.study_name,
+            "--space", args.space, "--n-trials", str(s.n_trials), "--objective", s.objective,
+            "--preset", s.preset, "--seed", str(s.seed), "--prompts", s.prompts,
+            "--prompts-per-domain", str(s.prompts_per_domain), "--max-new-tokens", str(s.max_new_tokens),
+            "--temperature", str(s.temperature), "--pruner", s.pruner,
+            "--n-startup-trials", str(s.n_startup_trials), "--n-warmup-steps", str(s.n_warmup_steps),
+            "--heartbeat", str(s.heartbeat), "--max-retries", str(s.max_retries),
             "--worker-index", str(index)]
-    optional = {"--storage": settings.storage_url(), "--max-steps": args.max_steps,
-                "--val-check-interval": args.val_check_interval, "--evaluator": args.evaluator,
-                "--experiment": args.experiment, "--threads": settings.threads,
-                "--sampler-seed": None if args.sampler_seed is None else args.sampler_seed + index}
+    optional = {"--storage": settings.storage_url(), "--max-steps": s.max_steps,
+                "--val-check-interval": s.val_check_interval, "--evaluator": s.evaluator,
+                "--experiment": s.experiment, "--threads": settings.threads,
+                "--sampler-seed": None if s.sampler_seed is None else s.sampler_seed + index}
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
@@ -144,26 +170,50 @@ def worker_argv(args, settings: sweep.SweepSettings, index: int) -> list[str]:
     return argv
 
 
+def check_args(args) -> None:
+    """The checks that need no sweep import (Optuna, torch): answered in well under a second."""
+    if args.command != "run":
+        return
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    for flag in ("n_trials", "prompts_per_domain", "max_new_tokens", "max_steps"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.preset is not None and args.preset not in PRESETS:
+        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if not Path(args.space).expanduser().is_file():
+        raise UsageError(f"--space {args.space!r} does not exist")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The exit code: 0, 1 (a worker failed), 2 (bad input: one line ``sweeps/domino.py: error: ...``), 130."""
+    try:
+        return run_command(PROG, _run, argv)
+    except SystemExit as done:  # run_command's and the parser's one-line errors: returned, as the workers' codes
+        return done.code if isinstance(done.code, int) else 2
+
+
+def _run(argv: list[str]) -> int:
+    help_asked = any(a in ("-h", "--help") for a in argv)
+    args = build_parser(with_defaults=help_asked).parse_args(argv)
+    check_args(args)
+    from lit_domino import sweep
+
     try:
         if args.command == "summary":
             study = sweep.load_existing_study(args.study_name, args.storage)
             sweep.summarize(study, args.out, log_to_mlflow=not args.no_mlflow)
             return 0
-        if args.workers < 1:
-            raise sweep.SweepError(f"--workers must be >= 1, got {args.workers}")
         settings = settings_from(args).check()
         space = sweep.load_space(args.space)
         return sweep.run_sweep(settings, space, workers=args.workers, resume=args.resume,
                                worker_command=lambda i: worker_argv(args, settings, i),
                                summary=args.summary and args.worker_index is None)
-    except sweep.SweepError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("interrupted; resume with the same command plus --resume", file=sys.stderr)
-        return 130
+        raise KeyboardInterrupt("resume with the same command plus --resume") from None
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def test_cli_refuses_bad_input_before_training(capsys):
     import experiments.dloop as cli
 
     for argv, match in ((["--thresholds", "-0.5,0.5"], "positive"), (["--stages", "0"], ">= 1"),
-                        (["--table-dloop", "x"], "THRESHOLD:STAGES")):
+                        (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]")):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert match in capsys.readouterr().err

@@ -121,3 +121,21 @@ def test_tokenizer_is_trained_once_by_concurrent_builders(tmp_path, monkeypatch)
     assert out[0].get_vocab() == out[1].get_vocab()
     tok_dirs = [p for p in (tmp_path / "tokenizer").iterdir() if not p.name.startswith(".")]
     assert len(tok_dirs) == 1 and cache.is_complete(tok_dirs[0])
+
+
+def test_progress_bar_counts_steps_not_epochs(tokenizer, tmp_path, one_thread):
+    """Training by max_steps only (max_epochs -1): Lightning's own bar read "Epoch 0/-2" and restarted every
+    epoch; the target's bar is one bar over the optimizer steps."""
+
+    class _Seen(L.Callback):
+        def on_train_end(self, trainer, *args):
+            bar = trainer.progress_bar_callback
+            self.bar = (type(bar), bar.train_progress_bar.total, bar.train_progress_bar.n,
+                        bar.train_progress_bar.desc)
+
+    seen = _Seen()
+    cfg = tt.with_overrides(CFG, max_steps=5)  # more steps than the windows of one epoch
+    tt.train_model(cfg, tokenizer, tmp_path, progress=True, callbacks=[seen])
+    kind, total, n, desc = seen.bar
+    assert kind is tt.StepProgressBar and total == n == 5
+    assert "Epoch" not in desc and "steps" in desc

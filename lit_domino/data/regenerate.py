@@ -40,6 +40,8 @@ from tqdm.auto import tqdm
 
 from lit_domino import cache
 from lit_domino.data.corpora import build_corpus
+from lit_domino.runtime.command import UsageError
+from lit_domino.runtime.inputs import parse_shard  # noqa: F401 (the API: "i/N" -> (i, N), checked)
 from lit_domino.serving import Completion, ServerClient, ServerError
 
 log = logging.getLogger(__name__)
@@ -258,23 +260,6 @@ def _load_shard(shard_path: Path):
         return None
 
 
-def parse_shard(spec: str | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``"i/N"`` (0 <= i < N) → ``(i, N)``; None stays None."""
-    if spec is None or isinstance(spec, tuple):
-        pair = spec
-    else:
-        i, sep, n = str(spec).partition("/")
-        try:
-            pair = (int(i), int(n)) if sep else None
-        except ValueError:
-            pair = None
-        if pair is None:
-            raise ValueError(f"shard must be i/N (e.g. 0/4), got {spec!r}")
-    if pair is not None and not (pair[1] >= 1 and 0 <= pair[0] < pair[1]):
-        raise ValueError(f"shard {pair[0]}/{pair[1]}: need N >= 1 and 0 <= i < N")
-    return pair
-
-
 def regenerate(target, cfg: RegenConfig, root: Path | None = None, progress: bool = True,
                backend: ServerBackend | None = None, merge_only: bool = False):
     """Build (or reuse, or resume) the regenerated dataset; returns a ``datasets.Dataset``.
@@ -371,7 +356,7 @@ def _build(target, cfg: RegenConfig, path: Path, progress: bool, backend=None, m
         missing = [k for k in range(len(shards)) if not cache.is_complete(_chunk_path(path, k), warn=False)]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-            raise ValueError(f"cannot merge {path}: {len(missing)} of {len(shards)} chunks are not regenerated yet "
+            raise UsageError(f"cannot merge {path}: {len(missing)} of {len(shards)} chunks are not regenerated yet "
                              f"(chunks {shown}); run the --shard i/N workers first (chunk k belongs to shard k % N), "
                              "or drop --merge to answer them here")
     parts, _, new_tokens, seconds = _answer_chunks(target, cfg, path, shards, range(len(shards)), progress, backend,

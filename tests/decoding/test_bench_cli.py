@@ -47,26 +47,32 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
     assert any(k.endswith("/speedup") for k in run.data.metrics)
 
 
-def test_bench_cli_errors():
+def test_bench_cli_errors(capsys):
     from lit_domino.bench import load_drafters
+    from lit_domino.runtime.command import UsageError
 
     bench = bench_module()
-    with pytest.raises(SystemExit, match="name=path"):
+    with pytest.raises(UsageError, match="name=path"):
         load_drafters("oops", None, "cpu")
-    with pytest.raises(ValueError, match="never positive"):
+    with pytest.raises(SystemExit) as done:  # one line, rc 2 (tests/test_commands.py has the rest)
         bench.main(["--target", "random", "--dloop", "0.5:2", "--benchmarks", "random:1", "--no-mlflow"])
+    assert done.value.code == 2 and "never positive" in capsys.readouterr().err
 
 
 def test_bench_pool_sizes_option():
     from lit_domino.bench import parse_pool_sizes
 
+    from lit_domino.runtime.command import UsageError
+
     assert parse_pool_sizes("full,16, 64") == [None, 16, 64]
-    with pytest.raises(SystemExit, match="pool-sizes"):
+    with pytest.raises(UsageError, match="pool-sizes"):
         parse_pool_sizes("16,lots")
 
 
-def test_bench_compile_without_a_cpp_compiler_is_refused(monkeypatch):
+def test_bench_compile_without_a_cpp_compiler_is_refused(monkeypatch, capsys):
     monkeypatch.setenv("CXX", "no-such-c++-compiler")
     bench = bench_module()
-    with pytest.raises(SystemExit, match="--compile: compile=True on a CPU needs a C\\+\\+ compiler"):
+    with pytest.raises(SystemExit) as done:
         bench.main(["--target", "random", "--compile", "--benchmarks", "random:1", "--no-mlflow"])
+    assert done.value.code == 2
+    assert "--compile: compile=True on a CPU needs a C++ compiler" in capsys.readouterr().err
