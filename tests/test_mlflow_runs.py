@@ -222,10 +222,10 @@ def test_the_ablation_says_restarting_only_for_an_interrupted_run(tmp_path, stor
     for cfg, status in zip(configs, ("FINISHED", "KILLED")):
         run_id = store.create_run(exp).info.run_id
         store.set_terminated(run_id, status)
-        folder = ablation.drafter_artifact(cfg) / "checkpoints"
+        folder = experiment.drafter_artifact(cfg) / "checkpoints"
         folder.mkdir(parents=True)
         (folder / "mlflow_run_id").write_text(run_id)
-    monkeypatch.setattr(ablation, "train_variant", lambda cfg, **_: TrainedDrafter(
+    monkeypatch.setattr(experiment, "train_variant", lambda cfg, **_: TrainedDrafter(
         "backbone", "smoke", cfg["seed_everything"], tmp_path, {}, None, False))
     ablation.train_all(configs, "plan", JobClock(jobs=1), {}, progress=False)
     lines = [l for l in capsys.readouterr().out.splitlines() if "stage 2/4 train [" in l]

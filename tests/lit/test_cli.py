@@ -136,12 +136,20 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
     assert type(restored).__name__ == "DominoModule" and restored.hparams.feature_layers == [1, 3]
     for k, v in cli.model.drafter.state_dict().items():
         assert torch.equal(v, restored.drafter.state_dict()[k])
-    # resume with more epochs: same MLflow run, continues at the saved step
+    # continue the finished training for another epoch: it resumes at the saved step, in a new run that
+    # supersedes the finished one (a completed run is never reopened; its history stays as it was)
+    from lit_domino.tracking import SUPERSEDED_BY_TAG, SUPERSEDES_TAG
+
     steps = cli.trainer.global_step
+    history = [m.step for m in client.get_metric_history(run_id, "train/loss")]
     cli2 = train.main(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last"])
-    assert cli2.trainer.logger.run_id == run_id
-    assert cli2.trainer.global_step == 2 * steps
-    assert client.get_run(run_id).info.status == "FINISHED"
+    new_id = cli2.trainer.logger.run_id
+    assert new_id != run_id and cli2.trainer.global_step == 2 * steps
+    assert client.get_run(run_id).data.tags[SUPERSEDED_BY_TAG] == new_id
+    assert client.get_run(new_id).data.tags[SUPERSEDES_TAG] == run_id
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == history
+    assert min(m.step for m in client.get_metric_history(new_id, "train/loss")) >= steps - 1
+    assert client.get_run(new_id).info.status == "FINISHED"
 
 
 def test_cli_crash_before_training_is_recorded_failed(train, tmp_path, capsys):
