@@ -475,13 +475,13 @@ the standard library's Python, chat). `load_target("embedded:{cfg.name}")` loads
 | | |
 |---|---|
 | optimizer steps | {cfg.max_steps} ({r['train_tokens']:,} tokens, batch {cfg.batch_size} x {cfg.seq_len}) |
-| training time | {r['train_seconds'] / 60:.1f} min on 2 CPU cores ({r['train_segments']} segment(s)) |
+| training time | {r['train_seconds'] / 60:.1f} min of wall time on CPU ({r['train_segments']} segment(s)) |
 | greedy math accuracy | {r['math_accuracy']:.1%} ({cfg.eval_examples} held-out problems) |
 | held-out perplexity (answers) | {ppl} |
 | final training loss | {r['final_train_loss']:.3f} |
 | weights on disk | {card['stored_dtype']} (greedy answers identical to the fp32 build: {card['greedy_identical_to_fp32']}) |
 | files | {size / 2**20:.1f} MiB, SHA-256 of each in `target_card.json` |
-
+{"".join(f"{chr(10)}{note}{chr(10)}" for note in card.get("notes", []))}
 Rebuild from the recipe (cached under `artifacts/target/`), then ship it here:
 
     python experiments/build_target.py --preset {cfg.name} --ship
