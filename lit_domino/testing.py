@@ -113,3 +113,70 @@ class _OracleSession:
                 toks[k] = ref[self.pos + 1 + k]
         self.pos += num_tokens
         return SimpleNamespace(tokens=toks, logprobs=out.logprobs, probs=out.probs)
+
+
+# --------------------------------------------------------------------------- the chi-square test of sampling (T > 0)
+
+
+def exact_joint(target: Target, prompt: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """P(x_1, x_2) of sampling ``target`` after ``prompt``, x_0 marginalised: sum_x0 p(x0) p(x1|x0) p(x2|x0,x1)
+    (``[V, V]``; enumerates V^2 continuations, so for tiny vocabularies)."""
+    def p(seq):
+        with torch.no_grad():
+            logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]
+        return torch.softmax(logits.double() / temperature, -1)
+
+    p0 = p(prompt)
+    V = p0.numel()
+    joint = torch.zeros(V, V, dtype=torch.double)
+    for x0 in range(V):
+        p1 = p(prompt + [x0])
+        for x1 in range(V):
+            joint[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
+    return joint
+
+
+def sampled_pairs(target: Target, drafter, prompt: list[int], n: int, **generate_kwargs):
+    """``n`` seeded decodes of 3 tokens: the counts of (x_1, x_2) (``[V, V]``) and every accepted count seen."""
+    from lit_domino.decoding import generate
+
+    V = target.model.get_input_embeddings().weight.shape[0]
+    counts, accepted = torch.zeros(V, V, dtype=torch.double), set()
+    for seed in range(n):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, seed=seed, **generate_kwargs)
+        counts[res.tokens[1], res.tokens[2]] += 1
+        accepted.update(res.accepted_per_round)
+    return counts, accepted
+
+
+def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's statistic; cells with expected < min_expected are pooled into one cell."""
+    observed, expected = observed.double().flatten(), expected.double().flatten()
+    small = expected < min_expected
+    obs = torch.cat([observed[~small], observed[small].sum().view(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+
+
+def dof_after_pooling(expected: torch.Tensor, min_expected: float = 5.0) -> int:
+    small = expected.flatten() < min_expected
+    return int((~small).sum()) + (1 if small.any() else 0) - 1
+
+
+def chi2_critical(dof: int, alpha: float = 1e-3) -> float:
+    """Critical value of chi-square(dof) at level alpha (scipy if installed, else Wilson-Hilferty)."""
+    try:
+        from scipy.stats import chi2
+
+        return float(chi2.isf(alpha, dof))
+    except ImportError:
+        z = {1e-3: 3.0902, 1e-2: 2.3263}[alpha]
+        return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+def passes_chi_square(counts: torch.Tensor, law: torch.Tensor) -> tuple[bool, float]:
+    """Whether ``counts`` are distributed as ``law`` at level 1e-3 (and the statistic)."""
+    expected = law * counts.sum()
+    stat = chi_square(counts, expected)
+    return stat < chi2_critical(dof_after_pooling(expected)), stat

@@ -6,16 +6,19 @@ import dataclasses
 import math
 from typing import Literal
 
-from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
+from lit_domino.lit.backbone import BackboneModule
+from lit_domino.lit.base import check_positive
 from lit_domino.models import DSparkDrafter
 from lit_domino.models.dspark import HEAD_TYPES
 from lit_domino.objectives import LossSettings
 
 
-class DSparkModule(DrafterModule):
+class DSparkModule(BackboneModule):
     """DSpark: ``loss = ce_weight·CE + tv_weight·TV(q, p) + confidence_weight·BCE(conf, 1 − TV)``, each term
     position-weighted (``gamma``: DeepSpec's 4), p the target's distribution (the DataModule's ``dspark``
     feature rule delivers it with the features).
+
+    Its training step is the backbone's (the drafter's own ``block_loss`` holds the objective).
 
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s):
         rank: rank r of the Markov bias W2·W1[x_{k-1}] (paper 256).
@@ -62,12 +65,3 @@ class DSparkModule(DrafterModule):
         h = self.hparams
         return dataclasses.replace(super().loss_settings(lam), distill=(float(h.ce_weight), float(h.tv_weight),
                                                                         float(h.confidence_weight)))
-
-    def forward_step(self, batch: dict, stage: str) -> StepOutput:
-        out = self.drafter.forward_train(
-            batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"],
-            loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"], with_logits=self.with_logits,
-        )
-        loss, logs = self.drafter.block_loss(out, self.loss_settings())
-        preds = self.drafter.block_preds(out, self.hparams.loss_chunk_size) if stage != "train" else None
-        return StepOutput(loss=loss, logs=logs, preds=preds, labels=out.labels)

@@ -10,7 +10,8 @@ from lit_domino.decoding.dloop import GATES
 from lit_domino.decoding.engine import cpp_compiler
 from lit_domino.models.backbone import _static_state
 from lit_domino.models import build_drafter, drafter_config, kinds
-from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
+from lit_domino.testing import (OracleMix, exact_joint, hf_greedy, lively_target, passes_chi_square, random_target,
+                                sampled_pairs)
 
 KINDS = kinds()
 
@@ -133,37 +134,10 @@ def test_real_domino_sampling_is_distributed_as_the_target(pool_size):
     with torch.no_grad():  # a confident, wrong-ish draft: q far from p, so rejections matter
         drafter.head.up.weight.mul_(50.0)
     prompt = [3, 5, 2, 6]
-
-    def p(seq):
-        with torch.no_grad():
-            return torch.softmax(target.model(input_ids=torch.tensor([seq])).logits[0, -1].double(), -1)
-
-    exact = torch.zeros(V, V, dtype=torch.double)
-    p0 = p(prompt)
-    for x0 in range(V):
-        p1 = p(prompt + [x0])
-        for x1 in range(V):
-            exact[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
-    n, counts, accepted = 2000, torch.zeros(V, V, dtype=torch.double), set()
-    for seed in range(n):
-        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=1.0, seed=seed,
-                       pool_size=pool_size)
-        counts[res.tokens[1], res.tokens[2]] += 1
-        accepted.update(res.accepted_per_round)
+    counts, accepted = sampled_pairs(target, drafter, prompt, 2000, temperature=1.0, pool_size=pool_size)
     assert {0, 1} <= accepted
-    expected = exact * n
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum().view(1)])
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    dof = len(obs) - 1
-    try:
-        from scipy.stats import chi2
-
-        critical = float(chi2.isf(1e-3, dof))
-    except ImportError:  # Wilson-Hilferty approximation, z_{0.999} = 3.0902
-        critical = dof * (1 - 2 / (9 * dof) + 3.0902 * (2 / (9 * dof)) ** 0.5) ** 3
-    assert stat < critical, stat
+    ok, stat = passes_chi_square(counts, exact_joint(target, prompt))
+    assert ok, stat
 
 
 def test_drafter_position_limit_is_checked_before_decoding(targets):

@@ -8,7 +8,8 @@ import torch
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
+from lit_domino.testing import (OracleMix, exact_joint, hf_greedy, lively_target, passes_chi_square, random_target,
+                                sampled_pairs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,32 +54,10 @@ def test_dspark_sampling_is_distributed_as_the_target(head_type):
         torch.nn.init.normal_(d.head.w1.weight, std=1.0)
         torch.nn.init.normal_(d.head.w2.weight, std=3.0)
     prompt = [3, 5, 2, 6]
-
-    def p(seq):
-        with torch.no_grad():
-            return torch.softmax(target.model(input_ids=torch.tensor([seq])).logits[0, -1].double(), -1)
-
-    exact = torch.zeros(V, V, dtype=torch.double)
-    p0 = p(prompt)
-    for x0 in range(V):
-        p1 = p(prompt + [x0])
-        for x1 in range(V):
-            exact[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
-    n, counts, accepted = 2000, torch.zeros(V, V, dtype=torch.double), set()
-    for seed in range(n):
-        res = generate(target, d, torch.tensor([prompt]), max_new_tokens=3, temperature=1.0, seed=seed)
-        counts[res.tokens[1], res.tokens[2]] += 1
-        accepted.update(res.accepted_per_round)
+    counts, accepted = sampled_pairs(target, d, prompt, 2000, temperature=1.0)
     assert {0, 1} <= accepted
-    expected = exact * n
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum().view(1)])
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    dof = len(obs) - 1
-    from scipy.stats import chi2
-
-    assert stat < float(chi2.isf(1e-3, dof)), stat
+    ok, stat = passes_chi_square(counts, exact_joint(target, prompt))
+    assert ok, stat
 
 
 def test_dspark_sampling_q_is_the_heads_corrected_softmax(target):

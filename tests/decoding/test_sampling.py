@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.sampling import pick, residual, verify_greedy, verify_sampling
-from lit_domino.testing import random_target
+from lit_domino.testing import chi2_critical, chi_square, dof_after_pooling, exact_joint, random_target
 
 V = 8  # tiny vocabulary: the joint of two tokens has 64 cells
 
@@ -61,32 +60,6 @@ def test_pick_greedy_and_sampled():
 # --------------------------------------------------------------------------- chi-square helpers
 
 
-def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Pearson's statistic; cells with expected < min_expected are pooled into one cell."""
-    observed, expected = observed.double().flatten(), expected.double().flatten()
-    small = expected < min_expected
-    obs = torch.cat([observed[~small], observed[small].sum().view(1)])
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-
-
-def chi2_critical(dof: int, alpha: float = 1e-3) -> float:
-    """Critical value of chi-square(dof) at level alpha (scipy if installed, else Wilson-Hilferty)."""
-    try:
-        from scipy.stats import chi2
-
-        return float(chi2.isf(alpha, dof))
-    except ImportError:
-        z = {1e-3: 3.0902, 1e-2: 2.3263}[alpha]
-        return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
-def dof_after_pooling(expected: torch.Tensor, min_expected: float = 5.0) -> int:
-    small = expected.flatten() < min_expected
-    return int((~small).sum()) + (1 if small.any() else 0) - 1
-
-
 # --------------------------------------------------------------------------- a tiny target and a q != p drafter
 
 
@@ -130,22 +103,6 @@ class QDrafter:
 
     def new_session(self):
         return QSession(self)
-
-
-def exact_joint(target, prompt, temperature):
-    """P(x_1, x_2) of target sampling, x_0 marginalised: sum_x0 p(x0) p(x1|x0) p(x2|x0,x1)."""
-    def p(seq):
-        with torch.no_grad():
-            logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]
-        return torch.softmax(logits.double() / temperature, -1)
-
-    joint = torch.zeros(V, V, dtype=torch.double)
-    p0 = p(prompt)
-    for x0 in range(V):
-        p1 = p(prompt + [x0])
-        for x1 in range(V):
-            joint[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
-    return joint
 
 
 def q_joint(drafter):
