@@ -285,6 +285,12 @@ REAL_ERRORS = [  # (command, argv, the start of its one line)
     ("export.py", ["slm", "out", "--format", "dflash", "--target", "embedded:default"],
      "export.py: error: a 'small_lm' drafter cannot be written as 'dflash'"),
     ("memory_bench.py", ["--methods", "nosuch"], "memory_bench.py: error: --methods: unknown method(s) 'nosuch'"),
+    # model keys and their types read from the modules' source (configs.static_module): no Lightning import
+    ("ablation.py", ["--set", "model.rnak=8"],
+     "ablation: error: model.rnak: no variant of this run takes it (eagle3, small_lm, backbone, domino"),
+    ("ablation.py", ["--set", "model.lr=abc"], "ablation: error: variant eagle3: model.lr: expected a float, got 'abc'"),
+    ("train.py", ["fit", "--variant", "domino", "--set", "model.rnak=8"],
+     "train: error: unknown config key model.rnak; did you mean model.rank?"),
 ]
 
 
