@@ -51,16 +51,20 @@ def _run(argv: list[str]):
 
     if args.preset not in PRESETS:
         raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    from lit_domino.decoding.dloop import DLoopConfig
+    from lit_domino.decoding import DLoopConfig  # torch-free: a bad gate spec is answered before the study loads
+
+    try:
+        gate = DLoopConfig.parse(args.table_dloop) if args.table_dloop else None  # bench.py's --dloop parser too
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.table_dloop and gate is None:
+        raise UsageError("the DLoop table needs a gate, not 'off'")
     from lit_domino.dloop_study import parse_list, run_dloop_study, study_plan, table_gate
 
     choice = dict(drafters=args.drafters.split(",") if args.drafters else None)
-    try:  # bad input (g > 0, N < 1, unknown drafters, a gate spec) fails here, before any training
-        if args.table_dloop:
-            gate = DLoopConfig.parse(args.table_dloop)  # the suite's one gate-spec parser (bench.py's --dloop too)
-            if gate is None:
-                raise ValueError("the DLoop table needs a gate, not 'off'")
-            choice["table_dloop"] = table_gate(gate)
+    if gate is not None:
+        choice["table_dloop"] = table_gate(gate)
+    try:  # bad input (g > 0, N < 1, unknown drafters) fails here, before any training
         choice.update(thresholds=parse_list(args.thresholds, float), stages=parse_list(args.stages, int))
         study_plan(args.preset, **choice)
     except UsageError:

@@ -65,14 +65,14 @@ def _run(argv: list[str]) -> Path:
     args = parse_args(argv)
     source, out, cfg = check_paths(args.source, args.out)
     check_target_spec(args.target)
-    from lit_domino.interop import export_drafter, formats_for  # here, so that bad input answers without torch
-    from lit_domino.models import load_drafter
+    from lit_domino.interop import format_refusal  # torch-free: the format modules load on first use
 
-    kind = cfg.get("kind")
-    if kind is not None and args.format not in formats_for(kind):  # before the target is loaded
-        can = formats_for(kind)
-        raise UsageError(f"a {kind!r} drafter cannot be written as {args.format!r}; formats for {kind!r}: "
-                         f"{', '.join(can) if can else 'none (keep its save_pretrained directory)'}")
+    kind = cfg.get("kind")  # None: a foreign layout, converted by the format's own checks
+    refusal = format_refusal(kind, args.format) if kind is not None else None
+    if refusal:  # before torch and the target
+        raise UsageError(refusal)
+    from lit_domino.interop import export_drafter
+    from lit_domino.models import load_drafter
     from lit_domino.target import load_target
 
     target = load_target(args.target) if args.target else None

@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lit_domino.memory_cases import METHODS, PATHS  # noqa: E402 (torch-free)
 from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
 from lit_domino.runtime.inputs import check_positive  # noqa: E402
 
 PROG = "memory_bench.py"
-PATHS = ("old", "new")
 
 
 def run(method: str, path: str, shape: StepShape, threads: int) -> dict:
@@ -67,7 +67,7 @@ def table(rows: list[dict]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = CommandParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default=None,
-                    help="comma list of the drafter methods (lit_domino.memory.METHODS; default: all of them)")
+                    help="comma list of the drafter methods (lit_domino.memory_cases.METHODS; default: all of them)")
     ap.add_argument("--anchors", type=int, default=128, help="A, anchors per sequence (paper 512)")
     ap.add_argument("--seq-len", type=int, default=1024, help="T, tokens per sequence")
     ap.add_argument("--hidden", type=int, default=64, help="d, the narrow width")
@@ -84,6 +84,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not paths or set(paths) - set(PATHS):
         raise UsageError(f"--paths: a comma list of {', '.join(PATHS)}, got {args.paths!r}")
     args.paths = ",".join(paths)
+    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise UsageError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+                         f"choose from {', '.join(METHODS)}")
+    args.methods = ",".join(methods)
     return args
 
 
@@ -94,13 +100,9 @@ def main(argv=None) -> None:
 
 def _run(argv: list[str]) -> None:
     args = parse_args(argv)
-    from lit_domino.memory import METHODS, PATH_KEYS, StepShape, memory_model, memory_model_table
+    from lit_domino.memory import PATH_KEYS, StepShape, memory_model, memory_model_table
 
-    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise UsageError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
-                         f"choose from {', '.join(METHODS)}")
+    methods = args.methods.split(",")
     shape = StepShape.cpu_bench(anchors=args.anchors, seq_len=args.seq_len, hidden_size=args.hidden,
                                 head_dim=args.hidden // 4, chunk_size=args.chunk)
     rows = []

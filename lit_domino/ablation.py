@@ -101,9 +101,9 @@ def study_configs(preset: str, plan: dict, overrides: dict | None = None) -> tup
     ``model.rank`` only for the variants whose module takes it, ``methods.<kind>.<key>`` for that method's), and
     the notes naming the variants an override skipped. Each variant's config is parsed by the training parser
     here, so a mistyped key or value fails before any training or cache reuse, naming the variant."""
+    per_variant, notes = study_overrides(plan["variants"], preset, overrides)  # keys and numbers: no Lightning yet
     from lit_domino.cli import check_config
 
-    per_variant, notes = study_overrides(plan["variants"], preset, overrides)
     configs = []
     for variant in plan["variants"]:
         mine = [load_config(variant, preset, seed, per_variant[variant]) for seed in plan["seeds"]]
@@ -571,17 +571,16 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     ``jobs``: trainings at once in worker processes (``auto``: :func:`training_jobs`). The log has one line
     per stage with the job's ETA (:class:`~lit_domino.jobclock.JobClock`, from the study file's
     ``reference_seconds``); ``stage_times.json`` beside the tables holds what each stage took."""
-    from lit_domino.cli import EXPORT_DIR
-    from lit_domino.experiment import drafter_artifact
-    from lit_domino.jobclock import JobClock, StageProgress
-    from lit_domino.target import load_target
-
-
     plan = study_plan(preset, variants, seeds)
     if overrides:
         plan["overrides"] = dict(overrides)
     out_dir = Path(out_dir or default_out_dir(preset, plan))
     configs, notes = study_configs(preset, plan, overrides)  # a mistyped --set fails here, before anything is built
+    from lit_domino.cli import EXPORT_DIR  # Lightning: once the keys are checked (a mistyped one answers in < 2 s)
+    from lit_domino.experiment import drafter_artifact
+    from lit_domino.jobclock import JobClock, StageProgress
+    from lit_domino.target import load_target
+
     reference = plan.get("reference_seconds") or {}
     spec = configs[0]["data"]["target"]
     target_cached = _target_cached(spec)
@@ -755,8 +754,9 @@ def _main(argv: list[str]) -> dict:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     overrides = dict(args.set)
     # what YAML alone can refuse, before torch is imported: the preset, the variants, the --set sections, the target
-    _study(args.preset, variants)
+    _, _, chosen = _study(args.preset, variants)
     check_arguments(args.preset, overrides)
+    study_overrides(chosen, args.preset, overrides)  # model keys and numbers, read from the modules' source
     if args.no_progress:  # the libraries' own bars too (dataset saves, weight loading)
         import datasets
         import transformers

@@ -218,6 +218,14 @@ def check_options(args: Mapping) -> None:
     check_positive(args.get("prompt_lookup_tokens"), "--prompt-lookup-tokens")
     if args.get("dtype") not in DTYPES:
         raise UsageError(f"--dtype: expected one of {', '.join(DTYPES)}, got {args.get('dtype')!r}")
+    parse_dloops(args.get("dloop") or "off")
+
+
+def parse_dloops(spec: str) -> list:
+    """``off,-0.5:3`` → ``[None, DLoopConfig(-0.5, 3)]`` (``DLoopConfig.parse``'s specs; its module is torch-free)."""
+    from lit_domino.decoding import DLoopConfig
+
+    return [_usage("--dloop", DLoopConfig.parse, s) for s in str(spec).split(",") if s.strip()] or [None]
 
 
 def run_bench(options: Mapping | Any) -> list[dict]:
@@ -231,14 +239,14 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     import torch
 
     from lit_domino.data.benchmarks import parse_benchmark_list
-    from lit_domino.decoding import DLoopConfig, benchmark
+    from lit_domino.decoding import benchmark
     from lit_domino.decoding.engine import check_compile
     from lit_domino.models.registry import kinds
     from lit_domino.models.sessions import check_pool_size
     from lit_domino.study import pinned_threads
 
     # the checks that need the libraries, still before any model is loaded or built
-    dloops = [_usage("--dloop", DLoopConfig.parse, s) for s in args["dloop"].split(",") if s.strip()] or [None]
+    dloops = parse_dloops(args["dloop"])
     _usage("--compile", check_compile, bool(args.get("compile")), args["device"])
     for name, path in parse_drafters(args.get("drafters") or ""):
         if path.startswith("random:") and path.split(":", 1)[1] not in kinds():

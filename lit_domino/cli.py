@@ -307,8 +307,7 @@ def _known_keys(cfg: dict, section: str) -> list[str]:
 _CHECKED: set[str] = set()
 """Hashes of the configs :func:`check_config` accepted in this process (with the Trainer or without)."""
 
-_TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", "str": "a string",
-               "NoneType": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
+_TYPE_NAMES = configs.TYPE_NAMES  # the same words as the static check of model keys (configs.check_number)
 
 
 def _type_name(text: str) -> str:
@@ -391,11 +390,7 @@ def check_config(cfg: dict[str, Any], trainer: bool = True) -> None:
                 raise ConfigError(typed) from None
             lines = [l.strip() for l in text.strip().splitlines() if l.strip() and not l.strip().startswith("Given value")]
             raise ConfigError(f"the training parser refuses this config: {lines[0]} {lines[-1]}") from None
-        known = _known_keys(cfg, section)
-        close = difflib.get_close_matches(key, known, n=3)
-        hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
-                else f"; {section} takes {', '.join(sorted(known))}" if known else "")
-        raise ConfigError(f"unknown config key {section}.{key}{hint}") from None
+        raise configs.unknown_key(section, key, _known_keys(cfg, section)) from None
     _CHECKED.add(digest)
 
 

@@ -21,8 +21,10 @@ commands check their arguments (:func:`check_arguments`) in well under a second.
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -159,6 +161,7 @@ def check_train_arguments(argv: list[str]) -> None:
     known, _ = variant_arguments(argv)
     if known.variant is not None:
         check_arguments(known.preset, dict(known.set), [known.variant])
+        check_model_overrides(known.variant, known.preset, dict(known.set))  # model keys and numbers: no Lightning
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -236,7 +239,136 @@ def model_parameters(cls: type) -> dict[str, inspect.Parameter]:
 
 def method_kind(cfg: dict) -> str:
     """The drafter method (kind) of a composed config's module: the key of its preset ``methods:`` section."""
-    return module_class(cfg).drafter_class.kind
+    static = static_module((cfg.get("model") or {}).get("class_path"))
+    return static[0] if static else module_class(cfg).drafter_class.kind
+
+
+def model_keys(cfg: dict) -> dict[str, str | None]:
+    """The ``model.init_args`` of a composed config's module → their annotations' source text (None: none
+    known), read statically when :func:`static_module` can (no torch or Lightning import), else imported."""
+    static = static_module((cfg.get("model") or {}).get("class_path"))
+    if static:
+        return static[1]
+    return {n: p.annotation if isinstance(p.annotation, str) else None
+            for n, p in model_parameters(module_class(cfg)).items()}
+
+
+# --------------------------------------------------------------------------- the modules' keys, statically
+# Reading the variants' LightningModule signatures from their source spares a command the Lightning import
+# (seconds) before it answers a mistyped --set key. tests/test_configs.py checks this against the imports.
+
+
+@functools.lru_cache(maxsize=None)
+def _module_tree(module: str) -> ast.Module | None:
+    """The parsed source of a ``lit_domino`` module (None: another package's, or not a file here)."""
+    head, *rest = module.split(".")
+    if head != __name__.split(".")[0]:
+        return None
+    base = Path(__file__).resolve().parent.joinpath(*rest)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return ast.parse(path.read_text(), str(path))
+    return None
+
+
+def _find_class(module: str, name: str, hops: int = 0) -> tuple[str, ast.ClassDef] | None:
+    """The class ``name`` of ``module`` (followed through ``from x import name`` re-exports)."""
+    tree = _module_tree(module) if hops < 8 else None
+    for node in tree.body if tree else ():
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return module, node
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _find_class(node.module, alias.name, hops + 1)
+    return None
+
+
+def _drafter_kind(module: str, cls: ast.ClassDef) -> str | None | bool:
+    """The kind of the class-body ``drafter_class = X`` (X's ``@register("kind")``); False: no such line."""
+    for node in cls.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "drafter_class" for t in targets):
+                found = _find_class(module, node.value.id) if isinstance(node.value, ast.Name) else None
+                for deco in found[1].decorator_list if found else ():
+                    if (isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register" and deco.args
+                            and isinstance(deco.args[0], ast.Constant)):
+                        return deco.args[0].value
+                return None
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def static_module(class_path: str | None) -> tuple[str, dict[str, str | None]] | None:
+    """``(kind, {init arg: annotation source})`` of a ``lit_domino`` LightningModule class, read from the source
+    as :func:`model_parameters` and :func:`method_kind` see it; None when it cannot be (a base outside a plain
+    chain of our classes, a computed ``drafter_class``): the caller imports the class instead."""
+    module, _, name = str(class_path or "").rpartition(".")
+    found, chain = _find_class(module, name) if module else None, []
+    while found:  # the class, then its bases within lit_domino (single inheritance only)
+        chain.append(found)
+        ours = [b for b in found[1].bases if isinstance(b, ast.Name) and _find_class(found[0], b.id)]
+        if len(ours) > 1 or (ours and len(found[1].bases) > 1):
+            return None
+        found = _find_class(found[0], ours[0].id) if ours else None
+    kinds = [k for k in (_drafter_kind(m, c) for m, c in chain) if k is not False]
+    if not kinds or not isinstance(kinds[0], str):
+        return None
+    keys: dict[str, str | None] = {}
+    for mod, cls in reversed(chain):  # base first, as model_parameters merges them
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is not None:
+            for arg in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs]:
+                if arg.arg != "self":
+                    keys[arg.arg] = ast.unparse(arg.annotation) if arg.annotation is not None else None
+    return kinds[0], keys
+
+
+TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", "str": "a string",
+              "NoneType": "null", "None": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
+"""How a type error names the type a key takes (``model.lr: expected a float, got 'abc'``)."""
+
+
+def unknown_key(section: str, key: str, known: Iterable[str]) -> ConfigError:
+    """``unknown config key model.rnak; did you mean model.rank?`` (else the keys ``section`` takes)."""
+    known = list(known)
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
+            else f"; {section} takes {', '.join(sorted(known))}" if known else "")
+    return ConfigError(f"unknown config key {section}.{key}{hint}")
+
+
+def check_model_overrides(variant: str, preset: str, overrides: dict) -> None:
+    """One variant's ``model.<key>`` and ``methods.<kind>.<key>`` overrides, as the training parser would refuse
+    them (an unknown key with its close matches, text for a number), from the module's source: no Lightning."""
+    methods, rest = _split_methods(overrides)
+    keys = model_keys(compose(variant, preset, methods=methods))  # compose checks the methods keys
+    for key, value in rest.items():
+        path = _model_path(key)
+        if path[:2] == ["model", "init_args"] and len(path) == 3:
+            if path[2] not in keys:
+                raise unknown_key("model", path[2], keys)
+            check_number(key, value, keys[path[2]])
+
+
+def check_number(key: str, value: Any, annotation: str | None) -> None:
+    """The training parser's type check where it is plain: a text given for a number (``model.lr=abc``) is a
+    :class:`ConfigError` naming the type; anything else is left to the parser."""
+    types = [t.strip() for t in (annotation or "").split("|")]
+    numbers = [t for t in types if t in ("int", "float")]
+    if not isinstance(value, str) or not numbers or not set(types) <= {"int", "float", "None"}:
+        return
+    if "None" in types and value.strip().lower() in ("none", "null"):  # the parser's spellings of null
+        return
+    for cast in (int, float):
+        if cast.__name__ in numbers:
+            try:
+                cast(value)
+                return
+            except ValueError:
+                pass
+    raise ConfigError(f"{key}: expected {' or '.join(TYPE_NAMES[t] for t in types)}, got {value!r}")
 
 
 def _variant_chain(variant: str, config_dir: Path) -> list[dict]:
@@ -290,7 +422,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
             names = [(path + [last])[1]]
         else:  # domino={rank: 8}
             names = list(value) if isinstance(value, dict) else []
-        keys = model_parameters(module_class(cfg))
+        keys = model_keys(cfg)
         for name in names:
             if name not in keys and name != "data":  # data: the method's own data keys (below)
                 raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
@@ -346,7 +478,7 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
     info = {}  # variant -> (kind, model keys): every variant's, for the hints
     for v in every:
         cfg = compose(v, preset, config_dir)
-        info[v] = (method_kind(cfg), model_parameters(module_class(cfg)))
+        info[v] = (method_kind(cfg), model_keys(cfg))
     kinds = sorted({kind for kind, _ in info.values()})
     per_variant: dict[str, dict] = {v: {} for v in variants}
     notes = []
@@ -393,5 +525,12 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
         if skipped:
             notes.append(f"{show(key, value)}: applied to {_names(takes)}; not to {_names(skipped)} ({why})")
         for v in takes:
+            name = (parts[2] if len(parts) == 3 else None) if parts[0] == METHODS else \
+                (_model_path(key)[2] if parts[0] == "model" and len(_model_path(key)) == 3 else None)
+            if name is not None:  # model.lr, methods.domino.rank: a number's type, before the parser
+                try:
+                    check_number(key, value, info[v][1].get(name))
+                except ConfigError as err:
+                    raise ConfigError(f"variant {v}: {err}") from None
             per_variant[v][key] = value
     return per_variant, notes

@@ -25,10 +25,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.objectives import DEFAULT_CHUNK_SIZE, LossSettings, position_weights
+from lit_domino.memory_cases import METHODS, PATHS
 from lit_domino.target import Target
-
-METHODS = ("backbone", "domino", "domino_ttt", "eagle3", "small_lm")
-PATHS = ("old", "new")
 
 
 @dataclass

@@ -171,3 +171,41 @@ def test_the_ablation_command_line_fails_in_one_line(argv, message, capsys, monk
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err
     assert err.count("\n") == 1 and err.startswith("ablation: error: "), err
+
+
+def test_static_model_keys_equal_the_module_signatures():
+    """configs.static_module reads each variant's LightningModule from its source (so a command checks --set
+    model keys without importing Lightning); its kind, keys and annotations must be what the import gives."""
+    from lit_domino import configs
+
+    for variant in configs.available_variants():
+        cfg = configs.compose(variant, "smoke")
+        cls = configs.module_class(cfg)
+        static = configs.static_module(cfg["model"]["class_path"])
+        assert static is not None, variant
+        params = configs.model_parameters(cls)
+        assert static == (cls.drafter_class.kind,
+                          {n: None if p.annotation is p.empty else p.annotation for n, p in params.items()}), variant
+        assert configs.model_keys(cfg) == static[1] and configs.method_kind(cfg) == cls.drafter_class.kind
+    assert configs.static_module("lit_domino.lit.loop.LoopModule") is None  # drafter_class set at run time: import
+
+
+@pytest.mark.parametrize("value, annotation, message", [
+    ("abc", "float", "model.x: expected a float, got 'abc'"),
+    ("x", "int | None", "model.x: expected an integer or null, got 'x'"),
+    ("1.5", "int", "model.x: expected an integer, got '1.5'"),
+])
+def test_check_number_names_the_type(value, annotation, message):
+    from lit_domino.configs import ConfigError as StaticError, check_number
+
+    with pytest.raises(StaticError, match=message.replace("|", r"\|")):
+        check_number("model.x", value, annotation)
+
+
+@pytest.mark.parametrize("value, annotation", [("1e-3", "float"), (3, "float"), ("3", "int | None"), ("abc", "str"),
+                                               ("abc", "LambdaSchedule"), ("abc", None), ("x", "tuple[float, float]"),
+                                               ("None", "float | None")])
+def test_check_number_leaves_the_rest_to_the_parser(value, annotation):
+    from lit_domino.configs import check_number
+
+    check_number("model.x", value, annotation)  # no error: a number's text, or a type the parser checks

@@ -8,9 +8,26 @@
 * :mod:`.hf_peers` — timed Hugging Face ``generate`` / assisted / prompt-lookup decoding.
 """
 
-from lit_domino.decoding.dloop import DLoopConfig
-from lit_domino.decoding.engine import GenerationResult, generate
-from lit_domino.decoding.kv import crop_cache
-from lit_domino.decoding.metrics import benchmark
+# Re-exported lazily (PEP 562): a command parses a DLoop spec through this package before torch is imported.
+_LAZY = {
+    "DLoopConfig": "lit_domino.decoding.dloop",
+    "GenerationResult": "lit_domino.decoding.engine",
+    "generate": "lit_domino.decoding.engine",
+    "crop_cache": "lit_domino.decoding.kv",
+    "benchmark": "lit_domino.decoding.metrics",
+}
 
-__all__ = ["DLoopConfig", "GenerationResult", "benchmark", "crop_cache", "generate"]
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lit_domino.decoding' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)

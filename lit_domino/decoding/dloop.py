@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only the annotations: parsing a spec (bench.py --dloop) must not import torch
+    import torch
 
 GATES = ("sum", "mean", "scaled", "last")
 REFERENCE_STAGE_TOKENS = 15

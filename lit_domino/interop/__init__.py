@@ -12,19 +12,44 @@ cannot express, or a foreign config this suite cannot run exactly, is refused na
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from lit_domino.interop import dflash, dspark, eagle3, specforge_domino
-from lit_domino.interop.common import (LABEL_CONVENTION, SIDECAR_NAME, ExportError, ForeignConfigError,
-                                       read_config_json)
+# The format modules import torch; they load on first use, so that a command can check a format against a
+# drafter kind (FORMAT_KINDS) before torch is imported. FORMATS and the errors below are resolved lazily.
+FORMAT_KINDS = {"dflash": ("backbone",), "specforge-domino": ("domino",), "eagle3": ("eagle3",), "dspark": ("dspark",)}
+"""Format name → the drafter kinds it expresses exactly (each format module's ``KINDS``)."""
+_MODULES = {"dflash": "dflash", "specforge-domino": "specforge_domino", "eagle3": "eagle3", "dspark": "dspark"}
+_COMMON = ("ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME")
 
-FORMATS = {dflash.NAME: dflash, specforge_domino.NAME: specforge_domino, eagle3.NAME: eagle3, dspark.NAME: dspark}
-"""Format name → its module (``export``, ``KINDS``: the drafter kinds it expresses exactly)."""
+
+def format_module(name: str):
+    """The module that writes and reads format ``name`` (``export``, ``KINDS``)."""
+    return importlib.import_module(f"lit_domino.interop.{_MODULES[name]}")
+
+
+def __getattr__(name):
+    if name == "FORMATS":  # format name → its module
+        return {fmt: format_module(fmt) for fmt in FORMAT_KINDS}
+    if name in _COMMON:
+        return getattr(importlib.import_module("lit_domino.interop.common"), name)
+    raise AttributeError(f"module 'lit_domino.interop' has no attribute {name!r}")
 
 
 def formats_for(kind: str) -> list[str]:
     """The formats that express a ``kind`` drafter exactly."""
-    return [name for name, mod in FORMATS.items() if kind in mod.KINDS]
+    return [name for name, kinds in FORMAT_KINDS.items() if kind in kinds]
+
+
+def format_refusal(kind: str, format: str) -> str | None:  # noqa: A002 (the API's word)
+    """Why a ``kind`` drafter cannot be written as ``format`` (None: it can); torch-free, for commands."""
+    if format not in FORMAT_KINDS:
+        return f"unknown export format {format!r}; choose one of {', '.join(FORMAT_KINDS)}"
+    if kind in FORMAT_KINDS[format]:
+        return None
+    can = formats_for(kind)
+    return (f"a {kind!r} drafter cannot be written as {format!r} (it holds {', '.join(FORMAT_KINDS[format])} "
+            f"drafters); formats for {kind!r}: {', '.join(can) if can else 'none (keep save_pretrained)'}")
 
 
 def export_drafter(drafter, directory: str | Path, format: str, target=None) -> Path:  # noqa: A002 (the API's word)
@@ -33,14 +58,12 @@ def export_drafter(drafter, directory: str | Path, format: str, target=None) -> 
     The directory also gets ``lit_domino_export.json``: the target it was trained for (``target.name`` when
     the drafter is bound or ``target`` is given, and the fingerprint) and the label convention.
     A kind the format cannot express raises :class:`ExportError` naming the formats that can."""
-    if format not in FORMATS:
-        raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(FORMATS)}")
-    mod = FORMATS[format]
-    if drafter.kind not in mod.KINDS:
-        can = formats_for(drafter.kind)
-        raise ExportError(f"a {drafter.kind!r} drafter cannot be written as {format!r} (it holds "
-                          f"{', '.join(mod.KINDS)} drafters); formats for {drafter.kind!r}: "
-                          f"{', '.join(can) if can else 'none (keep save_pretrained)'}")
+    from lit_domino.interop.common import ExportError
+
+    refusal = format_refusal(drafter.kind, format)
+    if refusal:
+        raise (ExportError if format in FORMAT_KINDS else ValueError)(refusal)
+    mod = format_module(format)
     if target is not None:
         drafter.bind_target(target)  # the fingerprint check: never export for the wrong target
     directory = Path(directory).expanduser()
@@ -50,6 +73,9 @@ def export_drafter(drafter, directory: str | Path, format: str, target=None) -> 
 
 def detect_format(directory: str | Path) -> str | None:
     """The foreign format of a drafter directory (None: lit_domino's own ``save_pretrained`` layout)."""
+    from lit_domino.interop import dflash, dspark, eagle3, specforge_domino
+    from lit_domino.interop.common import ForeignConfigError, read_config_json
+
     cfg = read_config_json(Path(directory).expanduser())
     if "kind" in cfg:
         return None
@@ -62,12 +88,15 @@ def detect_format(directory: str | Path) -> str | None:
         projector = dc.get("projector_type") if isinstance(dc, dict) else None
         return specforge_domino.NAME if projector == specforge_domino.PROJECTOR else dflash.NAME
     raise ForeignConfigError(f"{Path(directory) / 'config.json'} is neither a lit_domino drafter config (no 'kind') "
-                             f"nor a format this suite reads ({', '.join(FORMATS)}: a 'dflash_config' or "
+                             f"nor a format this suite reads ({', '.join(FORMAT_KINDS)}: a 'dflash_config' or "
                              "'speculators_model_type: eagle3' or 'dspark')")
 
 
 def import_drafter(directory: str | Path, map_location="cpu"):
     """A foreign-format drafter directory as our drafter (unbound)."""
+    from lit_domino.interop import dflash, dspark, eagle3
+    from lit_domino.interop.common import read_config_json
+
     directory = Path(directory).expanduser()
     fmt = detect_format(directory)
     cfg = read_config_json(directory)
@@ -78,5 +107,5 @@ def import_drafter(directory: str | Path, map_location="cpu"):
     return dflash.import_dflash_layout(directory, cfg, map_location)
 
 
-__all__ = ["FORMATS", "ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME", "detect_format",
-           "export_drafter", "formats_for", "import_drafter"]
+__all__ = ["FORMATS", "FORMAT_KINDS", "ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME",
+           "detect_format", "export_drafter", "format_module", "format_refusal", "formats_for", "import_drafter"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_domino.interop import specforge_domino
+from lit_domino.interop import FORMAT_KINDS, specforge_domino
 from lit_domino.interop.common import (ExportError, apply_sidecar_fields, build_config, config_section, config_value,
                                        foreign_fingerprint, load_into, load_weights, qwen3_config, qwen3_fields,
                                        refuse, save_weights, target_record, write_sidecar)
@@ -22,7 +22,7 @@ from lit_domino.models.backbone import BackboneConfig
 from lit_domino.models.io import build_drafter
 
 NAME = "dflash"
-KINDS = ("backbone",)
+KINDS = FORMAT_KINDS[NAME]
 
 DFLASH_KEYS = {"target_layer_ids", "block_size", "mask_token_id", "projector_type", "emb_dim", "gru_hidden_dim",
                "shift_label", "pure_draft_prefix_len", "input_embedding_scale", "output_multiplier",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lit_domino.interop import FORMAT_KINDS
 from lit_domino.interop.common import (ExportError, foreign_fingerprint, load_into, load_weights, qwen3_config,
                                        qwen3_fields, read_sidecar, refuse, save_weights, target_record,
                                        write_sidecar)
@@ -32,7 +33,7 @@ from lit_domino.models.dspark import HEAD_TYPES, DSparkConfig
 from lit_domino.models.io import build_drafter
 
 NAME = "dspark"
-KINDS = ("dspark",)
+KINDS = FORMAT_KINDS[NAME]
 AUX_OFFSET = 1
 """speculators' aux layer id = our decoder-layer id + 1 (theirs index ``hidden_states``, 0 = the embedding)."""
 RENAME = {"head.w1.weight": "markov_head.markov_w1.weight", "head.w2.weight": "markov_head.markov_w2.weight",

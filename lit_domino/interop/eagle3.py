@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from lit_domino.interop import FORMAT_KINDS
 from lit_domino.interop.common import (ExportError, ForeignConfigError, apply_sidecar_fields, build_config,
                                        config_section, config_value, foreign_fingerprint, load_into, load_weights,
                                        qwen3_config, qwen3_fields, read_config_json, refuse, save_weights,
@@ -35,7 +36,7 @@ from lit_domino.models.eagle import Eagle3Config
 from lit_domino.models.io import build_drafter
 
 NAME = "eagle3"
-KINDS = ("eagle3",)
+KINDS = FORMAT_KINDS[NAME]
 LAYER = "layers.0."
 OWN_TOP = ("fc.weight", "norm.weight")
 """Our parameters that keep their name; every other one lives under ``layers.0.``."""

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lit_domino.interop import FORMAT_KINDS
 from lit_domino.interop.common import (ExportError, build_config, config_value, refuse, save_weights, target_record,
                                        write_sidecar)
 from lit_domino.models.domino import DominoConfig, DominoHeadConfig
 
 NAME = "specforge-domino"
-KINDS = ("domino",)
+KINDS = FORMAT_KINDS[NAME]
 PROJECTOR = "domino"
 RENAMES = {"head.gru.weight_ih_l0": "prefix_gru.weight_ih_l0", "head.gru.weight_hh_l0": "prefix_gru.weight_hh_l0",
            "head.down.weight": "embed_proj.0.weight", "head.up.weight": "embed_proj.2.weight"}
