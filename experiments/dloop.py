@@ -59,13 +59,22 @@ def _run(argv: list[str]):
         raise UsageError(str(err)) from None
     if args.table_dloop and gate is None:
         raise UsageError("the DLoop table needs a gate, not 'off'")
-    from lit_domino.dloop_study import parse_list, run_dloop_study, study_plan, table_gate
+    from lit_domino.decoding.dloop import check_grid, check_table_gate, parse_list
+
+    try:  # the grid and the table's gate, before the study (mlflow, torch) loads
+        thresholds, stages = parse_list(args.thresholds, float), parse_list(args.stages, int)
+        check_grid(thresholds or [-1.0], stages or [1])
+        if gate is not None:
+            check_table_gate(gate.threshold, gate.max_stages)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    from lit_domino.dloop_study import run_dloop_study, study_plan, table_gate
 
     choice = dict(drafters=args.drafters.split(",") if args.drafters else None)
     if gate is not None:
         choice["table_dloop"] = table_gate(gate)
-    try:  # bad input (g > 0, N < 1, unknown drafters) fails here, before any training
-        choice.update(thresholds=parse_list(args.thresholds, float), stages=parse_list(args.stages, int))
+    try:  # what needs the study file (unknown drafters), before any training
+        choice.update(thresholds=thresholds, stages=stages)
         study_plan(args.preset, **choice)
     except UsageError:
         raise

@@ -1,6 +1,6 @@
-"""Export a trained drafter to a field format: DFlash (backbone), SpecForge Domino, speculators EAGLE-3.
+"""Export a trained drafter to a field format: DFlash (backbone), SpecForge Domino, speculators EAGLE-3 / DSpark.
 
-    python experiments/export.py RUN_OR_DRAFTER_DIR OUT_DIR --format dflash|specforge-domino|eagle3 \\
+    python experiments/export.py RUN_OR_DRAFTER_DIR OUT_DIR --format dflash|specforge-domino|eagle3|dspark \\
         [--target embedded:default]
 
 RUN_OR_DRAFTER_DIR is a drafter directory (``save_pretrained``: config.json + model.safetensors) or a
@@ -20,10 +20,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
+from lit_domino.interop import FORMAT_KINDS  # noqa: E402 (light: the format modules load on first use)
 from lit_domino.runtime.inputs import check_drafter_config, check_drafter_source, check_target_spec  # noqa: E402
 
 PROG = "export.py"
-FORMATS = ["dflash", "specforge-domino", "eagle3"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="drafter directory, or a run directory with drafter/")
     p.add_argument("out", help="directory to write (not the source drafter's directory, nor inside it)")
-    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--format", required=True, choices=list(FORMAT_KINDS))
     p.add_argument("--target", default=None, help="the target the drafter was trained for (recorded by name)")
     return p.parse_args(argv)
 

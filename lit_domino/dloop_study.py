@@ -43,7 +43,8 @@ from mlflow.tracking import MlflowClient
 from lit_domino import cache
 from lit_domino.configs import available_variants, compose, module_class
 from lit_domino.data.benchmarks import load_benchmark
-from lit_domino.decoding.dloop import GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, dloop_label
+from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, check_grid, check_table_gate,
+                                      dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
 from lit_domino.decoding.metrics import benchmark, check_repeats
 from lit_domino.experiment import CONFIG_DIR, PRESETS, drafter_artifact, load_config, set_dotted, train_variant
 from lit_domino.models import load_drafter
@@ -60,29 +61,6 @@ PUBLISHED = "DLoop papers: +5 % to +41 % speedup over each drafter (EAGLE-3, DFl
 
 
 # --------------------------------------------------------------------------- plan
-
-
-def parse_list(text, cast=float) -> list:
-    """``"-0.25,-0.5"`` → ``[-0.25, -0.5]`` (lists pass through)."""
-    if text is None:
-        return None
-    if isinstance(text, (list, tuple)):
-        return [cast(x) for x in text]
-    try:
-        return [cast(x) for x in str(text).split(",") if x.strip()]
-    except ValueError as err:
-        raise ValueError(f"cannot parse {text!r} as a comma-separated list of {cast.__name__}s") from err
-
-
-def check_grid(thresholds: list[float], stages: list[int]) -> None:
-    """Every threshold must be a valid DLoop gate (g <= 0) and every cap N >= 1 (``DLoopConfig``'s rules)."""
-    if not thresholds or not stages:
-        raise ValueError("the grid needs at least one threshold and one stage count")
-    for g in thresholds:
-        DLoopConfig(threshold=g, max_stages=2)  # raises for g > 0 / NaN with the reason
-    for n in stages:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"stage counts N must be integers >= 1 (1 = no loop), got {n!r}")
 
 
 def table_gate(cfg: DLoopConfig) -> dict:
@@ -121,9 +99,7 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     unknown = set(td) - {"gate", "threshold", "max_stages"}
     if unknown:
         raise ValueError(f"the DLoop table's gate takes gate, threshold, max_stages; got {sorted(unknown)} in {td}")
-    check_grid([float(td["threshold"])], [int(td["max_stages"])])
-    if int(td["max_stages"]) < 2:
-        raise ValueError("the DLoop table's gate needs max_stages >= 2 (1 is no loop)")
+    check_table_gate(float(td["threshold"]), int(td["max_stages"]))
     plan["table_dloop"] = table_gate(DLoopConfig(threshold=float(td["threshold"]), max_stages=int(td["max_stages"]),
                                                  gate=str(td.get("gate", "sum"))))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]

@@ -98,3 +98,36 @@ class DLoopConfig:
 
 def dloop_label(dloop: DLoopConfig | None) -> str:
     return "off" if dloop is None else dloop.label()
+
+
+# --------------------------------------------------------------------------- the DLoop study's grid (torch-free checks)
+
+
+def parse_list(text, cast=float) -> list:
+    """``"-0.25,-0.5"`` → ``[-0.25, -0.5]`` (lists pass through)."""
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):
+        return [cast(x) for x in text]
+    try:
+        return [cast(x) for x in str(text).split(",") if x.strip()]
+    except ValueError as err:
+        raise ValueError(f"cannot parse {text!r} as a comma-separated list of {cast.__name__}s") from err
+
+
+def check_grid(thresholds: list[float], stages: list[int]) -> None:
+    """Every threshold must be a valid DLoop gate (g <= 0) and every cap N >= 1 (``DLoopConfig``'s rules)."""
+    if not thresholds or not stages:
+        raise ValueError("the grid needs at least one threshold and one stage count")
+    for g in thresholds:
+        DLoopConfig(threshold=g, max_stages=2)  # raises for g > 0 / NaN with the reason
+    for n in stages:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"stage counts N must be integers >= 1 (1 = no loop), got {n!r}")
+
+
+def check_table_gate(threshold: float, max_stages: int) -> None:
+    """The DLoop table's gate: a valid gate with a loop (N >= 2)."""
+    check_grid([threshold], [max_stages])
+    if max_stages < 2:
+        raise ValueError("the DLoop table's gate needs max_stages >= 2 (1 is no loop)")
