@@ -180,12 +180,13 @@ def training_jobs(jobs: int | str, configs: list[dict]) -> int:
     return max(1, min(2, usable_cpus(), len(configs))) if on_cpu else 1
 
 
-def _target_cached(spec: str) -> bool:
-    """Whether loading ``spec`` is only a load (True for a local or hub model: nothing is built here)."""
+def _target_state(spec: str) -> str | None:
+    """``"shipped"`` / ``"cached"`` when loading ``spec`` trains nothing (a local or hub model: ``"cached"``),
+    None when the embedded target's recipe trains it here."""
     if not spec.startswith(EMBEDDED_PREFIX):
-        return True
-    from lit_domino.target import embedded_target_ready
-    return embedded_target_ready(spec[len(EMBEDDED_PREFIX):])
+        return "cached"
+    from lit_domino.target import embedded_target_state
+    return embedded_target_state(spec[len(EMBEDDED_PREFIX):])
 
 
 def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
@@ -583,7 +584,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 
     reference = plan.get("reference_seconds") or {}
     spec = configs[0]["data"]["target"]
-    target_cached = _target_cached(spec)
+    target_state = _target_state(spec)
+    target_cached = target_state is not None
     busy = not target_cached or not all(cache.is_complete(drafter_artifact(c), warn=False) for c in configs)
     clock = JobClock(calibration=reference.get("calibration") if busy else None, jobs=training_jobs(jobs, configs))
     t0 = clock.t0
@@ -600,7 +602,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
          f"trainings {clock.jobs} at a time", t0)
 
-    _log(f"stage 1/4 target {spec}{' (cached)' if target_cached else ''}; {clock.eta()}", t0)
+    _log(f"stage 1/4 target {spec}{f' ({target_state})' if target_cached else ''}; {clock.eta()}", t0)
     clock.start("target")
     if not target_cached and spec.startswith(EMBEDDED_PREFIX):  # built here: its steps revise the ETA
         from lit_domino.target import embedded_target_dir

@@ -380,12 +380,13 @@ def embedded_target_dir(tail: str, **build_kwargs) -> Path:
     return build_tiny_target(cfg, **build_kwargs)
 
 
-def embedded_target_ready(tail: str) -> bool:
-    """Whether ``embedded:<tail>`` loads without training: shipped, or its recipe's build cached."""
+def embedded_target_state(tail: str) -> str | None:
+    """How ``embedded:<tail>`` loads: ``"shipped"`` (the package's copy), ``"cached"`` (its recipe's build, done
+    before) or None (its recipe trains it now)."""
     cfg, from_recipe = embedded_target.parse_spec(tail)
     if not from_recipe and embedded_target.shipped_target(cfg) is not None:
-        return True
-    return cache.is_complete(cache.artifact_dir("target", cfg, name=cfg.name), warn=False)
+        return "shipped"
+    return "cached" if cache.is_complete(cache.artifact_dir("target", cfg, name=cfg.name), warn=False) else None
 
 
 def target_identity(spec: str | Path) -> str:
