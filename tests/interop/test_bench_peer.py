@@ -41,7 +41,8 @@ def test_bench_dflash_peer_row(tiny_target_dir, tmp_path, one_thread):
     assert any(r["method"] == "bb@dflash_generate" for r in data["rows"])
 
 
-def test_dflash_peer_needs_a_backbone(tiny_target_dir, tmp_path):
-    with pytest.raises(SystemExit, match="--peers dflash decodes a backbone"):
+def test_dflash_peer_needs_a_backbone(tiny_target_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
         bench_module().main(["--target", str(tiny_target_dir), "--drafters", "d=random:domino", "--benchmarks",
                              "random:1", "--peers", "dflash", "--no-mlflow", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "--peers dflash decodes a backbone" in capsys.readouterr().err
