@@ -1,9 +1,9 @@
 """Build an embedded target from its recipe (cached, resumable), and optionally ship it with the package.
 
-    python experiments/build_target.py --preset default            # build (or reuse) embedded:default@recipe
-    python experiments/build_target.py --preset default --ship     # ... and write lit_domino/assets/targets/default
+    python experiments/build_target.py --preset large              # build (or reuse) embedded:large@recipe
+    python experiments/build_target.py --preset large --ship       # ... and write lit_domino/assets/targets/large
 
-The shipped copy is what ``load_target("embedded:default")`` loads; see lit_domino/embedded_target.py.
+The shipped copy is what ``load_target("embedded:large")`` loads; see lit_domino/embedded_target.py.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def test_the_cheap_target_check_knows_the_embedded_targets_and_their_recipe_spec
     from lit_domino import configs, target
 
     assert configs.EMBEDDED_PREFIX == target.EMBEDDED_PREFIX
-    configs.check_target_spec("embedded:default@recipe")
+    configs.check_target_spec("embedded:large@recipe")
     with pytest.raises(ConfigError, match="unknown embedded target 'nosuch'"):
         configs.check_target_spec("embedded:nosuch@recipe")
 
@@ -115,7 +115,7 @@ def test_an_override_that_reaches_no_variant_is_an_error_with_a_close_match(vari
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("embedded:nosuch", "unknown embedded target 'nosuch'; choose one of embedded:default, embedded:small, embedded:smoke"),
+    ("embedded:nosuch", "unknown embedded target 'nosuch'; choose one of embedded:default, embedded:large, embedded:smoke"),
     ("embedded:smok", "(did you mean embedded:smoke?)"),
     ("/nonexistent/model", "target directory '/nonexistent/model' does not exist"),
     ("not a hub id!", "is neither embedded:<name>, an existing directory nor a hub id"),

@@ -76,28 +76,28 @@ def test_a_changed_recipe_does_not_take_the_stale_shipped_copy(shipped):
 
 
 def test_specs_name_the_shipped_copy_or_the_recipe():
-    cfg, from_recipe = et.parse_spec("default@recipe")
-    assert cfg is et.preset_config("default") and from_recipe
+    cfg, from_recipe = et.parse_spec("large@recipe")
+    assert cfg is et.preset_config("large") and from_recipe
     assert et.identity("smoke") == et.recipe_tag(et.preset_config("smoke"))  # nothing ships for smoke
     with pytest.raises(et.UsageError, match="unknown embedded target preset 'nosuch'"):
         et.parse_spec("nosuch")
 
 
-# --------------------------------------------------------------------------- the default's shipped copy
+# --------------------------------------------------------------------------- the shipped copy of `large`
 
 
-def test_the_default_target_ships_competent_and_loads_without_training(monkeypatch):
+def test_the_large_target_ships_competent_and_loads_without_training(monkeypatch):
     from lit_domino import target as target_mod
 
     monkeypatch.setattr(tt, "build_tiny_target", lambda *a, **k: pytest.fail("the shipped target was rebuilt"))
     target_mod.load_target.cache_clear() if hasattr(target_mod.load_target, "cache_clear") else None
     t0 = time.perf_counter()
-    target = target_mod.load_target("embedded:default")
+    target = target_mod.load_target("embedded:large")
     assert time.perf_counter() - t0 < 10
-    card = json.loads((et.SHIPPED_ROOT / "default" / et.CARD_NAME).read_text())
+    card = json.loads((et.SHIPPED_ROOT / "large" / et.CARD_NAME).read_text())
     assert card["report"]["math_accuracy"] >= 0.75
     assert "+shipped-" in target.name
-    ref = json.loads((et.SHIPPED_ROOT / "default" / tt.GREEDY_REFERENCE).read_text())
+    ref = json.loads((et.SHIPPED_ROOT / "large" / tt.GREEDY_REFERENCE).read_text())
     per, n = ref["per_domain"], 3  # the first 3 held-out prompts of each domain (all of them: the slow test)
     picks = [i for d in range(len(ref["prompts"]) // per) for i in range(d * per, d * per + n)]
     answers = tt.greedy_answers(target.model, target.tokenizer, [ref["prompts"][i] for i in picks],
@@ -106,9 +106,9 @@ def test_the_default_target_ships_competent_and_loads_without_training(monkeypat
 
 
 @pytest.mark.slow
-def test_every_held_out_greedy_answer_of_the_shipped_default_equals_its_fp32_build():
+def test_every_held_out_greedy_answer_of_the_shipped_large_target_equals_its_fp32_build():
     from lit_domino.target import load_target
 
-    target = load_target("embedded:default")
-    ref = json.loads((et.SHIPPED_ROOT / "default" / tt.GREEDY_REFERENCE).read_text())
+    target = load_target("embedded:large")
+    ref = json.loads((et.SHIPPED_ROOT / "large" / tt.GREEDY_REFERENCE).read_text())
     assert tt.greedy_answers(target.model, target.tokenizer, ref["prompts"], ref["max_new_tokens"]) == ref["answers"]
