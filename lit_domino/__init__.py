@@ -9,6 +9,8 @@ lazily, so ``import lit_domino`` stays cheap:
 * :func:`generate` — lossless speculative (or plain, ``drafter=None``) decoding.
 """
 
+from lit_domino.runtime.lazy import lazy_exports
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -19,13 +21,7 @@ _LAZY = {
     "generate": "lit_domino.decoding",
 }
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lit_domino' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

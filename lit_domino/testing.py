@@ -118,6 +118,17 @@ class _OracleSession:
 # --------------------------------------------------------------------------- the chi-square test of sampling (T > 0)
 
 
+def chi_square_target(vocab_size: int = 8, seed: int = 3) -> Target:
+    """The chi-square tests' target: a 2-layer Qwen3 over ``vocab_size`` tokens whose distribution is sharpened
+    (random init gives near-uniform logits) and that never stops (no EOS), so (x_1, x_2) spreads over few cells."""
+    target = random_target(vocab_size=vocab_size, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32, max_positions=64, seed=seed)
+    with torch.no_grad():
+        target.model.model.norm.weight.mul_(6.0)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
 def exact_joint(target: Target, prompt: list[int], temperature: float = 1.0) -> torch.Tensor:
     """P(x_1, x_2) of sampling ``target`` after ``prompt``, x_0 marginalised: sum_x0 p(x0) p(x1|x0) p(x2|x0,x1)
     (``[V, V]``; enumerates V^2 continuations, so for tiny vocabularies)."""

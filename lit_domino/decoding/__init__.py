@@ -8,6 +8,8 @@
 * :mod:`.hf_peers` — timed Hugging Face ``generate`` / assisted / prompt-lookup decoding.
 """
 
+from lit_domino.runtime.lazy import lazy_exports
+
 # Re-exported lazily (PEP 562): a command parses a DLoop spec through this package before torch is imported.
 _LAZY = {
     "DLoopConfig": "lit_domino.decoding.dloop",
@@ -17,17 +19,7 @@ _LAZY = {
     "benchmark": "lit_domino.decoding.metrics",
 }
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lit_domino.decoding' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

@@ -10,8 +10,8 @@ from lit_domino.decoding.dloop import GATES
 from lit_domino.decoding.engine import cpp_compiler
 from lit_domino.models.backbone import _static_state
 from lit_domino.models import build_drafter, drafter_config, kinds
-from lit_domino.testing import (OracleMix, exact_joint, hf_greedy, lively_target, passes_chi_square, random_target,
-                                sampled_pairs)
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target,
+                                passes_chi_square, random_target, sampled_pairs)
 
 KINDS = kinds()
 
@@ -122,12 +122,7 @@ def test_mismatched_real_drafter_is_rejected(targets):
 def test_real_domino_sampling_is_distributed_as_the_target(pool_size):
     """T > 0 with a real session's q (Domino: sequential picks inside the block): chi-square on (x1, x2);
     ``pool_size`` 3 of V = 8: q lives on the top-3 base candidates (zero elsewhere), the output still p."""
-    V = 8
-    target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
-                           intermediate_size=32, max_positions=64, seed=3)
-    with torch.no_grad():
-        target.model.model.norm.weight.mul_(6.0)  # a non-uniform target distribution
-    target.model.generation_config.eos_token_id = None
+    target = chi_square_target()
     torch.manual_seed(0)
     cfg = drafter_config("domino", target, block_size=3, num_layers=1, head=dict(rank=8, gru_hidden=8))
     drafter = build_drafter(cfg, target)

@@ -8,7 +8,7 @@ import torch
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.testing import (OracleMix, exact_joint, hf_greedy, lively_target, passes_chi_square, random_target,
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square,
                                 sampled_pairs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,12 +41,7 @@ def test_dspark_is_lossless_greedy(target, head_type):
 
 @pytest.mark.parametrize("head_type", ["vanilla", "rnn"])
 def test_dspark_sampling_is_distributed_as_the_target(head_type):
-    V = 8
-    target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
-                           intermediate_size=32, max_positions=64, seed=3)
-    with torch.no_grad():
-        target.model.model.norm.weight.mul_(6.0)  # a non-uniform target distribution
-    target.model.generation_config.eos_token_id = None
+    target = chi_square_target()
     torch.manual_seed(0)
     d = build_drafter(drafter_config("dspark", target, block_size=3, num_layers=1,
                                      head=dict(rank=4, head_type=head_type)), target)

@@ -10,7 +10,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.sampling import pick, residual, verify_greedy, verify_sampling
-from lit_domino.testing import chi2_critical, chi_square, dof_after_pooling, exact_joint, random_target
+from lit_domino.testing import chi2_critical, chi_square, chi_square_target, dof_after_pooling, exact_joint
 
 V = 8  # tiny vocabulary: the joint of two tokens has 64 cells
 
@@ -65,12 +65,7 @@ def test_pick_greedy_and_sampled():
 
 @pytest.fixture(scope="module")
 def tiny():
-    target = random_target(vocab_size=V, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
-                           intermediate_size=32, max_positions=64, seed=3)
-    with torch.no_grad():
-        target.model.model.norm.weight.mul_(6.0)  # sharpen p (random init gives near-uniform logits)
-    target.model.generation_config.eos_token_id = None
-    return target
+    return chi_square_target(V)
 
 
 class QSession:
