@@ -73,6 +73,13 @@ class DSparkConfig(BackboneConfig):
     head: DSparkHeadConfig = field(default_factory=DSparkHeadConfig)
     """The Markov and confidence heads."""
 
+    sample_from_anchor: bool = False
+    """DeepSpec's anchor convention (its default): the anchor slot predicts too. A block of ``block_size`` B
+    then runs B-1 query rows ``[x_a, MASK × (B-2)]`` at ``a .. a+B-2``, row j predicting ``x_{a+j+1}`` from the
+    previous token ``x_{a+j}`` (DeepSpec's / speculators' block of B-1 slots); False: B rows, row k >= 1
+    predicting ``x_{a+k}`` (speculators' ``sample_from_anchor: false``). Either way B-1 drafted tokens and a
+    verify width of B. Default False."""
+
     feature_rule: ClassVar[str | None] = "dspark"
 
     @property
@@ -93,6 +100,8 @@ class DSparkConfig(BackboneConfig):
             raise ValueError(f"rank must be a positive integer (the DSpark Markov head's rank r), got {h.rank!r}")
         if h.head_type not in HEAD_TYPES:
             raise ValueError(f"unknown DSpark head_type {h.head_type!r}; choose one of {', '.join(HEAD_TYPES)}")
+        if not isinstance(self.sample_from_anchor, bool):
+            raise ValueError(f"sample_from_anchor must be true or false, got {self.sample_from_anchor!r}")
         if len(self.feature_layers) < 2:
             raise ValueError(f"a DSpark drafter's feature_layers are the fused layers followed by the target's last "
                              f"layer (its distribution): need at least 2, got {self.feature_layers}")
@@ -139,9 +148,11 @@ class MarkovHead(nn.Module):
 
     @torch.no_grad()
     def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decode-time rollout of one block: H [K+1, d] (slot 0 = the anchor's), base [K, V] the backbone
-        logits of slots 1..K, anchor [1] -> (tokens [K], corrected logits [K, V]).
+              generator: torch.Generator | None = None, anchor_slot: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode-time rollout of one block: H [K+1, d] (row k predicts the k-th drafted token; row 0 the
+        anchor slot's), base [K, V] the backbone logits of rows 1..K, anchor [1] -> (tokens [K], corrected
+        logits [K, V]). ``anchor_slot``: the rnn state first steps over row 0 (the anchor predicts nothing,
+        speculators' ``sample_from_anchor: false``); False: it starts at row 1 (``sample_from_anchor``).
 
         Position i picks ``argmax(L_i/T + G_i)`` (G = 0 greedy; else Gumbel noise ``-log E``, E ~ Exp(1): an
         exact sample of softmax(L_i/T)) and feeds its pick to position i+1; q is softmax of those same
@@ -151,9 +162,10 @@ class MarkovHead(nn.Module):
             -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, V]
         w2_t = self.w2.weight.T.to(base.dtype)  # [r, V]
         prev, state = anchor, None
-        if self.head_type == "rnn":  # the state starts at slot 0, whose previous token is the anchor
+        if self.head_type == "rnn":
             state = H.new_zeros(1, self.rank, dtype=self.w1.weight.dtype)
-            _, state = self.step(H[0:1], self.w1(anchor), state)
+            if anchor_slot:  # the state starts at slot 0, whose previous token is the anchor
+                _, state = self.step(H[0:1], self.w1(anchor), state)
         rows, picks = [], []
         for i in range(K):
             u, state = self.step(H[i + 1: i + 2], self.w1(prev), state)  # [1, r]
@@ -196,7 +208,8 @@ class DSparkSession(ParallelSession):
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
         base = drafter.compute_logits(hidden[1:])  # [K, V]
-        tokens, logits = drafter.head.draft(hidden, base, anchor, temperature, generator)
+        tokens, logits = drafter.head.draft(hidden, base, anchor, temperature, generator,
+                                            anchor_slot=not drafter.anchor_predicts)
         return pool_stage(tokens, tokens, logits, None, temperature, base.shape[-1])
 
 
@@ -207,7 +220,7 @@ class DSparkDrafter(ParallelDrafter):
     config_class = DSparkConfig
     session_class = DSparkSession
     draft_options = ("static_capacity", "compile")
-    supports_loop_training = False  # the later stages' target distributions are not gathered (yet)
+    supports_loop_training = True  # each stage's target distribution is gathered from the cached features
 
     def __init__(self, config: DSparkConfig):
         super().__init__(config)
@@ -227,6 +240,10 @@ class DSparkDrafter(ParallelDrafter):
                 f"decoder layer ({target.num_layers - 1} in {target.name!r}), got {last}")
         return self
 
+    @property
+    def anchor_predicts(self) -> bool:
+        return bool(self.config.sample_from_anchor)
+
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The fused context of the first n layers (the last feature layer is the target's distribution)."""
         width = self.config.num_features * self.config.hidden_size
@@ -238,13 +255,35 @@ class DSparkDrafter(ParallelDrafter):
         final hidden state at ``a+k-1`` for each block position (``target_hidden``)."""
         out = super().forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask,
                                     causal_inputs, with_logits)
-        b, T = input_ids.shape
-        d, B = self.config.hidden_size, self.config.block_size
-        anchors = torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
-        pos = (anchors[:, :, None] + torch.arange(B, device=input_ids.device) - 1).clamp(0, T - 1)  # [b, A, B]
-        last = features[..., -d:]  # [b, T, d] the target's final (normed) hidden states
-        out.target_hidden = last.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d)).view(b, *pos.shape[1:], d)
+        T = input_ids.shape[1]
+        out.target_hidden = self.target_hidden(features, torch.where(anchor_mask.bool(), anchors,
+                                                                     torch.zeros_like(anchors)).clamp(0, T - 1))
         return out
+
+    def target_hidden(self, features: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """The target's final hidden state at ``a+k-1`` (what predicted ``x_{a+k}``) of each block position of
+        the blocks at ``starts`` [b, A] -> [b, A, B, d]; positions past the sequence read its last one (they
+        are never labels)."""
+        b, T = features.shape[:2]
+        d, B = self.config.hidden_size, self.config.block_size
+        pos = (starts[:, :, None] + torch.arange(B, device=starts.device) - 1).clamp(0, T - 1)  # [b, A, B]
+        last = features[..., -d:]  # [b, T, d] the target's final (normed) hidden states
+        return last.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d)).view(b, *pos.shape[1:], d)
+
+    def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
+                     attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
+                     stage_tokens: int | None = None, context_fn=None, with_logits: bool = True) -> list[DSparkOutput]:
+        """DLoop's unroll (the backbone's :func:`~lit_domino.models.backbone.parallel_loop_forward`, the Markov
+        head on every stage from its own anchor, as :class:`DSparkSession` drafts it) with each stage's target
+        distribution: stage s is anchored at ``a + (s-1)·K`` on ground-truth tokens, so its ``p`` is the
+        target's at those positions, read from the same cached features."""
+        outs = super().loop_forward(input_ids, features, anchors, anchor_mask, num_stages, loss_mask, attention_mask,
+                                    detach_stage_context, causal_inputs, stage_tokens, context_fn, with_logits)
+        T, K = input_ids.shape[1], self.config.block_size - 1
+        first = torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
+        for s, out in enumerate(outs[1:], start=2):
+            out.target_hidden = self.target_hidden(features, first + (s - 1) * K)
+        return outs
 
     def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> DSparkOutput:
         """The Markov inputs ``out.head_state`` = u [b, A, B, r] from the true previous tokens, the confidence
@@ -254,7 +293,11 @@ class DSparkDrafter(ParallelDrafter):
                              f"token), got causal_inputs={causal_inputs!r}")
         b, A, B, d = out.hidden.shape
         e = self.head.w1(previous_tokens(out.block_tokens))  # [b, A, B, r]
-        u = self.head.block_inputs(out.hidden.reshape(b * A, B, d), e.reshape(b * A, B, -1)).view(b, A, B, -1)
+        s = 1 if self.anchor_predicts else 0  # the rows the head runs over (an rnn state starts at row s)
+        u = self.head.block_inputs(out.hidden[:, :, s:].reshape(b * A, B - s, d),
+                                   e[:, :, s:].reshape(b * A, B - s, -1)).view(b, A, B - s, -1)
+        if s:  # index 0 (no query row) predicts nothing: a zero input
+            u = torch.cat([u.new_zeros(b, A, 1, u.shape[-1]), u], dim=2)
         conf = None
         if self.confidence is not None:
             x = torch.cat([out.hidden, e.to(out.hidden.dtype)], -1) if self.config.head.confidence_with_markov \
