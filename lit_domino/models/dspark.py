@@ -32,16 +32,17 @@ every position, and the lean loss applies the LM head to the labelled positions 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.base import DrafterMismatchError, default_num_feature_layers
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
+from lit_domino.models.sessions import StageDraft, compile_for, compile_mode, is_greedy, pool_stage
 from lit_domino.objectives import LossSettings, chunked_row_sums, distill_terms, label_rows
 
 HEAD_TYPES = ("vanilla", "gated", "rnn")
@@ -108,6 +109,60 @@ class DSparkConfig(BackboneConfig):
         return self
 
 
+def markov_step(h: torch.Tensor, e: torch.Tensor, state: torch.Tensor | None, gate_w: torch.Tensor | None,
+                gate_b: torch.Tensor | None, joint_w: torch.Tensor | None, joint_b: torch.Tensor | None):
+    """One block position of the Markov head as a function of tensors: H_k [N, d], e = W1[x_{k-1}] [N, r], the
+    rnn state [N, r] (None otherwise), the variant's weights (``gated``: W_g, b_g; ``rnn``: W_j, b_j; vanilla:
+    none) -> (u_k [N, r], next state)."""
+    if gate_w is None and joint_w is None:  # vanilla: the bigram input itself
+        return e, state
+    h = h.to(e.dtype)
+    if gate_w is not None:
+        return torch.sigmoid(F.linear(torch.cat([h, e], dim=-1), gate_w, gate_b)) * e, state
+    g, c, o = F.linear(torch.cat([state, e, h], dim=-1), joint_w, joint_b).chunk(3, dim=-1)
+    g = torch.sigmoid(g)
+    return torch.tanh(o), g * state + (1.0 - g) * torch.tanh(c)
+
+
+def markov_block(H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                 gate_w: torch.Tensor | None, gate_b: torch.Tensor | None, joint_w: torch.Tensor | None,
+                 joint_b: torch.Tensor | None, noise: torch.Tensor | None, temperature: float,
+                 anchor_slot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`MarkovHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles, as
+    Domino's ``draft_block``) -> (picks [K], corrected logits [K, V]).
+
+    H [K+1, d] (row 0 the anchor slot's), base [K, V], anchor [1], W1 [V, r], W2 [V, r], the variant's weights
+    (:func:`markov_step`), ``noise`` [K, V] (T > 0: the exponential race's ``-log E``) or None (greedy);
+    ``anchor_slot``: an rnn state first steps over row 0. A position costs the pick's W1 row, the variant's
+    step, ``base + W2·u`` in one ``addmm`` and the pick."""
+    K = base.shape[0]
+    w2_t = w2.T.to(base.dtype)  # [r, V]
+    prev, state = anchor, None
+    if joint_w is not None:  # rnn: a recurrent state over the block
+        state = H.new_zeros(1, w1.shape[1], dtype=w1.dtype)
+        if anchor_slot:  # the state starts at slot 0, whose previous token is the anchor
+            _, state = markov_step(H[0:1], w1.index_select(0, anchor), state, gate_w, gate_b, joint_w, joint_b)
+    rows, picks = [], []
+    for i in range(K):
+        u, state = markov_step(H[i + 1: i + 2], w1.index_select(0, prev), state, gate_w, gate_b, joint_w, joint_b)
+        L = torch.addmm(base[i: i + 1], u.to(base.dtype), w2_t)  # [1, V] L_base + W2·u
+        prev = (L if noise is None else L.float() / temperature + noise[i: i + 1]).argmax(-1)  # [1]
+        rows.append(L), picks.append(prev)
+    return torch.cat(picks), torch.cat(rows)
+
+
+_COMPILED_MARKOV_BLOCK: dict[str, Callable] = {}
+
+
+def compiled_markov_block(device) -> Callable:
+    """:func:`markov_block` under ``torch.compile`` (:func:`~lit_domino.models.sessions.compile_for`), one per
+    mode: a pure function, so every DSpark drafter shares it (one graph per K, head type and temperature)."""
+    mode = compile_mode(device)
+    if mode not in _COMPILED_MARKOV_BLOCK:
+        _COMPILED_MARKOV_BLOCK[mode] = compile_for(markov_block, device)
+    return _COMPILED_MARKOV_BLOCK[mode]
+
+
 class MarkovHead(nn.Module):
     """The low-rank sequential bias ``W2·u_k``; ``u_k`` from the previous token (and H_k / a state, by type)."""
 
@@ -124,17 +179,16 @@ class MarkovHead(nn.Module):
         nn.init.normal_(self.w1.weight, std=0.01)
         nn.init.zeros_(self.w2.weight)  # no bias at init: the drafter equals its backbone
 
+    def weights(self) -> tuple:
+        """The variant's own weights as :func:`markov_step` takes them: (W_g, b_g, W_j, b_j), None where absent."""
+        gate, joint = getattr(self, "gate", None), getattr(self, "joint", None)
+        return (None if gate is None else gate.weight, None if gate is None else gate.bias,
+                None if joint is None else joint.weight, None if joint is None else joint.bias)
+
     def step(self, h: torch.Tensor, e: torch.Tensor, state: torch.Tensor | None):
         """One block position: H_k [N, d], e = W1[x_{k-1}] [N, r], the rnn state [N, r] (None otherwise) ->
         (u_k [N, r], next state)."""
-        if self.head_type == "vanilla":
-            return e, state
-        h = h.to(e.dtype)
-        if self.head_type == "gated":
-            return torch.sigmoid(self.gate(torch.cat([h, e], dim=-1))) * e, state
-        g, c, o = self.joint(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
-        g = torch.sigmoid(g)
-        return torch.tanh(o), g * state + (1.0 - g) * torch.tanh(c)
+        return markov_step(h, e, state, *self.weights())
 
     def block_inputs(self, H: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: every previous token known. H [N, B, d], e [N, B, r] -> u [N, B, r]."""
@@ -148,7 +202,8 @@ class MarkovHead(nn.Module):
 
     @torch.no_grad()
     def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
-              generator: torch.Generator | None = None, anchor_slot: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+              generator: torch.Generator | None = None, anchor_slot: bool = True,
+              block_fn: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode-time rollout of one block: H [K+1, d] (row k predicts the k-th drafted token; row 0 the
         anchor slot's), base [K, V] the backbone logits of rows 1..K, anchor [1] -> (tokens [K], corrected
         logits [K, V]). ``anchor_slot``: the rnn state first steps over row 0 (the anchor predicts nothing,
@@ -156,23 +211,13 @@ class MarkovHead(nn.Module):
 
         Position i picks ``argmax(L_i/T + G_i)`` (G = 0 greedy; else Gumbel noise ``-log E``, E ~ Exp(1): an
         exact sample of softmax(L_i/T)) and feeds its pick to position i+1; q is softmax of those same
-        corrected logits, so rejection sampling stays exact."""
-        K = base.shape[0]
+        corrected logits, so rejection sampling stays exact. ``block_fn``: :func:`markov_block` (the default) or
+        its compiled form (:func:`compiled_markov_block`)."""
+        block_fn = markov_block if block_fn is None else block_fn
         noise = None if is_greedy(temperature) else \
             -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, V]
-        w2_t = self.w2.weight.T.to(base.dtype)  # [r, V]
-        prev, state = anchor, None
-        if self.head_type == "rnn":
-            state = H.new_zeros(1, self.rank, dtype=self.w1.weight.dtype)
-            if anchor_slot:  # the state starts at slot 0, whose previous token is the anchor
-                _, state = self.step(H[0:1], self.w1(anchor), state)
-        rows, picks = [], []
-        for i in range(K):
-            u, state = self.step(H[i + 1: i + 2], self.w1(prev), state)  # [1, r]
-            L = torch.addmm(base[i: i + 1], u.to(base.dtype), w2_t)  # [1, V] L_base + W2·u
-            prev = (L if noise is None else L.float() / temperature + noise[i: i + 1]).argmax(-1)  # [1]
-            rows.append(L), picks.append(prev)
-        return torch.cat(picks), torch.cat(rows)
+        return block_fn(H, base, anchor, self.w1.weight, self.w2.weight, *self.weights(), noise, float(temperature),
+                        bool(anchor_slot))
 
 
 @dataclass
@@ -194,7 +239,13 @@ def previous_tokens(block_tokens: torch.Tensor) -> torch.Tensor:
 
 class DSparkSession(ParallelSession):
     """Backbone block once, then the Markov head over positions 1..K (:meth:`MarkovHead.draft`). The target
-    features it is given include the distribution layer; only the fused layers' columns are kept."""
+    features it is given include the distribution layer; only the fused layers' columns are kept.
+    ``static_capacity``, ``compile``: the backbone's fixed-shape (compiled) block forward
+    (:class:`ParallelSession`); ``compile`` also compiles the head's loop (:func:`compiled_markov_block`)."""
+
+    def __init__(self, drafter, static_capacity: int | None = None, compile: bool = False):
+        super().__init__(drafter, static_capacity, compile)
+        self.head_loop = compiled_markov_block(self.device) if compile else markov_block
 
     @torch.no_grad()
     def extend(self, tokens, features) -> None:
@@ -209,7 +260,7 @@ class DSparkSession(ParallelSession):
         drafter = self.drafter
         base = drafter.compute_logits(hidden[1:])  # [K, V]
         tokens, logits = drafter.head.draft(hidden, base, anchor, temperature, generator,
-                                            anchor_slot=not drafter.anchor_predicts)
+                                            anchor_slot=not drafter.anchor_predicts, block_fn=self.head_loop)
         return pool_stage(tokens, tokens, logits, None, temperature, base.shape[-1])
 
 
