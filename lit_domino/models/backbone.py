@@ -451,6 +451,12 @@ class ParallelDrafter(Drafter):
                                  settings.chunk_size)
         return loss, {"loss_base": loss.detach()}
 
+    def batch_loss(self, batch, features, settings, causal_inputs: str = "teacher_forced"):
+        out = self.forward_train(batch["input_ids"], features, batch["anchors"], batch["anchor_mask"],
+                                 batch.get("loss_mask"), batch.get("attention_mask"), causal_inputs,
+                                 with_logits=settings.chunk_size is None)
+        return self.block_loss(out, settings)
+
     def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
                      attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
                      stage_tokens: int | None = None, context_fn: ContextFn | None = None,
