@@ -67,6 +67,16 @@ class DSparkModule(BackboneModule):
                          "confidence_with_markov": bool(h.confidence_with_markov)},
                 "sample_from_anchor": bool(h.sample_from_anchor)}
 
+    def build_drafter(self, feature_layers: list[int] | None = None):
+        """The backbone module's, then the confidence loss checked against the drafter really built (a
+        ``drafter_options`` head without the confidence head would silently train none): before any step."""
+        drafter = super().build_drafter(feature_layers)
+        if float(self.hparams.confidence_weight) > 0 and drafter.confidence is None:
+            raise ValueError(f"confidence_weight={self.hparams.confidence_weight} asks for a confidence loss, but the "
+                             "drafter has no confidence head (drafter_options head.confidence is false): set "
+                             "confidence_weight: 0 or keep the head")
+        return drafter
+
     def loss_settings(self, lam: float = 0.0) -> LossSettings:
         h = self.hparams
         return dataclasses.replace(super().loss_settings(lam), distill=(float(h.ce_weight), float(h.tv_weight),

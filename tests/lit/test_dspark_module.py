@@ -23,6 +23,16 @@ def test_bad_hyper_parameters_fail_at_construction(kwargs, message):
         DSparkModule(target="embedded:smoke", **kwargs)
 
 
+def test_a_confidence_loss_of_a_drafter_without_the_head_fails_when_it_is_built(target):  # noqa: F811
+    """``drafter_options`` can build a drafter without the confidence head past the module's own flag: the
+    built drafter is checked before any step (and confidence_weight 0 trains it)."""
+    options = {"head": {"rank": 8, "confidence": False}}
+    with pytest.raises(ValueError, match="has no confidence head"):
+        DSparkModule(target=target, rank=8, drafter_options=options, **SMALL).build_drafter()
+    module = DSparkModule(target=target, rank=8, confidence_weight=0.0, drafter_options=options, **SMALL)
+    assert module.build_drafter().confidence is None
+
+
 @pytest.mark.parametrize("head_type,anchor", [("gated", False), ("rnn", False), ("rnn", True)])
 def test_dspark_module_trains_a_step_and_decodes_losslessly(tmp_path, target, head_type, anchor):  # noqa: F811
     torch.manual_seed(0)
