@@ -12,7 +12,13 @@ the token before position k, ``x_{k-1}`` (the anchor x_a for k = 1, then the pre
 * ``gated``: ``u_k = σ(W_g·[H_k ; W1[x_{k-1}]] + b_g) ⊙ W1[x_{k-1}]``;
 * ``rnn``: a rank-r recurrent state over the block, ``[g; c; o] = W_j·[s_{k-1} ; W1[x_{k-1}] ; H_k] + b_j``,
   ``s_k = g' s_{k-1} + (1 - g') tanh(c)`` with ``g' = σ(g)``, ``u_k = tanh(o)``; the state runs from block
-  slot 0 (whose previous token is the anchor itself, as speculators feeds it).
+  slot 0 (whose previous token is the anchor itself, as speculators feeds it), or from position 1 under
+  ``sample_from_anchor``.
+
+The anchor convention (``DSparkConfig.sample_from_anchor``): False, the suite's block above; True, DeepSpec's
+(its default): the block runs B-1 query rows ``[x_a, MASK × (B-2)]`` at ``a .. a+B-2`` and row j predicts
+``x_{a+j+1}`` from ``x_{a+j}``; ``ParallelDrafter.slot_hidden`` puts row j at position k = j+1 (a zero row at
+0), so everything below reads the same for both: position k predicts ``x_{a+k}`` from ``x_{k-1}``.
 
 ``L_k = L_base_k + W2·u_k`` (``W2``: r -> V, zero at init so a fresh DSpark drafts what its backbone does).
 The confidence head is a linear layer on ``[H_k ; W1[x_{k-1}]]`` (or ``H_k`` alone): the logit of
