@@ -50,7 +50,7 @@ def test_dspark_module_trains_a_step_and_decodes_losslessly(tmp_path, target, he
 def test_the_paper_preset_is_deepspecs_dspark():
     """DeepSpec's dspark_qwen3_8b: block 7 sampled from the anchor (= our B = 8 with sample_from_anchor), 5 layers,
     the vanilla rank-256 head with its confidence head on [H; W1 x], 0.1/0.9/1.0, γ = 4, lr 6e-4, 512 anchors."""
-    from lit_domino.configs import load_config
+    from lit_domino.training.configs import load_config
 
     cfg = load_config("dspark", "paper", 0)
     m, data = cfg["model"]["init_args"], cfg["data"]

@@ -233,7 +233,7 @@ def test_later_stages_reuse_the_cached_context(target, drafters, kind, monkeypat
 def test_dspark_stages_distil_the_targets_distribution_there(target, drafters, kind):
     """Stage s of a DSpark unroll carries the target's distribution at ``a_s + k - 1`` (what predicted its label
     ``x_{a_s+k}``), and its loss is DeepSpec's objective on it (finite, gradients reach the Markov head)."""
-    from lit_domino.objectives import LossSettings, position_weights
+    from lit_domino.models.objectives import LossSettings, position_weights
 
     d = drafters[kind]
     ids = torch.randint(3, 90, (1, 30), generator=torch.Generator().manual_seed(6))
