@@ -89,26 +89,29 @@ def test_compiled_dspark_decodes_what_the_eager_one_does(target):
     assert dspark._COMPILED_MARKOV_BLOCK  # the head's compiled loop was made (and ran: the sessions call it)
 
 
-def test_the_compiled_session_runs_the_compiled_head_loop(target, monkeypatch):
-    """``compile=True`` hands the head its compiled loop (torch.compile is lazy: stubbed here to see the call)."""
-    from lit_domino.models import dspark
+def test_compile_hands_the_session_the_compiled_head_loop(target, monkeypatch):
+    """``compile=True`` drafts through ``compiled_markov_block`` (``torch.compile`` stubbed by a recording
+    wrapper, the block forward left eager): the same tokens as the eager session, every block through it."""
+    from lit_domino.models import backbone, dspark
 
     calls = []
 
-    def fake_compiled(device):
+    def recording(device):
         def loop(*args):
-            calls.append(len(args))
+            calls.append(args[0].shape[0])  # H's rows: K + 1
             return dspark.markov_block(*args)
         return loop
 
-    monkeypatch.setattr(dspark, "compiled_markov_block", fake_compiled)
-    d = _drafter(target, "rnn")
-    s = d.new_session(static_capacity=64)
-    assert s.head_loop is dspark.markov_block
-    s = dspark.DSparkSession(d, static_capacity=64, compile=False)
-    s.head_loop = fake_compiled("cpu")
+    monkeypatch.setattr(dspark, "compiled_markov_block", recording)
+    monkeypatch.setattr(backbone, "compiled_block_hidden", lambda drafter: drafter.block_hidden)
+    d = _drafter(target, "rnn", scale=2.0)
     ids = torch.tensor([5, 6, 7, 8])
-    s.extend(ids, target.forward_features(ids[None], d.config.feature_layers)[0])
-    eager = d.new_session()
-    eager.extend(ids, target.forward_features(ids[None], d.config.feature_layers)[0])
-    assert torch.equal(s.draft(9, 7).tokens, eager.draft(9, 7).tokens) and calls == [12]
+    feats = target.forward_features(ids[None], d.config.feature_layers)[0]
+    stages = []
+    for options in ({"static_capacity": 64, "compile": True}, {}):
+        s = d.new_session(**options)
+        s.extend(ids, feats)
+        first = s.draft(9, 7)
+        stages.append((first.tokens, s.draft(first.tokens[-1], 7).tokens))  # a DLoop stage too
+    assert calls == [8, 8]  # both stages of the compiled session, none of the eager one
+    assert all(torch.equal(a, b) for a, b in zip(*stages))
