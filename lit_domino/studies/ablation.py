@@ -40,6 +40,7 @@ from lit_domino.training.configs import (EMBEDDED_PREFIX, ConfigError, check_arg
                                          load_config, parse_override, study_overrides)
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.command import CommandParser, run_command
+from lit_domino.runtime.quiet import set_verbose, verbose
 from lit_domino.studies.common import cached_rows, log_metrics
 from lit_domino.decoding.metric_names import MethodKey, drafter_metrics
 from lit_domino.runtime.threads import pinned_threads
@@ -242,8 +243,9 @@ def _train_worker_init(threads: int, started) -> None:
     if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started this process (_signals_blocked)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     torch.set_num_threads(threads)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    if not verbose():  # the trainings' own output goes to their train.log (runtime/quiet.py)
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+        logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
 
 
 def _train_in_worker(cfg: dict, experiment: str, index: int):
@@ -747,6 +749,9 @@ def build_parser() -> CommandParser:
     parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>, with the "
                         "subset appended for --variants/--seeds/--set runs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="Lightning's own output of every training (banners, tips, warnings) on the console; "
+                             "by default it goes to each training's train.log in its artifact folder")
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                         help="override a training config key, VALUE in YAML, e.g. "
                              "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable); a model "
@@ -768,6 +773,7 @@ def _main(argv: list[str]) -> dict:
     _, _, chosen = _study(args.preset, variants)
     check_arguments(args.preset, overrides)
     study_overrides(chosen, args.preset, overrides)  # model keys and numbers, read from the modules' source
+    set_verbose(args.verbose)  # the workers inherit it
     if args.no_progress:  # the libraries' own bars too (dataset saves, weight loading)
         import datasets
         import transformers
