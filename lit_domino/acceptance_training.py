@@ -39,6 +39,9 @@ class AcceptanceSettings:
 
     label: str = "soft"
     """Training label: ``soft`` c* = 1 - TV(q, p) or ``hard`` (pick = target's pick; T = 0)."""
+    calibration_label: str = "hard"
+    """What the calibration makes the survival match: ``hard`` acceptance events (decoding at T = 0) or ``soft``
+    c* (the acceptance probability when sampling at the collection's temperature)."""
     steps: int = 300
     """Full-batch Adam steps of the add-on head."""
     lr: float = 0.05
@@ -56,8 +59,9 @@ class AcceptanceSettings:
     seed: int = 0
 
     def __post_init__(self):
-        if self.label not in LABELS:
-            raise ValueError(f"label must be one of {LABELS}, got {self.label!r}")
+        for name in ("label", "calibration_label"):
+            if getattr(self, name) not in LABELS:
+                raise ValueError(f"{name} must be one of {LABELS}, got {getattr(self, name)!r}")
         for name in ("steps", "stages", "anchors_per_sequence", "max_new_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -188,13 +192,19 @@ def _fit_temperature(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float
     return float(fine[int(nll(fine).argmin())])
 
 
+MIN_CALIBRATION_WEIGHT = 20.0
+"""Rounds (summed weights) a position needs for a temperature of its own; fewer reuse the previous position's."""
+
+
 def fit_calibration(z: torch.Tensor, y: torch.Tensor, label: str) -> Calibration:
-    """Per position temperatures from held-out raw logits z [n, P] and labels y [n, P] (see the module docs)."""
+    """Per position temperatures from held-out raw logits z [n, P] and labels y [n, P] (see the module docs);
+    a position that fewer than :data:`MIN_CALIBRATION_WEIGHT` rounds reached keeps the previous one's τ."""
     z, y = z.double(), y.double()
     w = prefix_weights(y)
     taus, means = [], []
     for j in range(z.shape[1]):
-        tau = _fit_temperature(z[:, j], y[:, j], w[:, j])
+        enough = float(w[:, j].sum()) >= MIN_CALIBRATION_WEIGHT or not taus
+        tau = _fit_temperature(z[:, j], y[:, j], w[:, j]) if enough else taus[-1]
         c = torch.sigmoid(z[:, j] / tau)
         taus.append(tau)
         means.append(float((c * w[:, j]).sum() / w[:, j].sum()) if float(w[:, j].sum()) > 0 else float(c.mean()))
@@ -244,6 +254,10 @@ def auc(score: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> 
     return float((ranks[: pos.numel()].sum() - pos.numel() * (pos.numel() + 1) / 2) / (pos.numel() * neg.numel()))
 
 
+MIN_REPORT_ROUNDS = 10
+"""Test rounds a position needs to be listed in the tables (and pooled in the survival ECE)."""
+
+
 def calibration_report(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, cal: Calibration) -> dict:
     """Per round position j on test rounds: rounds reaching j, acceptance rate, AUC (raw logit vs the hard event,
     on the rounds whose drafts before j survived), ECE of c_j before / after calibration (same rounds), and the
@@ -263,8 +277,10 @@ def calibration_report(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, 
                      "survival_ece_before": ece(S_before[:, j], survived[:, j]),
                      "survival_ece_after": ece(S_after[:, j], survived[:, j])})
     allw = w.reshape(-1)
+    J = max(1, sum(1 for r in rows if r["rounds"] >= MIN_REPORT_ROUNDS))  # positions enough test rounds reached
     pooled = {"auc": auc(z, hard, w), "ece_before": ece(before, y, allw), "ece_after": ece(after, y, allw),
-              "survival_ece_before": ece(S_before, survived), "survival_ece_after": ece(S_after, survived),
+              "survival_ece_before": ece(S_before[:, :J], survived[:, :J]),
+              "survival_ece_after": ece(S_after[:, :J], survived[:, :J]), "survival_positions": J,
               "rounds": int(z.shape[0])}
     return {"positions": rows, "pooled": pooled, "label": cal.label}
 
@@ -277,6 +293,8 @@ def report_markdown(name: str, report: dict) -> str:
              "", "| j | rounds | accept | AUC | ECE before | ECE after | τ_j | S_j ECE before | S_j ECE after |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["positions"]:
+        if r["rounds"] < MIN_REPORT_ROUNDS:
+            continue
         lines.append(f"| {r['position']} | {r['rounds']} | {r['accept']:.2f} | {r['auc']:.3f} | "
                      f"{100 * r['ece_before']:.1f} % | {100 * r['ece_after']:.1f} % | {r['temperature']:.2f} | "
                      f"{100 * r['survival_ece_before']:.1f} % | {100 * r['survival_ece_after']:.1f} % |")
@@ -349,7 +367,8 @@ def build_predictor(target, drafter, prompts, settings: AcceptanceSettings = Acc
         with torch.no_grad():
             return pred.logits(drafter, d["H"].to(dev), d["prev"].to(dev)).double().cpu()
 
-    pred.calibration = fit_calibration(logits(held), held[settings.label], settings.label)
+    cal = settings.calibration_label
+    pred.calibration = fit_calibration(logits(held), held[cal], cal)
     zt = logits(test)
     report = calibration_report(zt, test["hard"], test["soft"], pred.calibration)
     pred.meta["test"] = report["pooled"]
