@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lit_domino.acceptance_training import MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, prompt_ids
 from lit_domino.data.benchmarks import load_benchmark
-from lit_domino.decoding.acceptance import supports_predictor
+from lit_domino.decoding.acceptance import own_predictor, supports_predictor
 from lit_domino.experiment import load_config, train_variant
 from lit_domino.models import load_drafter
 from lit_domino.paths import project_root
@@ -29,8 +29,8 @@ SKIP = 16
 """Each benchmark's first items are the DLoop study's and the ablation's eval prompts: the predictor's data starts
 after them."""
 PRESET_SETTINGS = {
-    "smoke": dict(prompts=16, settings=dict(max_new_tokens=64, anchors_per_sequence=12, stages=2)),
-    "default": dict(prompts=40, settings=dict(max_new_tokens=128, anchors_per_sequence=16, stages=3)),
+    "smoke": dict(prompts=32, settings=dict(max_new_tokens=64, anchors_per_sequence=24, stages=2)),
+    "default": dict(prompts=40, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
     "paper": dict(prompts=64, settings=dict(max_new_tokens=256, anchors_per_sequence=16, stages=3)),
 }
 
@@ -70,7 +70,7 @@ def study_pool_size(preset: str):
     return (yaml.safe_load(Path(STUDY_FILE).read_text())["presets"].get(preset) or {}).get("pool_size")
 
 
-def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), label: str = "soft",
+def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), label: str | None = None,
                          out_dir: Path | None = None, mlflow_enabled: bool = True, progress: bool = True,
                          threads: int | None = 1) -> dict:
     """Build (or reuse) every drafter's predictor, then the tables, diagrams and MLflow run (module docstring)."""
@@ -96,14 +96,17 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
                 print(f"[acceptance] {kind}: drafts token by token, no acceptance predictor", flush=True)
                 continue
             pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
-            settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool)
-            print(f"[acceptance {time.time() - t0:5.0f}s] {kind}: predictor ({settings})", flush=True)
-            pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{kind}-{preset}")
-            reports[kind] = json.loads((path / "report.json").read_text())
-            png = out_dir / f"reliability-{kind}-{preset}.png"
-            shutil.copyfile(path / "reliability.png", png)
-            files.append(png)
-            predictors[kind] = path
+            variants = [(kind, True)] + ([(f"{kind} (add-on head)", False)] if own_predictor(drafter) else [])
+            for name, own in variants:
+                settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool, own_head=own)
+                print(f"[acceptance {time.time() - t0:5.0f}s] {name}: predictor ({settings})", flush=True)
+                tag = name.split(" ")[0] + ("" if own else "-addon")
+                pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{tag}-{preset}")
+                reports[name] = json.loads((path / "report.json").read_text())
+                png = out_dir / f"reliability-{tag}-{preset}.png"
+                shutil.copyfile(path / "reliability.png", png)
+                files.append(png)
+                predictors[name] = path
     md = calibration_table(reports)
     (out_dir / f"calibration-{preset}.md").write_text(md + "\n")
     write_json({"reports": reports, "artifacts": {k: str(v) for k, v in predictors.items()}, "label": label},
@@ -117,14 +120,14 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
         from lit_domino.tracking import default_tracking_uri, mlflow_run
 
         with mlflow_run(f"acceptance-{preset}", f"calibration-{preset}", tags={"table": "acceptance"}) as run:
-            mlflow.log_params({"drafters": ",".join(reports), "label": label, "prompts": len(prompts)})
+            mlflow.log_params({"drafters": ",".join(reports), "label": str(label or "auto"), "prompts": len(prompts)})
             metrics = {}
             for kind, rep in reports.items():
                 for k, v in rep["pooled"].items():
-                    metrics[f"{kind}.{k}"] = v
+                    metrics[f"{kind.replace(' (add-on head)', '_addon')}.{k}"] = v
                 for r in rep["positions"]:
                     for k in ("auc", "ece_before", "ece_after", "survival_ece_after", "accept"):
-                        metrics[f"{kind}.pos{r['position']:02d}.{k}"] = r[k]
+                        metrics[f"{kind.replace(' (add-on head)', '_addon')}.pos{r['position']:02d}.{k}"] = r[k]
             log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, metrics)
             for f in files:
                 mlflow.log_artifact(str(f), "calibration")
@@ -134,7 +137,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
     return {"reports": reports, "artifacts": predictors, "markdown": md, "run_id": run_id}
 
 
-def attach_predictors(target, drafters: dict, preset: str, label: str = "soft") -> dict:
+def attach_predictors(target, drafters: dict, preset: str, label: str | None = None) -> dict:
     """Attach the cached (or newly built) predictor to every drafter in ``drafters`` (name -> drafter) that can
     have one (the DLoop study's predictor gates); returns name -> artifact path."""
     from lit_domino.decoding.acceptance import attach
