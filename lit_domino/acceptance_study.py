@@ -155,3 +155,61 @@ def attach_predictors(target, drafters: dict, preset: str, label: str | None = N
         attach(drafter, pred)
         out[name] = path
     return out
+
+
+GATE_SPECS = ("off", "-0.5:3", "conf@0.5:3", "conf@0.3:3", "cost:3", "trunc@0.3", "conf@0.5:3+trunc@0.3")
+"""The gate study's settings: DLoop off, the papers' Σ log q gate (the reference), and the predictor gates."""
+
+
+def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), gates=GATE_SPECS,
+                   prompts_per_domain: int = 3, max_new_tokens: int = 64, repeats: int = 1,
+                   out_dir: Path | None = None, threads: int | None = 1) -> dict:
+    """Every drafter (its cached predictor attached) x gate, decoded with :func:`~lit_domino.decoding.metrics.benchmark`
+    on the eval prompts (the DLoop study's: each domain's first items) against our AR baseline, all interleaved:
+    τ, stages per round, draft and verify ms per round, speedup, lossless match -> Markdown + JSON in
+    ``results/acceptance/gates-<preset>``. A small-scale look at the gates, not the full DLoop study."""
+    from lit_domino.decoding.dloop import DLoopConfig
+    from lit_domino.decoding.metrics import benchmark
+    from lit_domino.target import load_target
+
+    t0 = time.time()
+    out_dir = Path(out_dir or project_root() / "results" / "acceptance")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfgs = {kind: load_config(kind, preset, 0, {}) for kind in drafters}
+    target = load_target(next(iter(cfgs.values()))["data"]["target"])
+    loaded = {kind: load_drafter(train_variant(cfg, progress=False).drafter_dir, target=target)
+              for kind, cfg in cfgs.items()}
+    with pinned_threads(threads):
+        attached = attach_predictors(target, loaded, preset)
+        dloops = [DLoopConfig.parse(g) for g in gates]
+        prompts = {name: load_benchmark(name, prompts_per_domain) for name in DOMAINS}
+        pool = study_pool_size(preset)
+        rows = benchmark(target, loaded, prompts, max_new_tokens=max_new_tokens, dloops=dloops,
+                         pool_sizes={k: [pool] for k in loaded if "pool_size" in loaded[k].draft_options},
+                         hf_baseline=False, progress=False, repeats=repeats)
+    lines = ["| drafter | gate | avg τ | stages/round | draft ms/round | verify ms/round | avg speedup | Δ vs off | "
+             "lossless |", "|---|---|---|---|---|---|---|---|---|"]
+    recs = []
+    for kind in loaded:
+        off = None
+        for dl in dloops:
+            label = "off" if dl is None else dl.label()
+            cells = [r for r in rows if r.get("drafter") == kind and r.get("dloop") == label]
+            mean = lambda key: (sum(c[key] for c in cells) / len(cells)) if cells and all(
+                isinstance(c.get(key), (int, float)) for c in cells) else float("nan")
+            rec = {"drafter": kind, "gate": label, "tau": mean("tau"), "speedup": mean("speedup"),
+                   "stages_per_round": mean("stages_per_round"), "draft_ms": mean("draft_ms_per_round"),
+                   "verify_ms": mean("verify_ms_per_round"),
+                   "match": min((c.get("match_baseline", float("nan")) for c in cells), default=float("nan"))}
+            off = rec["speedup"] if dl is None else off
+            rec["delta_pct"] = 100 * (rec["speedup"] / off - 1) if off else float("nan")
+            recs.append(rec)
+            lines.append(f"| {kind} | {label} | {rec['tau']:.2f} | {rec['stages_per_round']:.2f} | "
+                         f"{rec['draft_ms']:.2f} | {rec['verify_ms']:.2f} | {rec['speedup']:.2f}x | {rec['delta_pct']:+.1f} % | "
+                         f"{rec['match']:.2f} |")
+    md = "\n".join(lines)
+    (out_dir / f"gates-{preset}.md").write_text(md + "\n")
+    write_json({"rows": recs, "predictors": {k: str(v) for k, v in attached.items()}}, out_dir / f"gates-{preset}.json")
+    print(f"\n## Gates ({preset}; {prompts_per_domain} prompts per domain, {max_new_tokens} tokens)\n\n{md}\n")
+    print(f"written to {out_dir} in {time.time() - t0:.0f} s")
+    return {"rows": recs, "markdown": md}

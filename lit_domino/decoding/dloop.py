@@ -210,8 +210,8 @@ def check_grid(thresholds: list[float], stages: list[int]) -> None:
             raise ValueError(f"stage counts N must be integers >= 1 (1 = no loop), got {n!r}")
 
 
-def check_table_gate(threshold: float, max_stages: int) -> None:
-    """The DLoop table's gate: a valid gate with a loop (N >= 2)."""
-    check_grid([threshold], [max_stages])
+def check_table_gate(threshold: float | None, max_stages: int, gate: str = "sum", truncate: float | None = None) -> None:
+    """The DLoop table's gate: a valid gate (``DLoopConfig``'s rules) with a loop (N >= 2)."""
+    DLoopConfig(threshold=threshold, max_stages=max_stages, gate=gate, truncate=truncate)
     if max_stages < 2:
         raise ValueError("the DLoop table's gate needs max_stages >= 2 (1 is no loop)")
