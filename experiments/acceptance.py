@@ -39,7 +39,7 @@ def main(argv=None):
 
 def _run(argv: list[str]):
     args = parse_args(argv)
-    from lit_domino.configs import PRESETS, available_variants
+    from lit_domino.training.configs import PRESETS, available_variants
 
     if args.preset not in PRESETS:
         raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
@@ -47,7 +47,7 @@ def _run(argv: list[str]):
     unknown = [d for d in drafters if d not in available_variants()]
     if not drafters or unknown:
         raise UsageError(f"--drafters: unknown {unknown or 'none given'}; choose from {available_variants()}")
-    from lit_domino.acceptance_study import run_acceptance_study
+    from lit_domino.studies.acceptance import run_acceptance_study
 
     return run_acceptance_study(args.preset, drafters, label=args.label, out_dir=args.out,
                                 mlflow_enabled=not args.no_mlflow)

@@ -10,7 +10,7 @@ d_j itself: a gate that cuts at j then decides from the tokens before j only, wh
   interface a drafter with a head of its own implements (None: it has none);
 * **add-on head** (:class:`AcceptanceHead`; backbone-only, Domino, any drafter whose session keeps the stage's
   block hidden states, DFlash 2 included): ``z_j = w · [H_j ; E[x_{j-1}]] + b`` with E the target's frozen
-  embedding, trained on the frozen drafter (:mod:`lit_domino.acceptance_training`).
+  embedding, trained on the frozen drafter (:mod:`lit_domino.training.acceptance`).
 
 Calibration (:class:`Calibration`): per round position j (stages concatenated), a temperature τ_j, so that
 ``c_j = sigmoid(z_j / τ_j)`` is the acceptance probability of position j *given* that 1..j-1 were accepted;
@@ -250,12 +250,12 @@ def require_predictor(drafter, why: str, calibrated: bool = False) -> Acceptance
     if pred is None:
         raise NoAcceptancePredictor(
             f"{why} needs acceptance probabilities, and this {kind} drafter has no confidence head: train an add-on "
-            "head on it (lit_domino.acceptance_training.acceptance_predictor) and attach it "
+            "head on it (lit_domino.training.acceptance.acceptance_predictor) and attach it "
             "(lit_domino.decoding.acceptance.attach), or use a log-probability gate (sum, mean, scaled, last)")
     if pred.head is None and not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"{why}: the {kind} drafter's sessions keep no block hidden states")
     if calibrated and pred.calibration is None:
         raise NoAcceptancePredictor(
             f"{why} needs a calibrated predictor (its per-position mean confidence forecasts the next stage); this "
-            f"{kind} drafter's is uncalibrated: calibrate it (lit_domino.acceptance_training.calibrate)")
+            f"{kind} drafter's is uncalibrated: build a calibrated one (lit_domino.training.acceptance.acceptance_predictor)")
     return pred

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from lit_domino import cache
+from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
 COST_FORMAT = 1
@@ -132,7 +132,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
     """Measure a :class:`CostModel` on this machine with the real target and drafter (eager, dynamic cache):
     a ``context``-token random prompt, each part timed ``repeats`` times after one warm-up (the median)."""
     from lit_domino.decoding.engine import _TargetRunner, feature_layers
-    from lit_domino.target import select_features
+    from lit_domino.target.load import select_features
 
     drafter.bind_target(target)
     dev = torch.device(target.device)

@@ -489,7 +489,7 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
                 continue
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
             if any(c is not None and c.needs_predictor for c in dloops):  # conf, cost, +trunc: each its predictor
-                from lit_domino.acceptance_study import attach_predictors
+                from lit_domino.studies.acceptance import attach_predictors
 
                 attach_predictors(target, drafters, plan["preset"])
             rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,

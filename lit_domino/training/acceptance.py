@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lit_domino import cache
+from lit_domino.runtime import cache
 from lit_domino.decoding.acceptance import (LABELS, AcceptanceHead, AcceptancePredictor, Calibration,
                                            NoAcceptancePredictor, drafter_key, load_predictor, own_predictor,
                                            stage_inputs, supports_predictor)

@@ -2,7 +2,7 @@
 
 Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, any parallel method
 registered later): the add-on head trained on the frozen drafter (DSpark: its own head), calibrated per position
-on held-out rounds (:mod:`lit_domino.acceptance_training`), each cached as its own artifact keyed by the
+on held-out rounds (:mod:`lit_domino.training.acceptance`), each cached as its own artifact keyed by the
 drafter. Prompts: each embedded benchmark's items after the ones the DLoop study evaluates on (disjoint).
 
 Writes ``results/acceptance/calibration-<preset>.md|json`` (AUC and ECE before and after, per position, of the
@@ -16,13 +16,16 @@ import shutil
 import time
 from pathlib import Path
 
-from lit_domino.acceptance_training import MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, prompt_ids
+from lit_domino.training.acceptance import MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, prompt_ids
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.acceptance import own_predictor, supports_predictor
-from lit_domino.experiment import load_config, train_variant
-from lit_domino.models import load_drafter
-from lit_domino.paths import project_root
-from lit_domino.study import log_metrics, pinned_threads, write_json
+from lit_domino.training.configs import load_config
+from lit_domino.training.experiment import train_variant
+from lit_domino.interop import load_drafter
+from lit_domino.runtime.paths import project_root
+from lit_domino.runtime.jsonio import write_json
+from lit_domino.runtime.threads import pinned_threads
+from lit_domino.studies.common import log_metrics
 
 DOMAINS = ("embedded-math", "embedded-code", "embedded-chat")
 SKIP = 16
@@ -65,7 +68,7 @@ def study_pool_size(preset: str):
     """The DLoop study's decode candidate pool of Domino's kinds for ``preset`` (the predictor is built as it decodes)."""
     import yaml
 
-    from lit_domino.dloop_study import STUDY_FILE
+    from lit_domino.studies.dloop import STUDY_FILE
 
     return (yaml.safe_load(Path(STUDY_FILE).read_text())["presets"].get(preset) or {}).get("pool_size")
 
@@ -76,7 +79,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
     """Build (or reuse) every drafter's predictor, then the tables, diagrams and MLflow run (module docstring)."""
     import json
 
-    from lit_domino.target import load_target
+    from lit_domino.target.load import load_target
 
     if preset not in PRESET_SETTINGS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESET_SETTINGS)}")
@@ -117,7 +120,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from lit_domino.tracking import default_tracking_uri, mlflow_run
+        from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
 
         with mlflow_run(f"acceptance-{preset}", f"calibration-{preset}", tags={"table": "acceptance"}) as run:
             mlflow.log_params({"drafters": ",".join(reports), "label": str(label or "auto"), "prompts": len(prompts)})
@@ -169,8 +172,8 @@ def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspar
     τ, stages per round, draft and verify ms per round, speedup, lossless match -> Markdown + JSON in
     ``results/acceptance/gates-<preset>``. A small-scale look at the gates, not the full DLoop study."""
     from lit_domino.decoding.dloop import DLoopConfig
-    from lit_domino.decoding.metrics import benchmark
-    from lit_domino.target import load_target
+    from lit_domino.decoding.harness import benchmark
+    from lit_domino.target.load import load_target
 
     t0 = time.time()
     out_dir = Path(out_dir or project_root() / "results" / "acceptance")
