@@ -108,6 +108,8 @@ def test_bench_refuses_a_model_directory_as_a_drafter(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needles", [
     (["--target", "random", "--dloop", "0.5:2"], ["--dloop", "never positive"]),
     (["--target", "random", "--dloop", "sum@x"], ["--dloop", "cannot parse DLoop spec"]),
+    (["--target", "random", "--dloop", "conf@1.5:3"], ["--dloop", "in (0, 1]"]),
+    (["--target", "random", "--dloop", "cost@0.5:3"], ["--dloop", "no threshold"]),
     (["--target", "random", "--drafters", "d=random:nosuch"], ["unknown drafter kind", "backbone"]),
     (["--target", "random", "--benchmarks", "nosuch:3"], ["--benchmarks", "unknown benchmark 'nosuch'"]),
 ])
