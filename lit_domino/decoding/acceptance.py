@@ -52,15 +52,22 @@ class NoAcceptancePredictor(UsageError):
 
 def drafter_key(drafter) -> str:
     """A SHA-256 (16 hex digits) of the drafter's kind, config and own weights: a predictor, a cost model or a
-    calibration built for one drafter is never applied to another (retrained, fine-tuned) one."""
-    h = hashlib.sha256()
-    cfg = drafter.config.to_dict()
-    h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    calibration built for one drafter is never applied to another (retrained, fine-tuned) one. Memoised on the
+    drafter until its config or a weight changes (an optimizer step or a load bumps a tensor's version): the cost
+    gate asks for it at every ``generate`` call."""
+    cfg = json.dumps(drafter.config.to_dict(), sort_keys=True, default=str)
+    tensors = [*drafter.named_parameters(), *drafter.named_buffers()]  # the live tensors (state_dict detaches)
+    state = (cfg, tuple((name, id(t), t._version, t.dtype, str(t.device)) for name, t in tensors))
+    memo = drafter.__dict__.get("_drafter_key")
+    if memo is not None and memo[0] == state:
+        return memo[1]
+    h = hashlib.sha256(cfg.encode())
     for name, t in sorted(drafter.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-                 if t.numel() else b"")
-    return h.hexdigest()[:16]
+        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    key = h.hexdigest()[:16]
+    drafter.__dict__["_drafter_key"] = (state, key)  # outside nn.Module's attributes: never saved with it
+    return key
 
 
 def stage_inputs(hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tensor):

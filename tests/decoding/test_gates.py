@@ -232,6 +232,13 @@ def test_a_predictor_of_another_drafter_is_refused(target):
     other = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
     with pytest.raises(NoAcceptancePredictor, match="another drafter"):
         attach(other, predictor_of(d))
+    key = drafter_key(d)
+    assert drafter_key(d) == key and d.__dict__["_drafter_key"][1] == key  # memoised
+    with torch.no_grad():  # a fine-tuned drafter is another drafter
+        next(d.parameters()).add_(0.01)
+    assert drafter_key(d) != key
+    with pytest.raises(NoAcceptancePredictor, match="another drafter"):
+        attach(d, predictor_of(d))
 
 
 def test_predictor_round_trips(target, tmp_path):
