@@ -319,3 +319,15 @@ def test_a_real_argument_error_is_fast_and_imports_no_torch(script, argv, line, 
     assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(line), errors
     assert "lit_domino.runtime.command" in imported and not {"torch", "transformers", "lightning"} & imported
     assert seconds < 2.0, seconds
+
+
+# --------------------------------------------------------------------------- acceptance.py
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--preset", "huge"], ["--preset", "unknown preset 'huge'"]),
+    (["--drafters", "backbone,nosuch"], ["--drafters", "nosuch"]),
+    (["--label", "fuzzy"], ["--label", "invalid choice"]),
+])
+def test_acceptance_refuses_bad_input(argv, needles, capsys):
+    refuses(command("experiments/acceptance.py").main, argv, capsys, "acceptance.py", *needles)
