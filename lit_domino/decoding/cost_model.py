@@ -194,7 +194,8 @@ _MEMO: dict[str, CostModel] = {}
 
 
 def cache_path(key: dict, root: Path | None = None) -> Path:
-    return (root or cache.cache_root()) / "cost_models" / f"{key['target']}-{cache.config_hash(key)}.json"
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["target"])
+    return (root or cache.cache_root()) / "cost_models" / f"{name}-{cache.config_hash(key)}.json"
 
 
 def resolve(target, drafter, block_size: int, source: str | None = None, max_stages: int = 4,
