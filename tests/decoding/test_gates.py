@@ -112,8 +112,9 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,spec", [("domino", "conf@0.55:3+trunc@0.4"), ("backbone", "trunc@0.5"),
-                                       ("backbone", "conf@0.5:3+trunc@0.45"), ("dspark", "conf@0.4:2+trunc@0.4")])
-def test_gates_sample_the_target_distribution(kind, spec):
+                                       ("backbone", "conf@0.5:3+trunc@0.45"), ("dspark", "conf@0.4:2+trunc@0.4"),
+                                       ("domino", "cost:3+trunc@0.3")])
+def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
     """T > 0: chi-square on (x1, x2) with q far from p, while the gate cuts stages and (mostly) opens more."""
     target = chi_square_target()
     torch.manual_seed(0)
@@ -133,6 +134,9 @@ def test_gates_sample_the_target_distribution(kind, spec):
         attach(d, AcceptancePredictor(drafter_key(d), spread_head(target, d, 1.0, 1.5), cal))
     prompt = [3, 5, 2, 6]
     dl = DLoopConfig.parse(spec)
+    if dl.gate == "cost":  # verifying more is nearly free here: the gate opens while the survival is high
+        path = str(cheap_cost(target, d, 3).save(tmp_path / "cost.json"))
+        dl = DLoopConfig(gate="cost", max_stages=dl.max_stages, truncate=dl.truncate, cost_model=path)
     drafted = set()
     for seed in range(40):
         drafted.update(generate(target, d, torch.tensor([prompt]), max_new_tokens=3, seed=seed, temperature=1.0,
