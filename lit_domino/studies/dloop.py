@@ -41,15 +41,16 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lit_domino.runtime import cache
-from lit_domino.training.configs import available_variants, compose, module_class
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, check_grid, check_table_gate,
                                       dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
 from lit_domino.decoding.harness import benchmark, check_repeats
-from lit_domino.training.configs import CONFIG_DIR, PRESETS, load_config, set_dotted
+from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
+                                         module_class, set_dotted)
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
+from lit_domino.studies.tables import decode_pool_size
 from lit_domino.runtime.paths import project_root
 from lit_domino.studies.common import cached_rows, log_metrics
 from lit_domino.runtime.jsonio import finite, write_json
@@ -95,8 +96,10 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
                study_file: Path = STUDY_FILE, gates=None) -> dict:
     """The merged study settings of ``preset`` (CLI values override the YAML's)."""
     study = yaml.safe_load(Path(study_file).read_text())
-    if preset not in study["presets"] or preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(study['presets'])}")
+    check_preset(preset)  # the presets are the config files' (one place)
+    if preset not in study["presets"]:
+        raise ValueError(f"the DLoop study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
+                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
     plan = copy.deepcopy(study["presets"][preset])
     plan["preset"] = preset
     plan["drafters"] = list(drafters or study["drafters"])
@@ -117,7 +120,10 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan["table_dloop"] = table_gate(DLoopConfig(threshold=thr, max_stages=int(td["max_stages"]),
                                                  gate=str(td.get("gate", "sum")), truncate=trunc))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
-    plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
+    if "pool_size" in plan:
+        raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "
+                         "(studies/ablation.yaml); set it there")
+    plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # V is checked against the target later
     plan["repeats"] = check_repeats(plan.get("repeats", 1))
     plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
     for g in plan["gates"]:
