@@ -65,12 +65,11 @@ def calibration_table(reports: dict[str, dict]) -> str:
 
 
 def study_pool_size(preset: str):
-    """The DLoop study's decode candidate pool of Domino's kinds for ``preset`` (the predictor is built as it decodes)."""
-    import yaml
+    """The candidate pool Domino's kinds decode with in the studies (``studies/ablation.yaml``): the predictor is
+    built as the drafter decodes."""
+    from lit_domino.studies.tables import decode_pool_size
 
-    from lit_domino.studies.dloop import STUDY_FILE
-
-    return (yaml.safe_load(Path(STUDY_FILE).read_text())["presets"].get(preset) or {}).get("pool_size")
+    return decode_pool_size(preset)
 
 
 def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), label: str | None = None,
