@@ -65,6 +65,10 @@ def test_evaluate_passes_the_pool_and_repeats_to_every_decode(monkeypatch, tmp_p
     (dict(drafters=["small_lm"]), r"drafters \[.small_lm.\] cannot be loop-trained"),
     (dict(table_dloop={"threshold": -0.5, "max_stages": 1}), "max_stages >= 2"),
     (dict(table_dloop={"threshold": 0.5, "max_stages": 3}), "positive"),
+    (dict(table_dloop={"gate": "conf", "threshold": 1.5, "max_stages": 3}), r"in \(0, 1\]"),
+    (dict(table_dloop={"gate": "cost", "threshold": None, "max_stages": 3}), r"\['eagle3'\] draft token by token"),
+    (dict(table_dloop={"threshold": -0.5, "max_stages": 3, "truncate": 0.3}), "read an acceptance predictor"),
+    (dict(table_dloop={"threshold": -0.5, "max_stages": 3, "cut": 0.3}), "takes gate, threshold"),
 ])
 def test_bad_grids_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -79,10 +83,19 @@ def test_cli_refuses_bad_input_before_training(capsys):
     import experiments.dloop as cli
 
     for argv, match in ((["--thresholds", "-0.5,0.5"], "positive"), (["--stages", "0"], ">= 1"),
-                        (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]")):
+                        (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]"),
+                        (["--table-dloop", "conf@0:3"], "(0, 1]"), (["--table-dloop", "cost:3"], "token by token")):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert match in capsys.readouterr().err
+
+
+def test_predictor_gates_plan_for_parallel_drafters():
+    plan = ds.study_plan("smoke", drafters=["backbone", "domino"], table_dloop={"gate": "conf", "threshold": 0.6,
+                                                                               "max_stages": 3, "truncate": 0.3})
+    assert plan["table_dloop"] == {"gate": "conf", "threshold": 0.6, "max_stages": 3, "truncate": 0.3}
+    assert ds.dloop_label(ds.DLoopConfig(**plan["table_dloop"])) == "conf@0.6:3+trunc@0.3"
+    assert ds.study_plan("smoke", drafters=["backbone"], table_dloop={"gate": "cost", "max_stages": 3})
 
 
 def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
