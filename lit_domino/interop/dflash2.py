@@ -5,8 +5,9 @@ dflash2``), for the ``dflash2`` drafter.
 ``draft_vocab_size`` = the target's vocabulary (DFlash 2 requires it: the target's LM head, no d2t/t2d),
 ``block_size``, ``aux_hidden_state_layer_ids`` (the fused layers in speculators' numbering: our decoder-layer
 id + 1), ``mask_token_id``, ``sample_from_anchor: false`` (the suite's label convention), ``conv_kernel_size``,
-``conv_group_size``, ``selector_rank``, ``selector_top_k``, ``sliding_window_non_causal: true`` (DFlash 2's
-default; it only matters for sliding-window layers, which neither side has here), ``speculators_config``
+``conv_group_size``, ``selector_rank``, ``selector_top_k``, ``sliding_window_non_causal``, the windowed layers as
+``transformer_layer_config.layer_types`` (``sliding_attention`` / ``full_attention``) with its ``sliding_window``
+and ``use_sliding_window``, ``speculators_config``
 (algorithm dflash2, a greedy proposal of ``block_size - 1`` tokens, the verifier). ``model.safetensors``: the
 backbone and the convolutions under our names (``fc``, ``hidden_norm``, ``layers.*`` with
 ``attention_conv`` / ``mlp_conv``, ``norm``: speculators' names), the selector as ``candidate_selector.*``;
@@ -14,8 +15,8 @@ the target's embedding and LM head are not stored (speculators reloads them from
 
 The distribution layer (the last of our feature layers, what the KL distils) is the target's last layer, taken
 from ``lit_domino_export.json`` or the verifier's local config, as for DSpark. Refused by name:
-``sample_from_anchor: true``, a reduced draft vocabulary, ``selector_top_k`` above it, another target width,
-sliding-window layers (``transformer_layer_config.layer_types`` / ``use_sliding_window``, ``qwen3_fields``).
+``sample_from_anchor: true``, a reduced draft vocabulary, ``selector_top_k`` above it, another target width, a
+layer type other than full or sliding attention, and what ``qwen3_fields`` refuses.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def export(drafter, directory: Path, target=None) -> Path:
     c, h = drafter.config, drafter.config.head
     layer = qwen3_config(c, c.num_layers)
     layer.architectures = ["Qwen3ForCausalLM"]
+    if c.sliding_layers:
+        layer.layer_types = ["sliding_attention" if i in c.sliding_layers else "full_attention"
+                             for i in range(c.num_layers)]
+        layer.use_sliding_window, layer.sliding_window = True, c.sliding_window
     arch = ["Qwen3ForCausalLM"]
     if target is not None or drafter.is_bound:
         model = (target if target is not None else drafter.target).model
@@ -73,7 +78,8 @@ def export(drafter, directory: Path, target=None) -> Path:
     cfg = {"architectures": ["DFlash2DraftModel"], "speculators_model_type": NAME, "draft_vocab_size": c.vocab_size,
            "block_size": int(c.block_size), "target_hidden_size": None,
            "aux_hidden_state_layer_ids": [int(j) + AUX_OFFSET for j in c.feature_layers[:-1]],
-           "mask_token_id": int(c.mask_token_id), "sliding_window_non_causal": True, "sample_from_anchor": False,
+           "mask_token_id": int(c.mask_token_id), "sliding_window_non_causal": bool(c.sliding_non_causal),
+           "sample_from_anchor": False,
            **{theirs: int(getattr(h, ours)) for theirs, ours in HEAD_KEYS.items()},
            "dtype": str(drafter.dtype).removeprefix("torch."), "transformer_layer_config": layer.to_dict(),
            "speculators_config": {
@@ -87,8 +93,26 @@ def export(drafter, directory: Path, target=None) -> Path:
     return directory
 
 
+def _windows(layer: dict) -> tuple[dict, list[int], int | None]:
+    """The draft layers' config without its window keys, the windowed layers and W (refusing other layer types)."""
+    layer = dict(layer)
+    types = layer.pop("layer_types", None) or []
+    layer.pop("use_sliding_window", None)
+    window = layer.pop("sliding_window", None)
+    kinds = ("full_attention", "sliding_attention")
+    if any(t not in kinds for t in types):
+        refuse("transformer_layer_config.layer_types", types, f"the draft layers here are {' or '.join(kinds)}")
+    if types and len(types) != layer.get("num_hidden_layers"):
+        refuse("transformer_layer_config.layer_types", types, "one type per draft layer (num_hidden_layers)")
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        refuse("transformer_layer_config.sliding_window", window, "a positive integer or null")
+    return layer, sliding, (window if sliding else None)
+
+
 def import_dflash2(directory: Path, cfg: dict, map_location="cpu"):
-    fields = qwen3_fields(cfg.get("transformer_layer_config") or {}, "transformer_layer_config.")
+    layer, sliding, window = _windows(cfg.get("transformer_layer_config") or {})
+    fields = qwen3_fields(layer, "transformer_layer_config.")
     if cfg.get("sample_from_anchor", False):
         refuse("sample_from_anchor", cfg["sample_from_anchor"], "the anchor predicts nothing here (block position "
                "k >= 1 predicts x_{a+k}, B-1 drafted tokens); export with sample_from_anchor false")
@@ -115,7 +139,8 @@ def import_dflash2(directory: Path, cfg: dict, map_location="cpu"):
     fields.update(block_size=int(cfg.get("block_size", 8)),
                   feature_layers=[int(j) - AUX_OFFSET for j in aux] + [num_layers - 1],
                   mask_token_id=int(mask) if mask is not None else fields["vocab_size"] - 1,
-                  head=DFlash2HeadConfig(**head))
+                  head=DFlash2HeadConfig(**head), sliding_layers=sliding, sliding_window=window,
+                  sliding_non_causal=bool(cfg.get("sliding_window_non_causal", True)))
     fields["target_fingerprint"] = foreign_fingerprint(directory, fields["hidden_size"], fields["vocab_size"],
                                                        mask, num_layers)
     config = build_config(DFlash2Config, fields)

@@ -14,6 +14,11 @@ block position; each group of g channels shares one dynamic tap), ``β`` [2, t, 
 Block positions count from the first query every ``B`` rows (speculators' ``positions % block_size``), so a
 decode block of ``n <= B`` queries is one block.
 
+**Windowed layers** (``sliding_layers``; speculators' ``sliding_attention`` layer type, which its trainer gives
+every layer by default): the block anchored at a sees the context positions ``a-W .. a-1`` only, and itself
+bidirectionally (``sliding_non_causal``, DFlash 2's default) or causally; the other layers see the whole context
+before a. The same masks hold at decode time, where every cache is position-indexed.
+
 **Selector.** From the block's hidden state ``H_k`` and the token before position k, ``x_{k-1}`` (the anchor
 for k = 1, then the previous pick while drafting): the backbone's unary logits ``U_k = lm_head(H_k)``, its
 top-c candidates ``C_k``, and each candidate's score ``s_k(v) = U_k[v] + ⟨P[x_{k-1}] ⊙ W_h·H_k, S[v]⟩``
@@ -40,11 +45,12 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, and_masks
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter
 from lit_domino.models.base import DrafterMismatchError, default_num_feature_layers
 from lit_domino.models.dspark import DSparkSession, previous_tokens
-from lit_domino.models.layers import DecoderLayer, init_weights
+from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
 from lit_domino.objectives import LossSettings, chunked_row_sums, label_rows
@@ -80,6 +86,19 @@ class DFlash2Config(BackboneConfig):
     head: DFlash2HeadConfig = field(default_factory=DFlash2HeadConfig)
     """The convolutions and the candidate selector."""
 
+    sliding_layers: list[int] = field(default_factory=list)
+    """Draft layers (0-based) whose attention is windowed (speculators' ``layer_types`` ``sliding_attention``;
+    its trainer windows every layer by default). Default none: every layer attends to the whole context."""
+
+    sliding_window: int | None = None
+    """W: a windowed layer's block anchored at a sees the context positions ``a-W .. a-1`` only (None: all of
+    them, the window then only sets the block mask below). Default None."""
+
+    sliding_non_causal: bool = True
+    """A windowed layer's block attends bidirectionally inside itself (True, DFlash 2's
+    ``sliding_window_non_causal``) or causally (False: block position k sees positions <= k). Full-attention
+    layers always attend bidirectionally. Default True."""
+
     feature_rule: ClassVar[str | None] = "dspark"  # DFlash's layers, then the distribution layer
 
     @property
@@ -107,6 +126,14 @@ class DFlash2Config(BackboneConfig):
         if not _positive_int(h.conv_group_size) or self.hidden_size % h.conv_group_size:
             raise ValueError(f"conv_group_size must be a positive divisor of hidden_size ({self.hidden_size}), "
                              f"got {h.conv_group_size!r}")
+        layers = list(self.sliding_layers)
+        if any(isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < self.num_layers for j in layers) \
+                or len(set(layers)) != len(layers):
+            raise ValueError(f"sliding_layers must be distinct draft layer ids in 0..{self.num_layers - 1}, "
+                             f"got {layers}")
+        if self.sliding_window is not None and not _positive_int(self.sliding_window):
+            raise ValueError(f"sliding_window must be None (no window) or a positive integer, got "
+                             f"{self.sliding_window!r}")
         if len(self.feature_layers) < 2:
             raise ValueError(f"a DFlash 2 drafter's feature_layers are the fused layers followed by the target's "
                              f"last layer (its distribution): need at least 2, got {self.feature_layers}")
@@ -268,6 +295,52 @@ class DFlash2Drafter(ParallelDrafter):
             layer.attention_conv.reset_parameters()
             layer.mlp_conv.reset_parameters()
         self.selector = CandidateSelector(c.vocab_size, c.hidden_size, h.rank, h.top_k)
+
+    def block_hidden(self, block_emb, block_pos, ctx=None, ctx_pos=None, mask=None, caches=None) -> torch.Tensor:
+        """The backbone's block forward, the windowed layers (``sliding_layers``) under the base mask AND the
+        window (:meth:`window_mask`)."""
+        sliding = set(self.config.sliding_layers)
+        windowed = self.window_mask(block_emb.shape[0], block_pos, ctx, ctx_pos, mask, caches) if sliding else None
+        h = block_emb
+        recompute = self.training and caches is None and self.train_options.checkpoint_layers
+        for i, layer in enumerate(self.layers):
+            h = call_layer(layer, h, block_pos, ctx, ctx_pos, windowed if i in sliding else mask,
+                           caches[i] if caches is not None else None, recompute=recompute)
+        return self.norm(h)
+
+    def window_mask(self, b, block_pos, ctx, ctx_pos, mask, caches):
+        """``mask`` (dense, flex or None = all) AND the window: a query at position q of the block starting at s
+        (q's block position = its row mod B) sees a key at position p iff ``p >= s - W`` and, for a causal
+        window, ``p <= q``. Every key layout here is position-indexed: training's ``[ctx_pos, block_pos]``, a
+        decode cache's ``[0 .. m-1, ctx_pos, block_pos]`` (committed positions in order), a static cache's slots."""
+        c, B = self.config, self.config.block_size
+        q = block_pos if block_pos.dim() == 2 else block_pos[None]  # [b|1, N]
+        dev = q.device
+        start = q - torch.arange(q.shape[1], device=dev).remainder(B)  # [b|1, N] each query's block start
+        if caches is not None and isinstance(caches[0], StaticKVCache):
+            keys = torch.arange(caches[0].capacity, device=dev)[None]  # [1, capacity] slot = position
+        else:
+            parts = [torch.arange(len(caches[0]), device=dev)[None]] if caches is not None else []
+            if ctx is not None and ctx.shape[1] > 0:
+                parts.append(ctx_pos if ctx_pos.dim() == 2 else ctx_pos[None])
+            keys = torch.cat([p.expand(q.shape[0], -1) for p in parts] + [q], dim=1)  # [b|1, K]
+        window = c.sliding_window  # None: no lower bound (the window only sets the block's own mask)
+        lo = torch.full_like(start, torch.iinfo(torch.long).min) if window is None else start - window
+
+        if isinstance(mask, BlockMask):
+            bq = q.expand(b, -1)
+            lo_b, keys_b = lo.expand(b, -1), keys.expand(b, -1)
+
+            def window_mod(bi, h, qi, kv):
+                ok = keys_b[bi, kv] >= lo_b[bi, qi]
+                return ok if c.sliding_non_causal else ok & (keys_b[bi, kv] <= bq[bi, qi])
+
+            return flex_block_mask(and_masks(mask.mask_mod, window_mod), b, q.shape[1], keys.shape[1], dev)
+        extra = keys[:, None, :] >= lo[:, :, None]  # [b|1, N, K]
+        if not c.sliding_non_causal:
+            extra = extra & (keys[:, None, :] <= q[:, :, None])
+        extra = extra[:, None]  # [b|1, 1, N, K]
+        return extra if mask is None else mask & extra
 
     def bind_target(self, target) -> "DFlash2Drafter":
         super().bind_target(target)

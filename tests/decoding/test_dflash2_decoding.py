@@ -31,15 +31,16 @@ def lively(d, std=0.5, seed=3):
     return d
 
 
-def _drafter(target, block_size=8, **head):
+def _drafter(target, block_size=8, windows=None, **head):
     torch.manual_seed(0)
     cfg = drafter_config("dflash2", target, block_size=block_size, num_layers=1,
-                         head=dict(rank=16, top_k=8, conv_group_size=8, **head))
+                         head=dict(rank=16, top_k=8, conv_group_size=8, **head), **(windows or {}))
     return lively(build_drafter(cfg, target))
 
 
-def test_dflash2_is_lossless_greedy(target):
-    d = _drafter(target)
+@pytest.mark.parametrize("windows", [None, dict(sliding_layers=[0], sliding_window=3, sliding_non_causal=False)])
+def test_dflash2_is_lossless_greedy(target, windows):
+    d = _drafter(target, windows=windows)
     for i, p in enumerate([[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42]]):
         expected = hf_greedy(target, p, 20)
         for opts in ({}, {"static_cache": True}, {"dloop": DLoopConfig(-4.0, 3)}, {"block_size": 4}):

@@ -42,9 +42,12 @@ def ours_of(target):
     return lively(build_drafter(cfg, target), seed=2)
 
 
-def speculators_model(target, layers, **extra) -> DFlash2DraftModel:
+def speculators_model(target, layers, window=None, **extra) -> DFlash2DraftModel:
+    """A random DFlash2DraftModel (2 layers); ``window`` = (layer types, W): its windowed layers."""
     tl = qwen3_config(drafter_config("dflash2", target), 2)
     tl._attn_implementation = "eager"
+    if window is not None:
+        tl.layer_types, tl.sliding_window, tl.use_sliding_window = list(window[0]), window[1], True
     fields = dict(selector_rank=HEAD["rank"], selector_top_k=TOP_K, conv_kernel_size=2, conv_group_size=8)
     fields.update(extra)
     cfg = DFlash2SpeculatorConfig(
@@ -118,14 +121,32 @@ def test_export_loads_in_speculators_with_equal_logits(tmp_path, saved_target, o
     assert load_drafter(out, target=saved_target).config == drafter.config
 
 
-def test_random_speculators_checkpoint_imports_equal_and_decodes_losslessly(tmp_path, saved_target, one_thread):
+WINDOWS = {"full": None,
+           "sliding": ((["sliding_attention", "sliding_attention"], 3), True),  # speculators' trainer default
+           "sliding-causal": ((["full_attention", "sliding_attention"], 4), False)}
+
+
+@pytest.mark.parametrize("windows", list(WINDOWS))
+def test_random_speculators_checkpoint_imports_equal_and_decodes_losslessly(tmp_path, saved_target, windows,
+                                                                             one_thread):
     layers = drafter_config("dflash2", saved_target).feature_layers[:-1]
-    model = speculators_model(saved_target, [j + 1 for j in layers])
+    spec = WINDOWS[windows]
+    extra = {} if spec is None else {"window": spec[0], "sliding_window_non_causal": spec[1]}
+    model = speculators_model(saved_target, [j + 1 for j in layers], **extra)
     model.save_pretrained(tmp_path / "spec")
     drafter = load_drafter(tmp_path / "spec", target=saved_target)
     assert drafter.kind == "dflash2" and drafter.config.head.top_k == TOP_K
     assert drafter.config.feature_layers == layers + [saved_target.num_layers - 1]
+    if spec is not None:
+        types, window = spec[0]
+        assert drafter.config.sliding_layers == [i for i, t in enumerate(types) if t == "sliding_attention"]
+        assert (drafter.config.sliding_window, drafter.config.sliding_non_causal) == (window, spec[1])
     assert_equal_blocks(drafter, model, saved_target)
+    # and back: our export of it loads in speculators with the same windows
+    back = DFlash2DraftModel.from_pretrained(export_drafter(drafter, tmp_path / "back", format="dflash2"),
+                                             attn_implementation="eager").eval()
+    assert back.sliding_window_indices == model.sliding_window_indices
+    assert_equal_blocks(drafter, back, saved_target)
     for prompt in ([5, 6, 7, 8], [9, 3, 4, 1, 2]):
         expected = hf_greedy(saved_target, prompt, 16)
         for opts in ({}, {"static_cache": True}):
@@ -170,11 +191,10 @@ def test_foreign_settings_are_refused_by_name(tmp_path, saved_target, one_thread
         (bad / "config.json").write_text(json.dumps({**cfg, key: value}))
         with pytest.raises(ForeignConfigError, match=match):
             load_drafter(bad)
-    sliding = tmp_path / "sliding"
-    sliding.mkdir()
-    (sliding / "model.safetensors").write_bytes((tmp_path / "ok" / "model.safetensors").read_bytes())
-    tl = {**cfg["transformer_layer_config"], "layer_types": ["sliding_attention", "full_attention"],
-          "sliding_window": 4}
-    (sliding / "config.json").write_text(json.dumps({**cfg, "transformer_layer_config": tl}))
+    linear = tmp_path / "linear"
+    linear.mkdir()
+    (linear / "model.safetensors").write_bytes((tmp_path / "ok" / "model.safetensors").read_bytes())
+    tl = {**cfg["transformer_layer_config"], "layer_types": ["linear_attention", "full_attention"]}
+    (linear / "config.json").write_text(json.dumps({**cfg, "transformer_layer_config": tl}))
     with pytest.raises(ForeignConfigError, match="transformer_layer_config.layer_types="):
-        load_drafter(sliding)
+        load_drafter(linear)

@@ -186,3 +186,46 @@ def test_decode_chain_equals_teacher_forcing_on_its_picks(target):
     assert torch.equal(tokens, dense.argmax(-1)) and torch.equal(cand.gather(-1, picks[:, None])[:, 0], tokens)
     # the chain really reads its predecessor: the unary argmax alone differs somewhere
     assert not torch.equal(tokens, d.compute_logits(H[1:]).argmax(-1))
+
+
+def test_sliding_layers_config_errors(target):
+    with pytest.raises(ValueError, match="sliding_layers must be distinct draft layer ids in 0..1"):
+        drafter_config("dflash2", target, num_layers=2, sliding_layers=[2])
+    with pytest.raises(ValueError, match="sliding_window must be None"):
+        drafter_config("dflash2", target, sliding_layers=[0], sliding_window=0)
+
+
+@pytest.mark.parametrize("non_causal", [True, False])
+@pytest.mark.parametrize("static", [False, True])
+def test_windowed_layers_decode_as_they_train(target, non_causal, static):
+    """A session's block (dynamic or static cache) equals the training forward's at the same anchor with windowed
+    layers (W = 3: the block sees 3 context positions), and the window changes it."""
+    torch.manual_seed(1)
+    cfg = drafter_config("dflash2", target, block_size=B, num_layers=2, head=HEAD, sliding_layers=[1],
+                         sliding_window=3, sliding_non_causal=non_causal)
+    d = lively_(build_drafter(cfg, target)).eval()
+    ids, feats, *_ = _batch(target, b=1)
+    a = 20
+    with torch.no_grad():
+        trained = d.forward_train(ids, feats, torch.tensor([[a]]), torch.tensor([[True]])).hidden[0, 0]
+        s = d.new_session(**({"static_capacity": 64} if static else {}))
+        s.extend(ids[0, :a], feats[0, :a])
+        s.draft(ids[0, a], B - 1)
+        torch.testing.assert_close(s.stages[-1].hidden, trained, rtol=1e-4, atol=1e-5)
+        full = build_drafter(cfg.replace(sliding_layers=[]), target).eval()
+        full.load_state_dict(d.state_dict())
+        assert not torch.allclose(full.forward_train(ids, feats, torch.tensor([[a]]), torch.tensor([[True]])).hidden,
+                                  trained[None, None], atol=1e-3)
+
+
+def test_windowed_flex_mask_equals_the_dense_one(target):
+    torch.manual_seed(1)
+    cfg = drafter_config("dflash2", target, block_size=B, num_layers=2, head=HEAD, sliding_layers=[0, 1],
+                         sliding_window=4, sliding_non_causal=False)
+    d = lively_(build_drafter(cfg, target)).eval()
+    batch = _batch(target)
+    with torch.no_grad():
+        dense = d.forward_train(*batch).hidden
+        d.train_options.attention = "flex"
+        flex = d.forward_train(*batch).hidden
+    torch.testing.assert_close(flex, dense, rtol=1e-4, atol=1e-5)
