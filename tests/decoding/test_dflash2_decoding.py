@@ -49,6 +49,7 @@ def test_dflash2_is_lossless_greedy(target, windows):
         assert generate(target, mixed, torch.tensor([p]), max_new_tokens=20).tokens == expected
 
 
+@pytest.mark.slow
 def test_dflash2_sampling_is_distributed_as_the_target():
     target = chi_square_target()
     torch.manual_seed(0)
