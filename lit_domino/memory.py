@@ -124,6 +124,9 @@ def build(method: str, shape: StepShape, target: Target, path: str):
         kw["feature_layers"] = target.layer_ids("dflash", shape.num_feature_layers)
     if kind == "domino":
         kw["head"] = dict(rank=shape.rank, gru_hidden=shape.gru_hidden)
+    if kind == "dflash2":  # the DFlash layers then the distribution layer; the selector's rank r over the top 16
+        kw["feature_layers"] = target.layer_ids("dspark", shape.num_feature_layers)
+        kw["head"] = dict(rank=shape.rank, top_k=min(16, shape.vocab_size), conv_group_size=16)
     if kind == "eagle3":
         kw["ttt_steps"] = shape.ttt_steps
     drafter = build_drafter(drafter_config(kind, target, **kw), target).to(target.device).train()
