@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.engine import cpp_compiler
+from lit_domino.models.backbone import _static_state
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square,
                                 sampled_pairs)
@@ -75,3 +77,17 @@ def test_dflash2_sampling_q_is_the_selectors_softmax_over_its_candidates(target)
     torch.testing.assert_close(stage.probs, torch.softmax(stage.logits.float() / 0.7, -1))
     torch.testing.assert_close(stage.logprobs, stage.probs.log().gather(-1, stage.tokens[:, None])[:, 0])
     assert bool(finite.gather(-1, stage.tokens[:, None]).all())
+
+
+@pytest.mark.slow  # inductor compiles the target's verify widths and the drafter's block forward
+@pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_dflash2_decodes_what_the_eager_one_does(target):
+    """``compile=True``: the fixed-shape block forward (convolutions, windowed mask) compiled; greedy output is
+    the target's, sampled output (same seed) the eager path's."""
+    d = _drafter(target, block_size=4, windows=dict(sliding_layers=[0], sliding_window=3))
+    p = [5, 6, 7, 8]
+    assert generate(target, d, torch.tensor([p]), max_new_tokens=12, compile=True).tokens == hf_greedy(target, p, 12)
+    eager, compiled = (generate(target, d, torch.tensor([p]), max_new_tokens=12, temperature=0.8, seed=1, compile=c)
+                       for c in (False, True))
+    assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
+    assert "compiled" in _static_state(d)
