@@ -9,7 +9,7 @@ import math
 from lit_domino.lit.backbone import BackboneModule
 from lit_domino.lit.base import check_positive
 from lit_domino.models import DFlash2Drafter
-from lit_domino.objectives import LossSettings
+from lit_domino.models.objectives import LossSettings
 
 
 class DFlash2Module(BackboneModule):

@@ -53,7 +53,7 @@ from lit_domino.models.dspark import DSparkSession, previous_tokens
 from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
-from lit_domino.objectives import LossSettings, chunked_row_sums, label_rows
+from lit_domino.models.objectives import LossSettings, chunked_row_sums, label_rows
 
 
 def _positive_int(value) -> bool:
