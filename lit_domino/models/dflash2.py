@@ -230,9 +230,14 @@ class CandidateSelector(nn.Module):
         (tokens [K], picks [K] in their rows, candidate ids [K, c], scores [K, c]). Position i's predecessor is
         the anchor (i = 0) or position i-1's pick."""
         cand = self.candidates(unary)  # [K, c]
+        # everything but the predecessor's codebook row is known before the chain: one batched op each
+        proj = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+        proj = proj.to(self.predecessor_codebook.dtype)  # [K, r]
+        succ, base = self.successor_codebook[cand], unary.gather(-1, cand)  # [K, c, r], [K, c]
         prev, toks, picks, rows = anchor, [], [], []
         for i in range(unary.shape[0]):
-            s = self.scores(unary[i: i + 1], hidden[i: i + 1], prev, cand[i: i + 1])  # [1, c]
+            context = self.predecessor_codebook[prev] * proj[i: i + 1]  # [1, r]
+            s = base[i: i + 1] + (context.unsqueeze(-2) * succ[i: i + 1]).sum(-1).to(base.dtype)  # [1, c]
             if is_greedy(temperature):
                 j = s.argmax(-1)
             else:
