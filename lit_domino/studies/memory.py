@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ def build(method: str, shape: StepShape, target: Target, path: str):
         kw["head"] = dict(rank=shape.rank, gru_hidden=shape.gru_hidden)
     if kind == "dflash2":  # the DFlash layers then the distribution layer; the selector's rank r over the top 16
         kw["feature_layers"] = target.layer_ids("dspark", shape.num_feature_layers)
-        kw["head"] = dict(rank=shape.rank, top_k=min(16, shape.vocab_size), conv_group_size=16)
+        kw["head"] = dict(rank=shape.rank, top_k=min(16, shape.vocab_size),
+                          conv_group_size=math.gcd(16, shape.hidden_size))  # 16 where it divides d (speculators')
     if kind == "eagle3":
         kw["ttt_steps"] = shape.ttt_steps
     drafter = build_drafter(drafter_config(kind, target, **kw), target).to(target.device).train()
