@@ -47,9 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, and_masks
 
-from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter
+from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
 from lit_domino.models.base import DrafterMismatchError, default_num_feature_layers
-from lit_domino.models.dspark import DSparkSession, previous_tokens
+from lit_domino.models.dspark import previous_tokens
 from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
@@ -258,9 +258,19 @@ def training_candidates(cand: torch.Tensor, target_ids: torch.Tensor):
     return out, slot, held
 
 
-class DFlash2Session(DSparkSession):
+class DFlash2Session(ParallelSession):
     """Backbone block once (through the convolution layers), then the selector's chain over positions 1..K.
-    The stage's logits are the candidates' scores (−inf elsewhere), q its softmax over them."""
+    The stage's logits are the candidates' scores (−inf elsewhere), q its softmax over them. The target features
+    it is given may include the distribution layer (as DSpark's): only the fused layers' columns are kept."""
+
+    @torch.no_grad()
+    def extend(self, tokens, features) -> None:
+        if features is not None:
+            features = torch.as_tensor(features, device=self.device)
+            width = self.config.num_features * self.config.hidden_size
+            if features.shape[-1] == width + self.config.hidden_size:
+                features = features[..., :width]
+        super().extend(tokens, features)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
