@@ -147,7 +147,7 @@ def test_a_plausible_target_spec_passes(tmp_path):
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rnak=3"],
      "model.rnak: no variant of this run takes it (domino); did you mean model.rank (domino, "),
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rank=0"], "rank must be a positive integer, got 0"),
-    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, dspark, domino_ttt, domino_nocurriculum)?"),
+    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, dspark, dflash2, domino_ttt, domino_nocurriculum)?"),
     (["--preset", "smoke", "--set", "model.lr=abc"], "ablation: error: variant eagle3: model.lr: expected a float, "
                                                      "got 'abc'"),
     (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "variant domino: unknown config key "
