@@ -71,6 +71,9 @@ class GenerationResult:
     tpot_ms: float = float("nan")
     num_target_forwards: int = 0
     stop_reason: str = "length"  # "eos" or "length"
+    accepted_ranks: list[int] = field(default_factory=list)
+    """Tree rounds (``generate(..., tree=...)``): the sibling rank of every accepted node (0 = its parent's top
+    candidate), the statistic of how often a tree's branches pay."""
     stage_records: list[tuple[float, float, int, int]] = field(default_factory=list)
     """``generate(..., record_stages=True)``: per drafted stage ``(sum log q, last log q, K, accepted)`` — the
     stage's draft log-probabilities (for any DLoop gate's confidence) and how many of its K tokens the target
@@ -333,7 +336,7 @@ class _TargetRunner:
     verify step of each fixed width. The committed length is tracked on the host: no device read."""
 
     def __init__(self, target, capacity: int, static: bool, compiled: bool):
-        self.model, self.length = target.model, 0
+        self.model, self.length, self.capacity, self.static = target.model, 0, capacity, static
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity) if static else None
         self.step = compiled_forward(target) if compiled else self.model
 
@@ -343,9 +346,10 @@ class _TargetRunner:
         self.cache, self.length = out.cache, prompt.shape[0]
         return out
 
-    def forward(self, ids, hidden: bool, last_only: bool = False):
-        """``ids [n]`` at positions ``length .. length+n-1``."""
-        kw = {"logits_to_keep": 1} if last_only else {}
+    def forward(self, ids, hidden: bool, last_only: bool = False, **tree):
+        """``ids [n]`` in slots ``length .. length+n-1`` (at those positions unless ``tree`` gives the tree
+        rounds' ``position_ids`` and 4-D ``attention_mask``)."""
+        kw = {"logits_to_keep": 1, **tree} if last_only else tree
         out = self.step(input_ids=ids[None], cache=self.cache, use_cache=True, output_hidden_states=hidden, **kw)
         self.length += ids.shape[0]
         return out
@@ -584,6 +588,7 @@ def generate(
     record_stages: bool = False,
     threads: int | None = None,
     attention_mask=None,
+    tree=None,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -615,6 +620,8 @@ def generate(
     the CPUs this process may use (a container's torch often counts the host's cores, and oversubscribed
     threads spin: one small call measured 17 s instead of 0.2 s on a busy 2-core machine). Tiny models
     decode fastest on 1 thread on a shared machine (the studies pin it).
+    ``tree`` (a :class:`lit_domino.decoding.tree.TreeConfig`): tree rounds instead of chain rounds (one target
+    forward over a draft tree, the accepted path walked from its root; lossless at every temperature).
     All inputs are validated before any decoding (ValueError with the reason); integer arguments may be numpy
     integers.
     """
@@ -626,6 +633,11 @@ def generate(
         raise ValueError(f"seed must be an integer or None, got {seed!r}")
     options = {} if pool_size is None else {"pool_size": pool_size}
     check_compile(compile, target.device)
+    if tree is not None:
+        from lit_domino.decoding.tree import check_tree
+
+        check_tree(tree, target, drafter, dloop=dloop, compile=compile, longest_prompt=max(p.shape[0] for p in prompts),
+                   limit=context_limit(target, drafter))
     static_cache = bool(static_cache or compile)
     temperature = effective_temperature(temperature)  # below GREEDY_BELOW: exactly the T = 0 path
     device = target.device
@@ -635,6 +647,8 @@ def generate(
     results = []
     with _eval_mode(target.model, drafter), _bounded_threads(threads):
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
+        if tree is not None:
+            budget = max(budget, tree.budget)
         for row in prompts:
             row = row.to(device)
             capacity = row.shape[0] + max_new_tokens + budget + 1
@@ -649,6 +663,11 @@ def generate(
                            "compile": compile}
             if drafter is None:
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
+            elif tree is not None:
+                from lit_domino.decoding.tree import tree_speculative
+
+                results.append(tree_speculative(target, drafter, row, max_new_tokens, temperature, block_size, tree,
+                                                generator, options, runner, capacity))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
                                             dloop, generator, options, runner, record_stages))
