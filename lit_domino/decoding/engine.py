@@ -417,8 +417,12 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
     done = _commit(res, [int(anchor)], eos, max_new_tokens)
     limit = context_limit(target, drafter)
 
-    def room(drafted: int) -> int:  # drafts the next stage may add: block_size-1, fewer at the context's end
-        return block_size - 1 if limit is None else min(block_size - 1, limit - 1 - start - drafted)
+    def room(drafted: int) -> int:
+        """Drafts the next stage may add: block_size-1; fewer at the context's end, and without DLoop never more
+        than the round could emit (acc + 1 <= the tokens still wanted: the official loop's shorter last block;
+        DLoop's stages keep their length, its calibration records are per full stage)."""
+        n = block_size - 1 if dloop is not None else min(block_size - 1, max_new_tokens - len(res.tokens) - 1)
+        return n if limit is None else min(n, limit - 1 - start - drafted)
 
     while not done:
         # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the gate's confidence

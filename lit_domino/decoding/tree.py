@@ -287,7 +287,8 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
     draft_s = None  # the measured draft time per round (an average), the cost rule's C_draft
     while not done:
         room = capacity - 1 - start if limit is None else min(capacity, limit) - 1 - start
-        depth, nodes = min(block_size - 1, room), min(cfg.budget, room)
+        wanted = max_new_tokens - len(res.tokens) - 1  # deeper nodes could never be emitted
+        depth, nodes = min(block_size - 1, room, wanted), min(cfg.budget, room)
         t0 = time.perf_counter()
         tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s) if depth > 0 \
             else DraftTree()

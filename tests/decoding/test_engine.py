@@ -198,8 +198,8 @@ def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
                 assert res.tokens == expected[tuple(p)], (i, block_size, dloop, policy)
                 seen_accepts.update(res.accepted_per_round)
                 assert len(res.tokens) == n
-                if dloop is None:
-                    assert set(res.stages_per_round) == {1}
+                if dloop is None:  # a last round with one token left to emit is a plain target step
+                    assert set(res.stages_per_round[:-1]) <= {1} and res.stages_per_round[-1] in (0, 1)
     assert 0 in seen_accepts and max(seen_accepts) > 15  # rejections and multi-stage acceptances both ran
 
 
