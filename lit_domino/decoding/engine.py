@@ -640,7 +640,7 @@ def generate(
     if tree is not None:
         from lit_domino.decoding.tree import check_tree
 
-        check_tree(tree, target, drafter, dloop=dloop, compile=compile, longest_prompt=max(p.shape[0] for p in prompts),
+        check_tree(tree, target, drafter, compile=compile, longest_prompt=max(p.shape[0] for p in prompts),
                    limit=context_limit(target, drafter))
     static_cache = bool(static_cache or compile)
     temperature = effective_temperature(temperature)  # below GREEDY_BELOW: exactly the T = 0 path
@@ -651,8 +651,8 @@ def generate(
     results = []
     with _eval_mode(target.model, drafter), _bounded_threads(threads):
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
-        if tree is not None:
-            budget = max(budget, tree.budget)
+        if tree is not None:  # DLoop's chain stages, then the last stage's tree
+            budget = (budget - block_size + 1 if dloop else 0) + max(tree.budget, block_size - 1)
         for row in prompts:
             row = row.to(device)
             capacity = row.shape[0] + max_new_tokens + budget + 1
@@ -671,7 +671,7 @@ def generate(
                 from lit_domino.decoding.tree import tree_speculative
 
                 results.append(tree_speculative(target, drafter, row, max_new_tokens, temperature, block_size, tree,
-                                                generator, options, runner, capacity))
+                                                generator, options, runner, capacity, dloop))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
                                             dloop, generator, options, runner, record_stages))

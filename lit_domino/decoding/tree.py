@@ -97,12 +97,14 @@ class DraftTree:
     """1 .. K; the node's position is ``start + depth``."""
     ranks: list[int] = field(default_factory=list)
     """Each node's rank among its parent's candidates (0 = the drafter's top pick there)."""
+    stages: int = 1
+    """Drafting stages the tree came from (DLoop: its chain stages and the last stage's tree)."""
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def check_tree(tree, target, drafter, *, dloop, compile: bool, longest_prompt: int, limit: int | None) -> None:
+def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, limit: int | None) -> None:
     """Everything a tree request needs, checked before decoding (:class:`TreeError` with the reason)."""
     if not isinstance(tree, TreeConfig):
         raise TreeError(f"tree must be a TreeConfig or None, got {type(tree).__name__}")
@@ -116,8 +118,6 @@ def check_tree(tree, target, drafter, *, dloop, compile: bool, longest_prompt: i
     if tree.builder not in builders:
         raise TreeError(f"the {tree.builder!r} tree builder needs a causal head a {kind} drafter lacks "
                         f"(this drafter builds: {', '.join(builders)}); use domino or dspark, or builder='ddtree'")
-    if dloop is not None:
-        raise TreeError("DLoop with tree rounds is not supported yet: pass dloop=None or tree=None")
     if compile:
         raise TreeError("compile=True has one graph per verify width; tree rounds vary it: decode trees eagerly")
     impl = getattr(target.model.config, "_attn_implementation", None) or "eager"
@@ -173,7 +173,18 @@ def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes
                generator, draft_s: float | None = None) -> DraftTree:
     """A tree of at most ``nodes`` nodes and ``depth`` levels below ``anchor`` [1] (see the module docstring)."""
     if cfg.builder == "chain":
-        st = session.draft(anchor, depth, temperature, generator)
+        return tree_from_stage(cfg, session, session.draft(anchor, depth, temperature, generator), anchor, nodes,
+                               draft_s)
+    if cfg.builder == "ddtree":  # the marginals (a head's: along its greedy picks)
+        return tree_from_stage(cfg, session, session.draft(anchor, depth, 0.0, None), anchor, nodes, draft_s)
+    hidden, anchor = session.draft_hidden(anchor, depth)
+    return _path_tree(cfg, session, hidden, anchor, nodes, draft_s)
+
+
+def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: int, draft_s=None) -> DraftTree:
+    """The tree of an already drafted stage ``st`` (anchored at ``anchor``; the session's newest stage): its
+    chain, its marginals' best-first tree, or the path tree over its block (DLoop's last stage)."""
+    if cfg.builder == "chain":
         toks = st.tokens.tolist()
         if cfg.cost is not None:
             gains = torch.cumsum(st.logprobs.float(), 0).exp().tolist()
@@ -181,18 +192,34 @@ def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes
         toks = toks[:nodes]
         return DraftTree(toks, list(range(len(toks))), list(range(1, len(toks) + 1)), [0] * len(toks))
     if cfg.builder == "ddtree":
-        st = session.draft(anchor, depth, 0.0, None)  # the marginals (a head's: along its greedy picks)
         values, ids = _topk_host(st.logits, cfg.top_k)
         order = best_first(values, nodes)
         order = order[: _cap(cfg, [math.exp(s) for *_, s in order], nodes, draft_s)]
         return DraftTree([ids[d][r] for d, _, r, _ in order], [p for _, p, _, _ in order],
                          [d + 1 for d, *_ in order], [r for _, _, r, _ in order])
-    return _path_tree(cfg, session, anchor, depth, nodes, draft_s)
+    return _path_tree(cfg, session, session.stages[-1].hidden, anchor.reshape(1), nodes, draft_s)
+
+
+def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room, nodes, temperature: float,
+                     generator, draft_s: float | None = None) -> DraftTree:
+    """DLoop with a tree: stages drafted as chains while the gate is open (the chain engine's loop), the last
+    one turned into a tree (:func:`tree_from_stage`) hanging below the earlier stages' chain. ``room(m)``: the
+    drafts a stage may add after m; ``nodes(m)``: the last stage's tree budget after a chain of m."""
+    stages = [session.draft(anchor, room(0), temperature, generator)]
+    while room(m := sum(st.tokens.numel() for st in stages)) > 0 and \
+            dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs)):
+        stages.append(session.draft(stages[-1].tokens[-1:], room(m), temperature, generator))
+    prefix = torch.cat([st.tokens.reshape(-1) for st in stages[:-1]]).tolist() if len(stages) > 1 else []
+    last_anchor = stages[-2].tokens[-1:] if len(stages) > 1 else anchor
+    m0 = len(prefix)
+    sub = tree_from_stage(cfg, session, stages[-1], last_anchor, nodes(m0), draft_s)
+    return DraftTree(prefix + sub.tokens, list(range(m0)) + [p + m0 for p in sub.parents],
+                     list(range(1, m0 + 1)) + [d + m0 for d in sub.depths], [0] * m0 + sub.ranks, len(stages))
 
 
 @torch.no_grad()
-def _path_tree(cfg: TreeConfig, session, anchor, depth: int, nodes: int, draft_s) -> DraftTree:
-    hidden, anchor = session.draft_hidden(anchor, depth)
+def _path_tree(cfg: TreeConfig, session, hidden: torch.Tensor, anchor: torch.Tensor, nodes: int, draft_s) -> DraftTree:
+    depth = hidden.shape[0] - 1
     head = session.path_head(hidden, anchor)
     values, _ = _topk_host(head.base, cfg.top_k)  # the depth profile: best-first over the backbone's marginals
     order = best_first(values, nodes)
@@ -266,7 +293,7 @@ def walk(tree: DraftTree, logits: torch.Tensor, temperature: float, generator) -
 
 
 def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, cfg: TreeConfig, generator,
-                     options, runner, capacity: int):
+                     options, runner, capacity: int, dloop=None):
     """Tree rounds for one prompt (``generate(..., tree=cfg)``); the result has the chain engine's fields plus
     ``accepted_ranks`` (the sibling rank of every accepted node)."""
     from lit_domino.decoding.engine import GenerationResult, _charge, _Clock, _commit, _pick_first, context_limit
@@ -290,8 +317,13 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         wanted = max_new_tokens - len(res.tokens) - 1  # deeper nodes could never be emitted
         depth, nodes = min(block_size - 1, room, wanted), min(cfg.budget, room)
         t0 = time.perf_counter()
-        tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s) if depth > 0 \
-            else DraftTree()
+        if depth <= 0:
+            tree = DraftTree()
+        elif dloop is None:
+            tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s)
+        else:  # the chain engine's DLoop stages (full stages: no cap by the tokens wanted), the last one a tree
+            tree = build_dloop_tree(cfg, dloop, session, anchor, lambda m: min(block_size - 1, room - m),
+                                    lambda m: min(cfg.budget, room - m), temperature, generator, draft_s)
         clock.lap("draft")
         spent = time.perf_counter() - t0
         draft_s = spent if draft_s is None else 0.8 * draft_s + 0.2 * spent
@@ -312,7 +344,7 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         session.extend(torch.tensor([int(anchor)] + committed[:-1], device=prompt.device), feats)
         clock.lap("draft")
         res.accepted_ranks.extend(tree.ranks[i - 1] for i in path)
-        res.stages_per_round.append(1 if len(tree) else 0)
+        res.stages_per_round.append(tree.stages if len(tree) else 0)
         res.drafted_per_round.append(len(tree))
         res.num_target_forwards += 1
         start += acc + 1

@@ -53,11 +53,9 @@ def oracle_trees(monkeypatch, reference: list[int], seed: int = 0, p: float = 0.
     and so on with probability ``p``; so the walk accepts paths through every rank and depth, and compaction moves
     nodes that are not a prefix of the forward's order."""
     rng = torch.Generator().manual_seed(seed)
-    real = tree_mod.build_tree
 
-    def planted(cfg, session, anchor, depth, nodes, temperature, generator, draft_s=None):
-        tree = real(cfg, session, anchor, depth, nodes, temperature, generator, draft_s)
-        start, u, d = session.length, 0, 1
+    def plant(tree, start):
+        u, d = 0, 1
         while start + d < len(reference):
             kids = [i for i, par in enumerate(tree.parents) if par == u]
             if not kids or (d > 1 and torch.rand((), generator=rng) > p):
@@ -71,7 +69,11 @@ def oracle_trees(monkeypatch, reference: list[int], seed: int = 0, p: float = 0.
             u, d = pick + 1, d + 1
         return tree
 
-    monkeypatch.setattr(tree_mod, "build_tree", planted)
+    def planted(real, at):  # ``at``: where the session is among the builder's arguments
+        return lambda *a, **k: plant(real(*a, **k), a[at].length)
+
+    monkeypatch.setattr(tree_mod, "build_tree", planted(tree_mod.build_tree, 1))
+    monkeypatch.setattr(tree_mod, "build_dloop_tree", planted(tree_mod.build_dloop_tree, 2))  # DLoop's rounds
 
 
 def prompt_of(seed, length=6):
@@ -79,19 +81,24 @@ def prompt_of(seed, length=6):
     return torch.randint(3, VOCAB - 1, (length,), generator=g).tolist()
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("static,dloop", [(False, None), (True, None), (False, DLoopConfig(float("-inf"), 3)),
+                                          (True, DLoopConfig(float("-inf"), 2))], ids=["dynamic", "static",
+                                                                                       "dloop", "static-dloop"])
 @pytest.mark.parametrize("kind,builder", BUILDS)
-def test_tree_rounds_are_lossless_greedy(target, monkeypatch, kind, builder, static):
+def test_tree_rounds_are_lossless_greedy(target, monkeypatch, kind, builder, static, dloop):
     """Token identity with the target's greedy decoding, with branches through every rank accepted, in the
-    middle and at the end of the context (the last rounds verify smaller trees), both caches."""
+    middle and at the end of the context (the last rounds verify smaller trees), both caches, DLoop off and on
+    (chain stages while the gate is open, the last stage a tree)."""
     drafter = drafter_of(target, kind)
     ranks, accepted = set(), set()
     for seed, (length, n) in enumerate([(6, 30), (40, 96 - 40)]):  # the second fills the context exactly
         prompt = prompt_of(seed, length)
         ref = greedy(target, prompt, n)
         oracle_trees(monkeypatch, prompt + ref, seed=seed)
-        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=n, static_cache=static,
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=n, static_cache=static, dloop=dloop,
                        tree=TreeConfig(builder, budget=24 if builder != "chain" else 5, top_k=2))
+        if dloop is not None:
+            assert max(res.drafted_per_round) > (24 if builder != "chain" else 5)  # chain stages + the tree
         assert res.tokens == ref, (kind, builder, seed)
         ranks.update(res.accepted_ranks), accepted.update(res.accepted_per_round)
     assert max(accepted) >= 3
@@ -114,20 +121,25 @@ def test_real_trees_without_planting_are_lossless(target, kind):
         assert a == b
 
 
-def test_the_chain_through_the_tree_path_is_the_chain_engine(target):
-    """builder='chain' with budget B - 1: the tokens, the rounds and τ of the chain engine, with real
-    acceptances of every length (an oracle mix of a real Domino session), both caches."""
+@pytest.mark.parametrize("dloop", [None, DLoopConfig(-22.15, 3)], ids=["chain", "dloop"])  # the gate: open about half the time here
+def test_the_chain_through_the_tree_path_is_the_chain_engine(target, dloop):
+    """builder='chain' with budget B - 1: the tokens, the rounds and τ of the chain engine (with DLoop: its
+    stages, the same gate), with real acceptances of every length (an oracle mix of a real Domino session), both
+    caches."""
     drafter = drafter_of(target, "domino", block_size=6)
     for seed in range(3):
         prompt = prompt_of(20 + seed)
         ref = greedy(target, prompt, 60)
         for static in (False, True):
             mix = OracleMix(drafter, prompt + ref, seed=seed, p=0.8)
-            chain = generate(target, mix, torch.tensor([prompt]), max_new_tokens=40, static_cache=static)
+            chain = generate(target, mix, torch.tensor([prompt]), max_new_tokens=40, static_cache=static,
+                             dloop=dloop)
             mix = OracleMix(drafter, prompt + ref, seed=seed, p=0.8)
             mix.tree_builders, mix.kind = ("chain",), "domino"
             via = generate(target, mix, torch.tensor([prompt]), max_new_tokens=40, static_cache=static,
-                           tree=TreeConfig("chain", budget=5))
+                           dloop=dloop, tree=TreeConfig("chain", budget=5))
+            assert via.stages_per_round == chain.stages_per_round
+            assert dloop is None or len(set(chain.stages_per_round)) >= 2  # the gate both opened and closed
             assert via.tokens == chain.tokens == ref[:40]
             assert via.accepted_per_round == chain.accepted_per_round and via.tau == chain.tau
             assert max(chain.accepted_per_round) >= 3
@@ -287,8 +299,6 @@ def test_bad_tree_requests_fail_before_decoding(target, monkeypatch):
             generate(target, ar, prompt, max_new_tokens=4, tree=TreeConfig("chain"))
     with pytest.raises(TreeError, match="needs a drafter"):
         generate(target, None, prompt, max_new_tokens=4, tree=TreeConfig())
-    with pytest.raises(TreeError, match="DLoop"):
-        generate(target, domino, prompt, max_new_tokens=4, tree=TreeConfig(), dloop=DLoopConfig())
     with pytest.raises(TreeError, match="must be a TreeConfig"):
         generate(target, domino, prompt, max_new_tokens=4, tree="ddtree")
     monkeypatch.setattr(target.model.config, "_attn_implementation", "flash_attention_2")
