@@ -32,8 +32,8 @@ def _isolated_cache(tmp_path_factory):
 def corpus_tokenizer():
     """A small BPE tokenizer trained on a sample of every embedded corpus (vocab 512)."""
     from lit_domino.data.corpora import build_corpus
-    from lit_domino.tiny_target import render
-    from lit_domino.tokenizer import train_tokenizer
+    from lit_domino.target.recipe import render
+    from lit_domino.target.tokenizer import train_tokenizer
 
     texts = [render(e) for d in ("math", "code", "chat") for e in build_corpus(d, "train", 150)]
     return train_tokenizer(texts, vocab_size=512)
@@ -58,7 +58,7 @@ def tiny_target_dir(tmp_path_factory, corpus_tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_target_dir):
-    from lit_domino.target import load_target
+    from lit_domino.target.load import load_target
 
     return load_target(tiny_target_dir)
 

@@ -21,7 +21,7 @@ _LAZY = {
     "TreeConfig": "lit_domino.decoding.tree",
     "VerifyCost": "lit_domino.decoding.cost",
     "measure_verify_cost": "lit_domino.decoding.cost",
-    "benchmark": "lit_domino.decoding.metrics",
+    "benchmark": "lit_domino.decoding.harness",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -298,7 +298,7 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
     ``accepted_ranks`` (the sibling rank of every accepted node)."""
     from lit_domino.decoding.engine import GenerationResult, _charge, _Clock, _commit, _pick_first, context_limit
     from lit_domino.decoding.engine import feature_layers
-    from lit_domino.target import select_features
+    from lit_domino.target.load import select_features
 
     eos, layers = set(target.eos_token_ids), feature_layers(drafter)
     clock = _Clock(prompt.device)
