@@ -274,7 +274,7 @@ def test_cost_aware_trees_are_lossless_and_verify_fewer_nodes(target, monkeypatc
     for builder in ("ddtree", "path", "chain"):
         res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=24,
                        tree=TreeConfig(builder, budget=16, cost=steep))
-        assert res.tokens == ref and set(res.drafted_per_round) == {1}
+        assert res.tokens == ref and set(res.drafted_per_round[:-1]) == {1}  # the last: 1 token left, no draft
         full = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=24,
                         tree=TreeConfig(builder, budget=16, cost=VerifyCost((1, 64), (1.0, 1.0))))
         assert full.tokens == ref and max(full.drafted_per_round) == (16 if builder != "chain" else 5)
