@@ -12,9 +12,9 @@ One round, with the committed sequence ending in the anchor x at position ``star
      n most likely prefixes (DDTree);
    * ``path``: path-conditioned expansion, depth by depth over the whole frontier in one batch: each node's
      children come from the head run on that node's own path (Domino: one GRU state per node, DARTree; DSpark:
-     the Markov head on each node's token, PCTree), the best ``quota[d]`` of parent × top-k candidates by
-     cumulative log-probability kept at depth d; the quotas are the best-first tree's depth profile over the
-     backbone's marginals.
+     the Markov head on each node's token, PCTree); each depth keeps the n best of parent × top-k candidates by
+     cumulative log-probability, and the n best of all of them are the tree: the exact best-first tree under
+     the path-conditioned scores.
 
 2. verify: ONE target forward over ``[x, nodes]`` with a 4-D additive mask (each node sees the committed
    context, its ancestors and itself) and positions ``start + depth``.
@@ -219,37 +219,36 @@ def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room
 
 @torch.no_grad()
 def _path_tree(cfg: TreeConfig, session, hidden: torch.Tensor, anchor: torch.Tensor, nodes: int, draft_s) -> DraftTree:
-    depth = hidden.shape[0] - 1
+    """Best-first under the path-conditioned scores, expanded depth by depth: each depth keeps the ``nodes`` best
+    of (frontier node × its top-k children) by cumulative log-probability, all on the device; then the ``nodes``
+    best of everything expanded are the tree. That is the exact best-first tree (a child never outscores its
+    parent, so the best n nodes at a depth all hang below the best n of the depth above)."""
+    depth, dev, k = hidden.shape[0] - 1, hidden.device, cfg.top_k
     head = session.path_head(hidden, anchor)
-    values, _ = _topk_host(head.base, cfg.top_k)  # the depth profile: best-first over the backbone's marginals
-    order = best_first(values, nodes)
-    order = order[: _cap(cfg, [math.exp(s) for *_, s in order], nodes, draft_s)]
-    quota = [0] * depth
-    for d, *_ in order:
-        quota[d] += 1
-    k = cfg.top_k
-    states, score = head.start(), torch.zeros(1, device=hidden.device)
-    frontier = torch.zeros(1, dtype=torch.long, device=hidden.device)  # node ids (0 = the anchor)
-    toks, pars, ranks, dep, next_id = [], [], [], [], 1
+    states, score = head.start(), torch.zeros(1, device=dev)
+    frontier = torch.zeros(1, dtype=torch.long, device=dev)  # candidate ids (0 = the anchor)
+    cols, next_id = [], 1
     for d in range(depth):
-        q = quota[d]
-        if q == 0:
-            break
         logits, inherited = head.step(d, states)  # [F, V]
         v, ids = torch.log_softmax(logits.float(), -1).topk(k, -1)  # [F, k]
         cand = (score[:, None] + v).reshape(-1)
-        q = min(q, cand.numel())
-        score, j = cand.topk(q)  # the depth's quota, best first
+        score, j = cand.topk(min(nodes, cand.numel()))  # the depth's best, best first
         rows, tok = j // k, ids.reshape(-1).index_select(0, j)
-        toks.append(tok), pars.append(frontier.index_select(0, rows)), ranks.append(j % k)
-        dep.append(torch.full((q,), d + 1, dtype=torch.long, device=j.device))
-        frontier = torch.arange(next_id, next_id + q, device=j.device)
+        q = j.numel()
+        cols.append(torch.stack([score, frontier.index_select(0, rows).float(), tok.float(), (j % k).float(),
+                                 torch.full((q,), float(d + 1), device=dev)]))
+        frontier = torch.arange(next_id, next_id + q, device=dev)
         next_id += q
         states = head.child(inherited, rows, tok)
-    if not toks:
+    if not cols:
         return DraftTree()
-    flat = torch.stack([torch.cat(x) for x in (toks, pars, dep, ranks)]).tolist()  # one host copy
-    return DraftTree(*flat)
+    scores, parents, tokens, ranks, depths = torch.cat(cols, 1).tolist()  # one host copy ([5, M], M <= n·K)
+    best = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i]))[:nodes]
+    best = best[: _cap(cfg, [math.exp(scores[i]) for i in best], nodes, draft_s)]
+    best.sort()  # candidate ids grow with depth: parents first
+    new_id = {0: 0, **{i + 1: n + 1 for n, i in enumerate(best)}}
+    return DraftTree([int(tokens[i]) for i in best], [new_id[int(parents[i])] for i in best],
+                     [int(depths[i]) for i in best], [int(ranks[i]) for i in best])
 
 
 # --------------------------------------------------------------------------- verify, walk

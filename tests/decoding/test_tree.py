@@ -307,3 +307,40 @@ def test_bad_tree_requests_fail_before_decoding(target, monkeypatch):
     with pytest.raises(TreeError, match="4-D attention mask"):
         generate(target, domino, prompt, max_new_tokens=4, tree=TreeConfig())
     assert not calls
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind):
+    """Brute force: every path of top-3 children, 3 deep, scored by the head run on that path alone; the builder's
+    12 nodes are the 12 best, each with its own cumulative score."""
+    drafter = drafter_of(target, kind, block_size=4)
+    session = drafter.new_session()
+    width = drafter.config.num_features * 32 + (32 if kind == "dspark" else 0)
+    session.extend(torch.tensor(prompt_of(5, 7)), torch.randn(7, width))
+    anchor = torch.tensor([13])
+    with torch.inference_mode():
+        tree = tree_mod.build_tree(TreeConfig("path", budget=12, top_k=3), session, anchor, 3, 12, 0.0, None)
+        head = session.path_head(session.stages[-1].hidden, anchor)
+        scores = {}
+
+        def expand(state, d, path, score):
+            if d == 3:
+                return
+            logits, inherited = head.step(d, state)
+            v, ids = torch.log_softmax(logits.float(), -1)[0].topk(3)
+            for r in range(3):
+                tok = ids[r : r + 1]
+                scores[path + (int(tok),)] = score + float(v[r])
+                expand(head.child(inherited, torch.zeros(1, dtype=torch.long), tok), d + 1, path + (int(tok),),
+                       score + float(v[r]))
+
+        expand(head.start(), 0, (), 0.0)
+    paths = []
+    for i in range(len(tree)):
+        path, u = [], i + 1
+        while u:
+            path.append(tree.tokens[u - 1]), (u := tree.parents[u - 1])
+        paths.append(tuple(reversed(path)))
+    best = sorted(scores.values(), reverse=True)[:12]
+    assert sorted((scores[p] for p in paths), reverse=True) == pytest.approx(best, abs=1e-5)
+    assert len(set(paths)) == 12
