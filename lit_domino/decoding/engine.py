@@ -564,15 +564,19 @@ def _eval_mode(*modules):
     (:func:`lit_domino.models.layers.outside_inference_mode`): an inference tensor saved for
     backward would break the drafter's training after the eval callback decodes mid-training.
     """
-    modules = [m for m in modules if isinstance(m, torch.nn.Module)]
-    flags = [m.training for m in modules]
+    # Only modules with a submodule in training mode are switched (and switched back): ``eval()`` walks every
+    # submodule through ``train(False)``, 1.5 ms for the smoke target on a loaded CPU, and a decode of 128
+    # tokens at ~1 ms/token paid it four times per call (3 % of dflash_generate's whole time); the check walks
+    # them once, without a setattr per module.
+    switched = [(m, m.training) for m in modules
+                if isinstance(m, torch.nn.Module) and any(x.training for x in m.modules())]
     try:
-        for m in modules:
+        for m, _ in switched:
             m.eval()
         with torch.inference_mode():
             yield
     finally:
-        for m, flag in zip(modules, flags):
+        for m, flag in switched:
             m.train(flag)
 
 
