@@ -629,7 +629,9 @@ def generate(
     threads spin: one small call measured 17 s instead of 0.2 s on a busy 2-core machine). Tiny models
     decode fastest on 1 thread on a shared machine (the studies pin it).
     ``tree`` (a :class:`lit_domino.decoding.tree.TreeConfig`): tree rounds instead of chain rounds (one target
-    forward over a draft tree, the accepted path walked from its root; lossless at every temperature).
+    forward over a draft tree, the accepted path walked from its root; lossless at every temperature); with
+    ``dloop`` the stages drafted while the gate is open stay a chain and the last stage becomes the tree.
+    Parallel drafters only (backbone, domino, dspark); eager only (no ``compile``); sdpa or eager attention.
     All inputs are validated before any decoding (ValueError with the reason); integer arguments may be numpy
     integers.
     """

@@ -15,8 +15,8 @@ from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate, m
 from lit_domino.decoding.kv import compact_cache
 from lit_domino.decoding.tree import DraftTree, TreeError, best_first
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target,
-                                passes_chi_square, sampled_pairs)
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, lively_target, passes_chi_square,
+                                sampled_pairs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,7 +121,7 @@ def test_real_trees_without_planting_are_lossless(target, kind):
         assert a == b
 
 
-@pytest.mark.parametrize("dloop", [None, DLoopConfig(-22.15, 3)], ids=["chain", "dloop"])  # the gate: open about half the time here
+@pytest.mark.parametrize("dloop", [None, DLoopConfig(-22.15, 3)], ids=["chain", "dloop"])  # gate: open half the time
 def test_the_chain_through_the_tree_path_is_the_chain_engine(target, dloop):
     """builder='chain' with budget B - 1: the tokens, the rounds and τ of the chain engine (with DLoop: its
     stages, the same gate), with real acceptances of every length (an oracle mix of a real Domino session), both
