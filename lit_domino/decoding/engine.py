@@ -421,7 +421,8 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
         """Drafts the next stage may add: block_size-1; fewer at the context's end, and without DLoop never more
         than the round could emit (acc + 1 <= the tokens still wanted: the official loop's shorter last block;
         DLoop's stages keep their length, its calibration records are per full stage)."""
-        n = block_size - 1 if dloop is not None else min(block_size - 1, max_new_tokens - len(res.tokens) - 1)
+        looping = dloop is not None and dloop.max_stages > 1  # one stage is plain speculative decoding
+        n = block_size - 1 if looping else min(block_size - 1, max_new_tokens - len(res.tokens) - 1)
         return n if limit is None else min(n, limit - 1 - start - drafted)
 
     while not done:

@@ -318,7 +318,7 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         t0 = time.perf_counter()
         if depth <= 0:
             tree = DraftTree()
-        elif dloop is None:
+        elif dloop is None or dloop.max_stages == 1:  # one stage: plain rounds, as in the chain engine
             tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s)
         else:  # the chain engine's DLoop stages (full stages: no cap by the tokens wanted), the last one a tree
             tree = build_dloop_tree(cfg, dloop, session, anchor, lambda m: min(block_size - 1, room - m),
