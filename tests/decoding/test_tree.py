@@ -30,15 +30,16 @@ def target():
     return lively_target(VOCAB, max_positions=96)
 
 
-def drafter_of(target, kind, block_size=6, seed=0):
+def drafter_of(target, kind, block_size=6, seed=0, **extra):
     torch.manual_seed(seed)
     over = dict(num_layers=1, head=dict(rank=16, gru_hidden=32)) if kind == "domino" else dict(num_layers=1)
     if kind == "dspark":
         over["head"] = dict(rank=16, head_type="rnn")
+    over.update(extra)
     drafter = build_drafter(drafter_config(kind, target, block_size=block_size, **over), target)
     with torch.no_grad():  # a head that matters: the path builder's branches differ from the marginals'
         for name, p in drafter.named_parameters():
-            if name.startswith("head.") and ("up." in name or "w2." in name):
+            if name.startswith("head.") and any(w in name for w in ("up.", "w1.", "w2.", "joint.")):
                 p.normal_(0, 0.5)
     return drafter
 
@@ -147,11 +148,12 @@ def test_the_chain_through_the_tree_path_is_the_chain_engine(target, dloop):
     assert dloop is None or len(seen) >= 2  # the gate both opened and closed
 
 
-@pytest.mark.parametrize("kind", ["domino", "dspark"])
-def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind):
+@pytest.mark.parametrize("kind,extra", [("domino", {}), ("dspark", {}), ("dspark", {"sample_from_anchor": True})])
+def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind, extra):
     """top_k = 1: the path builder expands one node per depth, each from its parent's head state: the session's
-    own greedy draft, token for token (the per-node recurrence is the head's)."""
-    drafter = drafter_of(target, kind, block_size=8)
+    own greedy draft, token for token (the per-node recurrence is the head's; DSpark's rnn state in both anchor
+    conventions)."""
+    drafter = drafter_of(target, kind, block_size=8, **extra)
     session = drafter.new_session()
     prompt = torch.tensor(prompt_of(3, 9))
     feats = torch.randn(9, drafter.config.num_features * drafter.config.hidden_size)
