@@ -238,15 +238,17 @@ def test_compact_cache_moves_the_accepted_slots_forward(target, static):
 @pytest.mark.slow
 def test_tree_sampling_is_distributed_as_the_target():
     """T > 0: the target samples at every node and the walk follows its sample: chi-square on (x1, x2) for
-    DDTree on a backbone and the path tree on a Domino drafter whose trees cover most of V = 8."""
+    DDTree on a backbone, the path tree on a Domino drafter (trees covering most of V = 8) and DLoop's chain
+    stage + a DSpark path tree."""
     target = chi_square_target()
     prompt = [3, 5, 2, 6]
     law = exact_joint(target, prompt)
-    for kind, builder in (("backbone", "ddtree"), ("domino", "path")):
+    for kind, builder, dloop in (("backbone", "ddtree", None), ("domino", "path", None),
+                                 ("dspark", "path", DLoopConfig(float("-inf"), 2))):
         torch.manual_seed(0)
         over = dict(head=dict(rank=8, gru_hidden=8)) if kind == "domino" else {}
         drafter = build_drafter(drafter_config(kind, target, block_size=3, num_layers=1, **over), target)
-        counts, accepted = sampled_pairs(target, drafter, prompt, 1500, temperature=1.0,
+        counts, accepted = sampled_pairs(target, drafter, prompt, 1200, temperature=1.0, dloop=dloop,
                                          tree=TreeConfig(builder, budget=12, top_k=4))
         assert {0, 1, 2} & accepted and max(accepted) >= 1
         ok, stat = passes_chi_square(counts, law)
