@@ -50,6 +50,7 @@ from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_p
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
+from lit_domino.studies.tables import decode_pool_size
 from lit_domino.runtime.paths import project_root
 from lit_domino.studies.common import cached_rows, log_metrics
 from lit_domino.runtime.jsonio import finite, write_json
@@ -109,7 +110,10 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan["table_dloop"] = table_gate(DLoopConfig(threshold=float(td["threshold"]), max_stages=int(td["max_stages"]),
                                                  gate=str(td.get("gate", "sum"))))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
-    plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
+    if "pool_size" in plan:
+        raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "
+                         "(studies/ablation.yaml); set it there")
+    plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # V is checked against the target later
     plan["repeats"] = check_repeats(plan.get("repeats", 1))
     plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
     for g in plan["gates"]:
