@@ -407,7 +407,7 @@ def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens
 def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, policy: RoundPolicy, generator,
                  options, runner: _TargetRunner, record_stages: bool = False):
     eos, layers = set(target.eos_token_ids), feature_layers(drafter)
-    greedy = is_greedy(temperature)
+    greedy, dloop = is_greedy(temperature), policy.dloop
     clock = _Clock(prompt.device)
     anchor, feats = _pick_first(runner.prefill(prompt, layers is not None), temperature, generator, layers)
     session = drafter.new_session(**options)
@@ -657,6 +657,11 @@ def generate(
     results = []
     with _eval_mode(target.model, drafter), _bounded_threads(threads):
         policy = round_policy(dloop, target, drafter, block_size) if drafter is not None else None
+        if tree is not None and dloop is not None and (policy.predictor is not None or dloop.truncate is not None):
+            from lit_domino.decoding.tree import TreeError
+
+            raise TreeError(f"a tree round drafts its chain stages under the log-probability gates (sum, mean, scaled, "
+                            f"last); the {dloop.label()!r} gate's calibrated survival does not cover tree nodes yet")
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
         if tree is not None:  # DLoop's chain stages, then the last stage's tree
             budget = (budget - block_size + 1 if dloop else 0) + max(tree.budget, block_size - 1)
