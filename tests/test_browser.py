@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ CHECK = Path(__file__).parent / "browser" / "check_mlflow_ui.py"
 def _check_module():
     spec = importlib.util.spec_from_file_location("check_mlflow_ui", CHECK)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
     spec.loader.exec_module(module)
     return module
 
