@@ -11,7 +11,7 @@ The Domino head's K sweep (correction, pick and q on the top-K base candidates):
 Writes ``results/bench-<time>.md`` + ``.json`` and one MLflow run (experiment ``bench``;
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``). Everything runs in one
 process on the same prompts (see :func:`lit_domino.decoding.benchmark`; the command itself is
-:func:`lit_domino.bench.run_bench`).
+:func:`lit_domino.studies.bench.run_bench`).
 
 Smoke options (no trained artifacts): ``--target random`` (a random 8-layer, 192-wide,
 4096-vocabulary Qwen3), ``--drafters NAME=random:KIND`` (a randomly initialised drafter),
@@ -83,7 +83,7 @@ def main(argv=None) -> list[dict]:
 
 
 def _run(argv: list[str]) -> list[dict]:
-    from lit_domino.bench import check_options, run_bench  # light; run_bench imports torch after its checks
+    from lit_domino.studies.bench import check_options, run_bench  # light; run_bench imports torch after its checks
 
     args = parse_args(argv)
     check_options(vars(args))

@@ -47,7 +47,7 @@ def main(argv=None):
 
 def _run(argv: list[str]):
     args = parse_args(argv)
-    from lit_domino.configs import PRESETS  # light: checked before the study's torch and Lightning imports
+    from lit_domino.training.configs import PRESETS  # light: checked before the study's torch and Lightning imports
 
     if args.preset not in PRESETS:
         raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
@@ -68,7 +68,7 @@ def _run(argv: list[str]):
             check_table_gate(gate.threshold, gate.max_stages)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    from lit_domino.dloop_study import run_dloop_study, study_plan, table_gate
+    from lit_domino.studies.dloop import run_dloop_study, study_plan, table_gate
 
     choice = dict(drafters=args.drafters.split(",") if args.drafters else None)
     if gate is not None:

@@ -72,8 +72,8 @@ def _run(argv: list[str]) -> Path:
     if refusal:  # before torch and the target
         raise UsageError(refusal)
     from lit_domino.interop import export_drafter
-    from lit_domino.models import load_drafter
-    from lit_domino.target import load_target
+    from lit_domino.interop import load_drafter
+    from lit_domino.target.load import load_target
 
     target = load_target(args.target) if args.target else None
     drafter = load_drafter(source, target=target)

@@ -4,7 +4,7 @@
     python experiments/head_cost.py --sizes 4096:151936 --block-size 16 --rounds 10   # Qwen3-8B's shape
 
 Each size ``d:V`` builds a random target and drafters with r = d/16, d_s = d/4 (at least the embedded default's
-64 and 128; :mod:`lit_domino.head_cost`) and times steady-state draft rounds of the backbone and of Domino with
+64 and 128; :mod:`lit_domino.studies.head_cost`) and times steady-state draft rounds of the backbone and of Domino with
 each ``--pool-sizes`` pool, in turns round by round. Writes ``results/head-cost-<time>.md`` + ``.json``.
 """
 
@@ -50,16 +50,17 @@ def main(argv=None) -> list[dict]:
 
 def _run(argv: list[str]) -> list[dict]:
     args = parse_args(argv)
-    from lit_domino.bench import parse_pool_sizes  # light, as lit_domino.head_cost's import
-    from lit_domino.head_cost import DrafterSize, check_measure, measure
+    from lit_domino.studies.bench import parse_pool_sizes  # light, as lit_domino.studies.head_cost's import
+    from lit_domino.studies.head_cost import DrafterSize, check_measure, measure
     from lit_domino.runtime.inputs import check_positive
 
     sizes = [DrafterSize.parse(s.strip()) for s in args.sizes.split(",") if s.strip()]
     pools = parse_pool_sizes(args.pool_sizes)
     check_measure(sizes, pools, block_size=args.block_size, rounds=args.rounds, accept=args.accept)
     check_positive(args.threads, "--threads")
-    from lit_domino.decoding.metrics import markdown_table
-    from lit_domino.study import pinned_threads, write_json
+    from lit_domino.decoding.harness import markdown_table
+    from lit_domino.runtime.threads import pinned_threads
+    from lit_domino.runtime.jsonio import write_json
 
     with pinned_threads(args.threads):
         rows = measure(sizes, pools, block_size=args.block_size, rounds=args.rounds,

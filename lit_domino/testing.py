@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from lit_domino.target import Target
+from lit_domino.target.load import Target
 
 
 def random_target(

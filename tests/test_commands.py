@@ -46,17 +46,19 @@ def refuses(main, argv, capsys, prog: str, *needles: str) -> str:
 def no_models(monkeypatch):
     """Loading a target or drafter, or building the embedded target, fails the test: bad input must be
     answered before any of them."""
-    import lit_domino.models
-    import lit_domino.target
-    import lit_domino.tiny_target
+    import lit_domino.interop
+    import lit_domino.models.io
+    import lit_domino.target.load
+    import lit_domino.target.recipe
 
     def loaded(*args, **kwargs):
         raise AssertionError(f"a model was loaded or built before the bad input was refused: {args}")
 
-    monkeypatch.setattr(lit_domino.target, "load_target", loaded)
-    monkeypatch.setattr(lit_domino.models, "load_drafter", loaded)
-    monkeypatch.setattr(lit_domino.tiny_target, "build_tiny_target", loaded)
-    monkeypatch.setattr(lit_domino.tiny_target, "train_model", loaded)
+    monkeypatch.setattr(lit_domino.target.load, "load_target", loaded)
+    monkeypatch.setattr(lit_domino.interop, "load_drafter", loaded)
+    monkeypatch.setattr(lit_domino.models.io, "load_saved", loaded)
+    monkeypatch.setattr(lit_domino.target.recipe, "build_tiny_target", loaded)
+    monkeypatch.setattr(lit_domino.target.recipe, "train_model", loaded)
 
 
 def closed_port() -> int:
@@ -216,7 +218,7 @@ def test_serve_bench_refuses_bad_input(capsys):
 
 
 def test_dloop_table_takes_the_suites_gate_specs(monkeypatch):
-    import lit_domino.dloop_study as ds
+    import lit_domino.studies.dloop as ds
 
     seen = {}
     monkeypatch.setattr(ds, "run_dloop_study", lambda preset, **kw: seen.update(kw, preset=preset))
@@ -236,7 +238,7 @@ def test_dloop_table_takes_the_suites_gate_specs(monkeypatch):
     (["--preset", "huge"], ["unknown preset 'huge'"]),
 ])
 def test_dloop_refuses_bad_input_before_training(argv, needles, capsys, monkeypatch):
-    import lit_domino.dloop_study as ds
+    import lit_domino.studies.dloop as ds
 
     monkeypatch.setattr(ds, "run_dloop_study", lambda *a, **k: pytest.fail("the study ran"))
     refuses(command("experiments/dloop.py").main, argv, capsys, "dloop.py", *needles)

@@ -1,4 +1,4 @@
-"""notebooks/analysis.ipynb end to end (nbclient) on an MLflow store this test fills, and lit_domino.analysis."""
+"""notebooks/analysis.ipynb end to end (nbclient) on an MLflow store this test fills, and lit_domino.studies.analysis."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _tau(curve: list[float]) -> float:
 
 
 def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dict:
-    """Runs shaped like lit_domino.ablation's: one per variant x seed, plus the tables run with rows.json,
+    """Runs shaped like lit_domino.studies.ablation's: one per variant x seed, plus the tables run with rows.json,
     plus a sweep study with two trials (which the ablation tables must ignore)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
@@ -73,7 +73,7 @@ def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dic
     tables = client.create_run(exp, run_name=f"tables-{preset}", tags={"table": "summary", "preset": preset})
     client.log_dict(tables.info.run_id, rows, "tables/rows.json")
     client.set_terminated(tables.info.run_id, "FINISHED")
-    # a sweep: study run + trials (tag sweep), as lit_domino.sweep writes them
+    # a sweep: study run + trials (tag sweep), as lit_domino.studies.sweep writes them
     sexp = client.create_experiment("sweep-demo", artifact_location=(root / "mlruns-sweep").as_uri())
     study = client.create_run(sexp, run_name="demo", tags={"sweep": "demo", "sweep_role": "study", "variant": "domino"})
     for n, (rank, kind) in enumerate([(32, "linear"), (128, "cosine")]):
@@ -99,7 +99,7 @@ def store(tmp_path_factory):
 
 
 def test_analysis_reads_runs_and_rebuilds_tables(store):
-    from lit_domino import analysis
+    from lit_domino.studies import analysis
 
     uri, expected = store
     runs = analysis.load_runs(uri)
@@ -129,7 +129,7 @@ def test_analysis_reads_runs_and_rebuilds_tables(store):
 
 
 def test_analysis_degrades_on_missing_or_empty_store(tmp_path):
-    from lit_domino import analysis
+    from lit_domino.studies import analysis
 
     uri = f"sqlite:///{tmp_path / 'nothing.db'}"
     runs = analysis.load_runs(uri)
@@ -142,7 +142,7 @@ def test_analysis_degrades_on_missing_or_empty_store(tmp_path):
 
 
 def _execute(uri: str, tmp_path: Path, monkeypatch):
-    from lit_domino.analysis import execute_notebook
+    from lit_domino.studies.analysis import execute_notebook
 
     monkeypatch.delenv("LIT_DOMINO_PRESET", raising=False)
     nb = execute_notebook(NOTEBOOK, tmp_path / "executed.ipynb", uri, timeout=120)

@@ -16,7 +16,7 @@ _LAZY = {
     "GenerationResult": "lit_domino.decoding.engine",
     "generate": "lit_domino.decoding.engine",
     "crop_cache": "lit_domino.decoding.kv",
-    "benchmark": "lit_domino.decoding.metrics",
+    "benchmark": "lit_domino.decoding.harness",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -38,7 +38,7 @@ from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import (GREEDY_BELOW, accept_greedy, effective_temperature, one_hot_probs, pick,
                                           verify_sampling)
 from lit_domino.models.sessions import check_pool_size, compile_decode_step, is_greedy
-from lit_domino.target import check_layer_ids, select_features
+from lit_domino.target.load import check_layer_ids, select_features
 
 
 @dataclass

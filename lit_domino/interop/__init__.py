@@ -5,7 +5,7 @@
 * ``eagle3`` (:mod:`.eagle3`): the EAGLE-3 layout vLLM loads through ``speculators``;
 * ``dspark`` (:mod:`.dspark`): speculators' DSpark layout (``DSparkDraftModel``), for DSpark.
 
-``export_drafter(drafter, dir, format=...)`` writes one; ``lit_domino.load_drafter`` reads any of them
+``export_drafter(drafter, dir, format=...)`` writes one; :func:`load_drafter` (``lit_domino.load_drafter``) reads any of them
 (and hub ids, :func:`resolve_drafter_source`), detected from ``config.json``. A drafter kind that a format
 cannot express, or a foreign config this suite cannot run exactly, is refused naming the reason / field.
 """
@@ -92,6 +92,26 @@ def detect_format(directory: str | Path) -> str | None:
                              "'speculators_model_type: eagle3' or 'dspark')")
 
 
+def load_drafter(directory: str | Path, target=None, map_location="cpu"):
+    """Any drafter: a ``save_pretrained`` directory of ours, one in a field format (detected from
+    ``config.json``), or a hub id of either; bound to ``target`` when given. A directory inside a cache
+    artifact is checked against the artifact's marker first, and weights are checked for NaN/inf."""
+    from lit_domino.models.io import check_finite, check_recorded, is_foreign, load_saved, resolve_drafter_source
+
+    directory = resolve_drafter_source(directory)
+    check_recorded(directory)
+    if not is_foreign(directory):
+        return load_saved(directory, target, map_location)
+    from lit_domino.interop import eagle3
+
+    drafter = import_drafter(directory, map_location=map_location)
+    check_finite(drafter, directory)
+    if target is not None:
+        drafter.bind_target(target)
+        eagle3.check_carried(drafter, target)
+    return drafter
+
+
 def import_drafter(directory: str | Path, map_location="cpu"):
     """A foreign-format drafter directory as our drafter (unbound)."""
     from lit_domino.interop import dflash, dspark, eagle3
@@ -107,5 +127,5 @@ def import_drafter(directory: str | Path, map_location="cpu"):
     return dflash.import_dflash_layout(directory, cfg, map_location)
 
 
-__all__ = ["FORMATS", "FORMAT_KINDS", "ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME",
+__all__ = ["FORMATS", "FORMAT_KINDS", "load_drafter", "ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME",
            "detect_format", "export_drafter", "format_module", "format_refusal", "formats_for", "import_drafter"]

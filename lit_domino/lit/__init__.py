@@ -1,6 +1,6 @@
 """LightningModules: one shared base and one thin module per drafter method.
 
-All variants train on the one ``DrafterDataModule`` (``lit_domino.data.datamodule``);
+All variants train on the one ``DrafterDataModule`` (``lit_domino.training.datamodule``);
 each module names its drafter class and calls the method's own forward and loss.
 """
 

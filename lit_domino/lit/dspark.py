@@ -10,7 +10,7 @@ from lit_domino.lit.backbone import BackboneModule
 from lit_domino.lit.base import check_positive
 from lit_domino.models import DSparkDrafter
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.objectives import LossSettings
+from lit_domino.models.objectives import LossSettings
 
 
 class DSparkModule(BackboneModule):

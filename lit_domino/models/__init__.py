@@ -14,7 +14,7 @@ from lit_domino.models.domino import DominoConfig, DominoDrafter, DominoHead, Do
 from lit_domino.models.dspark import DSparkConfig, DSparkDrafter, DSparkHeadConfig
 from lit_domino.models.eagle import Eagle3Config, Eagle3Drafter, EagleOutput
 from lit_domino.models.small_lm import LMOutput, SmallLMConfig, SmallLMDrafter
-from lit_domino.models.io import build_drafter, drafter_config, load_drafter, read_config
+from lit_domino.models.io import build_drafter, drafter_config, load_saved, read_config
 from lit_domino.models.registry import drafter_class, kinds
 from lit_domino.models.sessions import StageDraft
 
@@ -22,5 +22,5 @@ __all__ = [
     "BackboneConfig", "BlockOutput", "DSparkConfig", "DSparkDrafter", "DSparkHeadConfig", "DominoConfig", "DominoDrafter", "DominoHead", "DominoHeadConfig",
     "Drafter", "DrafterConfig", "DrafterLoadError", "DrafterMismatchError", "Eagle3Config", "Eagle3Drafter",
     "EagleOutput", "LMOutput", "ParallelDrafter", "SmallLMConfig", "SmallLMDrafter", "StageDraft",
-    "build_drafter", "drafter_class", "drafter_config", "kinds", "load_drafter", "read_config", "registry",
+    "build_drafter", "drafter_class", "drafter_config", "kinds", "load_saved", "read_config", "registry",
 ]

@@ -24,7 +24,7 @@ from lit_domino.models.layers import (DecoderLayer, KVCache, RMSNorm, StaticKVCa
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import DraftSession, StageDraft, Stage, compile_for, pick_tokens
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
 
 
 @dataclass

@@ -24,7 +24,7 @@ from torch import nn
 
 from lit_domino.models import registry
 from lit_domino.models.layers import TrainOptions
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
+from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
 from lit_domino.runtime.command import UsageError
 
 CONFIG_NAME = "config.json"

@@ -31,7 +31,7 @@ from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDraf
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
-from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
+from lit_domino.models.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
 """How the GRU is fed in training: the true tokens (one parallel pass) or the draft's own argmax picks."""

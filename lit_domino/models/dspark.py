@@ -42,7 +42,7 @@ from lit_domino.models.base import DrafterMismatchError, default_num_feature_lay
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
-from lit_domino.objectives import LossSettings, chunked_row_sums, distill_terms, label_rows
+from lit_domino.models.objectives import LossSettings, chunked_row_sums, distill_terms, label_rows
 
 HEAD_TYPES = ("vanilla", "gated", "rnn")
 """The Markov head's variants (speculators' ``markov_head_type``)."""

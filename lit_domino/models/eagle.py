@@ -35,7 +35,7 @@ from lit_domino.models.layers import (Attention, KVCache, RMSNorm, StructuredAtt
 from lit_domino.models.loop import ContextFn, check_stages, pad_right
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, draft_chain
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
+from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
 
 
 @dataclass

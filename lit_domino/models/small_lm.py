@@ -17,7 +17,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from lit_domino.models.base import Drafter, DrafterConfig, DrafterMismatchError
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Stage, StageDraft, draft_chain
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, chunked_ce, token_ce
+from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, chunked_ce, token_ce
 
 
 @dataclass

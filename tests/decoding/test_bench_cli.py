@@ -48,7 +48,7 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
 
 
 def test_bench_cli_errors(capsys):
-    from lit_domino.bench import load_drafters
+    from lit_domino.studies.bench import load_drafters
     from lit_domino.runtime.command import UsageError
 
     bench = bench_module()
@@ -60,7 +60,7 @@ def test_bench_cli_errors(capsys):
 
 
 def test_bench_pool_sizes_option():
-    from lit_domino.bench import parse_pool_sizes
+    from lit_domino.studies.bench import parse_pool_sizes
 
     from lit_domino.runtime.command import UsageError
 

@@ -14,9 +14,10 @@ from speculators.proposals.greedy import GreedyTokenProposalConfig
 
 from lit_domino.interop import ForeignConfigError, export_drafter
 from lit_domino.interop.common import qwen3_config
-from lit_domino.models import build_drafter, drafter_config, load_drafter
+from lit_domino.models import build_drafter, drafter_config
+from lit_domino.interop import load_drafter
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.target import Target
+from lit_domino.target.load import Target
 
 from .conftest import lively
 

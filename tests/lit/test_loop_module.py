@@ -12,8 +12,9 @@ from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module
 from lit_domino.lit.loop import LoopModule
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.models import DrafterMismatchError, load_drafter
-from lit_domino.objectives import LambdaSchedule
+from lit_domino.models import DrafterMismatchError
+from lit_domino.interop import load_drafter
+from lit_domino.models.objectives import LambdaSchedule
 from lit_domino.testing import hf_greedy, random_target
 
 V, D, B = 64, 32, 5

@@ -1,4 +1,4 @@
-"""lit_domino.tracking: default store, config flattening, runs marked FAILED/KILLED."""
+"""lit_domino.runtime.tracking: default store, config flattening, runs marked FAILED/KILLED."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_domino import tracking
+from lit_domino.runtime import tracking
 
 
 def test_default_tracking_uri(monkeypatch):

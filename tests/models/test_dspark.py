@@ -8,7 +8,7 @@ import torch
 from lit_domino.models import DSparkConfig, build_drafter, drafter_config
 from lit_domino.models.base import DrafterMismatchError
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, distill_terms, position_weights
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, distill_terms, position_weights
 from lit_domino.testing import random_target
 
 B = 6

@@ -16,9 +16,9 @@ from lit_domino.models import (
     drafter_class,
     drafter_config,
     kinds,
-    load_drafter,
     registry,
 )
+from lit_domino.interop import load_drafter
 from lit_domino.testing import random_target
 
 
@@ -192,9 +192,9 @@ def test_load_errors_name_the_path(target, tmp_path):
 
 
 def test_lazy_package_export():
-    import lit_domino.models as m
+    import lit_domino
 
-    assert m.load_drafter is load_drafter
+    assert lit_domino.load_drafter is load_drafter
 
 
 # ---------------------------------------------------------------- small LM
