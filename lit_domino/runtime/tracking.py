@@ -56,7 +56,9 @@ DEFAULT_EXPERIMENT = "lit_domino"
 MAX_PARAM_CHARS = 500
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-"""The experiment tag MLflow 3 reads for an experiment's kind: GenAI (traces, evaluations) or model training."""
+"""The experiment tag of MLflow 3 for an experiment's kind: GenAI (traces, evaluations) or model training. MLflow
+3.17's UI takes its mode from its GenAI / Model training switch instead (remembered by the browser; the README
+says to pick Model training); earlier 3.x UIs and MLflow's own tools read the tag."""
 MODEL_TRAINING = "custom_model_development"
 """:data:`EXPERIMENT_KIND_TAG`'s value for model training (runs, metrics, compare), set on every experiment here."""
 SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
@@ -178,8 +180,8 @@ def save_runs_view(client, experiment_id: str, view_id: str, name: str, state: M
     """Store a saved view of the runs table in experiment ``experiment_id`` (the UI's "Views" menu, and the link
     ``#/experiments/<id>/runs?viewStateShareKey=<view_id>``); returns whether it was written.
 
-    ``state``: the UI's search and table state, e.g. ``{"selectedColumns": ["metrics.`tau`"], "orderByKey":
-    "metrics.`tau`", "orderByAsc": False}``. A view already there is left alone: a user who overrode it in the
+    ``state``: the UI's search and table state, e.g. ``{"selectedColumns": ["metrics.`tau`"], "columnOrder":
+    [...], "searchFilter": "tags.table = 'main'"}``. A view already there is left alone: a user who overrode it in the
     UI keeps theirs."""
     import json
     import time
