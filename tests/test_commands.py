@@ -254,6 +254,7 @@ def test_head_cost_memory_bench_parity_refuse_bad_input(tmp_path, capsys):
     refuses(head_cost, ["--pool-sizes", "0"], capsys, "head_cost.py", "--pool-sizes")
     refuses(head_cost, ["--sizes", "32:256", "--pool-sizes", "300"], capsys, "head_cost.py", "300", "1..256")
     refuses(head_cost, ["--accept", "9"], capsys, "head_cost.py", "accept")
+    refuses(head_cost, ["--heads", "domino,medusa"], capsys, "head_cost.py", "unknown head 'medusa'")
     memory_bench = command("experiments/memory_bench.py").main
     refuses(memory_bench, ["--paths", "foo"], capsys, "memory_bench.py", "--paths")
     refuses(memory_bench, ["--methods", "nosuch"], capsys, "memory_bench.py", "'nosuch'", "backbone")

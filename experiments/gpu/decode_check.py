@@ -128,7 +128,7 @@ def draft_ratios(rows: list[dict]) -> dict[str, float]:
     backbone = {r["benchmark"]: r["draft_ms_per_round"] for r in rows if r["method"] == "backbone"}
     per_method: dict[str, list[float]] = {}
     for r in rows:
-        if r["method"].startswith("domino"):
+        if r.get("drafter") == "domino":
             per_method.setdefault(r["method"], []).append(r["draft_ms_per_round"] / backbone[r["benchmark"]])
     return {m: sum(v) / len(v) for m, v in per_method.items()}
 

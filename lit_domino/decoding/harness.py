@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 from lit_domino.decoding import hf_peers
 from lit_domino.decoding.dloop import DLoopConfig, dloop_label
 from lit_domino.decoding.engine import GenerationResult, check_compile, generate
+from lit_domino.decoding.metric_names import MethodKey
 from lit_domino.decoding.metrics import merge_results, summarize
 from lit_domino.models.sessions import check_pool_size
 
@@ -68,7 +70,7 @@ def _progress(total: int, enabled: bool, desc: str):
 
 def benchmark(
     target,
-    drafters: dict[str, object],
+    drafters: Mapping[str | MethodKey, object],
     prompts: dict[str, Sequence],
     *,
     max_new_tokens: int = 256,
@@ -92,10 +94,13 @@ def benchmark(
     """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
 
     ``prompts``: benchmark name → prompts (token-id lists/tensors, or objects with
-    ``.turns``). ``peers``: any of ``"prompt_lookup"``, ``"assisted"`` (needs
+    ``.turns``). ``drafters``: name (a :class:`MethodKey`, or a string: ``MethodKey(name)``) → drafter.
+    ``peers``: any of ``"prompt_lookup"``, ``"assisted"`` (needs
     ``assistant_model``, a small Hugging Face LM). Returns one row per
     (benchmark, temperature, method) with :func:`summarize`'s metrics plus
-    ``benchmark``, ``method``, ``kind`` (``ar``/``hf``/``drafter``), ``drafter``,
+    ``benchmark``, ``key`` (a drafter row's :meth:`MethodKey.as_dict`, its decode settings included; None for
+    the others), ``method`` (the key's label), ``kind`` (``ar``/``hf``/``drafter``), ``drafter`` (the label of
+    the drafter's own key),
     ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
     (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full
@@ -122,9 +127,10 @@ def benchmark(
         raise ValueError("benchmark needs at least one non-empty prompt set")
     check_compile(compile, target.device)
     if isinstance(pool_sizes, Mapping):
-        unknown = sorted(set(pool_sizes) - set(drafters))
+        unknown = sorted(MethodKey.of(k).label() for k in set(pool_sizes) - set(drafters))
         if unknown:
-            raise ValueError(f"pool_sizes names drafters {unknown} that are not in drafters {sorted(drafters)}")
+            raise ValueError(f"pool_sizes names drafters {unknown} that are not in drafters "
+                             f"{sorted(MethodKey.of(k).label() for k in drafters)}")
         pools_of = {name: list(pool_sizes.get(name) or [None]) for name in drafters}
     else:
         pools_of = {name: list(pool_sizes) or [None] for name in drafters}
@@ -148,7 +154,7 @@ def benchmark(
         return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)
 
     methods: list[tuple[str, str, object, float, DLoopConfig | None, Callable]] = []
-    pools: dict[str, int | None] = {}  # method label -> its candidate pool
+    keys: dict[str, MethodKey] = {}  # method label -> its key (the label is rendered from it, never parsed)
     for temperature in temperatures:
         methods.append(("ar", "ar", None, temperature, None, lambda i, t=temperature: ours(None, t, None, i)))
         if hf_baseline:
@@ -158,9 +164,9 @@ def benchmark(
             takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
             for pool_size in (pools_of[name] if takes_pool else [None]):
                 for dloop in dloops:
-                    label = name if pool_size is None else f"{name}+pool({pool_size})"
-                    label = label if dloop is None else f"{label}+dloop({dloop_label(dloop)})"
-                    pools[label] = pool_size
+                    key = replace(MethodKey.of(name), pool=pool_size, gate=None if dloop is None else dloop.label())
+                    label = key.label()
+                    keys[label] = key
                     methods.append((label, "drafter", name, temperature, dloop,
                                     lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size: ours(d, t, dl, i, P)))
         for label, fn in (external or {}).items():
@@ -206,9 +212,10 @@ def benchmark(
             if temperature > 0:  # sampled outputs differ from the baseline's by design
                 row["match_baseline"] = float("nan")
             bs = (block_size or int(drafters[dname].config.block_size)) if kind == "drafter" else None
-            row = {"benchmark": bench, "method": label, "kind": kind, "drafter": dname,
-                   "temperature": float(temperature), "dloop": dloop_label(dloop), "pool_size": pools.get(label),
-                   "block_size": bs, **row}
+            key = keys.get(label) if kind == "drafter" else None
+            row = {"benchmark": bench, "key": key.as_dict() if key else None, "method": label, "kind": kind,
+                   "drafter": key.base().label() if key else None, "temperature": float(temperature),
+                   "dloop": dloop_label(dloop), "pool_size": key.pool if key else None, "block_size": bs, **row}
             if kind == "hf":  # generate() reports no rounds
                 row.update(tau=float("nan"), tau_per_round=float("nan"), accepted_per_round=float("nan"),
                            stages_per_round=float("nan"))

@@ -349,6 +349,12 @@ class Drafter(nn.Module):
 
     # ------------------------------------------------------------------ lean training outputs
 
+    def batch_loss(self, batch: dict, features: torch.Tensor | None, settings, causal_inputs: str = "teacher_forced"):
+        """One training step's loss on a DataModule batch (``input_ids``, ``loss_mask``, ``attention_mask``,
+        ``anchors``, ``anchor_mask``) and its target ``features`` -> (loss, parts): the method's forward and loss,
+        lean unless ``settings.chunk_size`` is None (what the memory benchmark runs for every method)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch_loss")
+
     def row_inputs(self, out) -> list[torch.Tensor]:
         """What :meth:`row_logits` reads per position of a block output, each ``[..., B, *]`` (``hidden``)."""
         return [out.hidden]

@@ -379,6 +379,13 @@ class Eagle3Drafter(Drafter):
 
     # ------------------------------------------------------------------ losses
 
+    def batch_loss(self, batch, features, settings, causal_inputs: str = "teacher_forced"):
+        """Its TTT loss (``settings.step_decay``) on every position of the batch (anchors unused)."""
+        out = self.forward_train(batch["input_ids"], features, batch.get("loss_mask"), batch.get("attention_mask"),
+                                 with_logits=False)
+        loss, per_step, _ = self.train_loss(out, settings.step_decay, chunk_size=settings.chunk_size)
+        return loss, {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
+
     def train_loss(self, out: EagleOutput, step_decay: float = 0.8, with_preds: bool = False,
                    chunk_size: int | None = DEFAULT_CHUNK_SIZE):
         """The TTT loss ``Σ_s step_decay^s · CE_s`` of a ``forward_train(with_logits=False)`` output

@@ -30,18 +30,20 @@ import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
 from lit_domino.runtime import cache
-from lit_domino.training.configs import (EMBEDDED_PREFIX, ConfigError, check_arguments, did_you_mean, load_config,
-    parse_override, study_overrides)
+from lit_domino.training.configs import (EMBEDDED_PREFIX, ConfigError, check_arguments, check_preset, did_you_mean,
+                                         load_config, parse_override, study_overrides)
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.command import CommandParser, run_command
+from lit_domino.runtime.quiet import set_verbose, verbose
 from lit_domino.studies.common import cached_rows, log_metrics
-from lit_domino.decoding.metric_names import drafter_metrics
+from lit_domino.decoding.metric_names import MethodKey, drafter_metrics
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.jsonio import write_json
 from lit_domino.studies.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
@@ -60,10 +62,11 @@ if TYPE_CHECKING:
 def _study(preset: str, variants: list[str] | None = None) -> tuple[dict, dict, list[str]]:
     """The study file, the table membership and the variants to run; :class:`ConfigError` (one line on the
     command line) for a preset or a variant that the study does not have. YAML only: no heavy import."""
+    check_preset(preset)  # the presets are the config files' (one place); the study plans each of them
     study = yaml.safe_load(STUDY_FILE.read_text())
     if preset not in study["presets"]:
-        raise ConfigError(f"unknown preset {preset!r}{did_you_mean(preset, study['presets'])}; choose one of "
-                          f"{', '.join(study['presets'])}")
+        raise ConfigError(f"the ablation study ({STUDY_FILE.name}) has no plan for preset {preset!r}; add a "
+                          f"presets.{preset} section (it plans {', '.join(study['presets'])})")
     tables = {name: list(study["variants"][name]) for name in ("main", "ablations")}
     known = tables["main"] + tables["ablations"]
     unknown = [v for v in variants or () if v not in known]
@@ -124,9 +127,14 @@ EXACT_HEAD = "@full"
 """Suffix of a variant decoded with the exact head beside the preset's candidate pool (``domino@full``)."""
 
 
+ROWS_FORMAT = 2
+"""The measured rows' layout (2: each row carries its ``MethodKey``); part of their cache key, so rows cached
+in an older layout are measured again instead of misread."""
+
+
 def eval_key(plan: dict, drafter_dirs: list, target) -> dict:
     """The measured rows' cache key: every drafter, the evaluation plan (table membership aside) and the target."""
-    return {"drafters": [str(d) for d in drafter_dirs],
+    return {"rows": ROWS_FORMAT, "drafters": [str(d) for d in drafter_dirs],
             "plan": {k: v for k, v in plan.items() if k not in ("tables", "reference_seconds")},
             "target": target.fingerprint()}
 
@@ -237,8 +245,9 @@ def _train_worker_init(threads: int, started) -> None:
     if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started this process (_signals_blocked)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     torch.set_num_threads(threads)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    if not verbose():  # the trainings' own output goes to their train.log (runtime/quiet.py)
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+        logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
 
 
 def _train_in_worker(cfg: dict, experiment: str, index: int, parent_run_id: str | None = None):
@@ -461,12 +470,12 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
     drafters, pools, assistant = {}, {}, None
     for t in trained:
         d = load_drafter(t.drafter_dir, target=target)
-        drafters[f"{t.variant}/s{t.seed}"] = d
-        pools[f"{t.variant}/s{t.seed}"] = [plan.get("pool_size")] + ([None] if t.variant in plan.get("exact_head", ())
-                                                                      else [])
+        key = MethodKey(t.variant, t.seed)
+        drafters[key] = d
+        pools[key] = [plan.get("pool_size")] + ([None] if t.variant in plan.get("exact_head", ()) else [])
         inner = d.base_view() if t.variant in plan.get("inner_backbone", ()) else None
         if inner is not None:  # Domino's backbone decoded alone: did it collapse without the curriculum?
-            drafters[f"{t.variant}/s{t.seed}/backbone"] = inner
+            drafters[replace(key, view="backbone")] = inner
         assistant = assistant or d.hf_model()  # the small LM is HF assisted generation's assistant
     peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]
     with pinned_threads(plan.get("threads")):
@@ -476,27 +485,26 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
 
 
 def records_from_rows(rows: list[dict]) -> list[dict]:
-    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``; a drafter decoded
-    with the exact head beside a candidate pool (the plan's ``exact_head``) is the variant ``<variant>@full``."""
-    pooled = {r["drafter"] for r in rows if r.get("pool_size") is not None}
-    inner_tau = {}
-    for r in rows:
-        if r["kind"] == "drafter" and r["drafter"].endswith("/backbone"):
-            inner_tau[(r["drafter"].rsplit("/", 1)[0], r["benchmark"], r["temperature"])] = r["tau"]
+    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``, read from each
+    row's :class:`MethodKey`; a drafter decoded with the exact head beside a candidate pool (the plan's
+    ``exact_head``) is the variant ``<variant>@full``; Domino's backbone decoded alone (view ``backbone``) is its
+    record's ``backbone_tau``."""
+    keys = [MethodKey.of(r["key"]) if r["kind"] == "drafter" else None for r in rows]
+    pooled = {k.base() for k in keys if k is not None and k.pool is not None}
+    inner_tau = {(k.whole(), r["benchmark"], r["temperature"]): r["tau"]
+                 for k, r in zip(keys, rows) if k is not None and k.view == "backbone"}
     records = []
-    for r in rows:
-        if r["kind"] == "drafter" and r["drafter"].endswith("/backbone"):
+    for k, r in zip(keys, rows):
+        if k is not None and k.view is not None:
             continue
-        if r["kind"] == "drafter":
-            variant, seed = r["drafter"].rsplit("/s", 1)
-            if r["drafter"] in pooled and r.get("pool_size") is None:
-                variant += EXACT_HEAD
+        if k is not None:
+            variant, seed = k.drafter + (EXACT_HEAD if k.base() in pooled and k.pool is None else ""), k.seed
         elif r["method"] == "ar":
             continue
         else:
-            variant, seed = r["method"], "0"
-        rec = {"variant": variant, "seed": int(seed), "domain": r["benchmark"], **r}
-        rec["backbone_tau"] = inner_tau.get((r["drafter"], r["benchmark"], r["temperature"]))
+            variant, seed = r["method"], 0
+        rec = {"variant": variant, "seed": int(seed or 0), "domain": r["benchmark"], **r}
+        rec["backbone_tau"] = inner_tau.get((k.base(), r["benchmark"], r["temperature"])) if k else None
         records.append(rec)
     return records
 
@@ -760,6 +768,9 @@ def build_parser() -> CommandParser:
     parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>, with the "
                         "subset appended for --variants/--seeds/--set runs)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="Lightning's own output of every training (banners, tips, warnings) on the console; "
+                             "by default it goes to each training's train.log in its artifact folder")
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                         help="override a training config key, VALUE in YAML, e.g. "
                              "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable); a model "
@@ -781,6 +792,7 @@ def _main(argv: list[str]) -> dict:
     _, _, chosen = _study(args.preset, variants)
     check_arguments(args.preset, overrides)
     study_overrides(chosen, args.preset, overrides)  # model keys and numbers, read from the modules' source
+    set_verbose(args.verbose)  # the workers inherit it
     if args.no_progress:  # the libraries' own bars too (dataset saves, weight loading)
         import datasets
         import transformers

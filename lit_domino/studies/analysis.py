@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
+from lit_domino.decoding.metric_names import MethodKey
 from lit_domino.runtime.paths import project_root
 from lit_domino.studies.tables import ablation_table, load_spec, main_table
 
@@ -284,10 +285,12 @@ def tau_histograms(uri: str | None = None, preset: str | None = None) -> pd.Data
         for r in data:
             if r.get("kind") != "drafter" or float(r.get("temperature", 0)) != 0.0:
                 continue
-            name = str(r.get("drafter") or r.get("method"))
-            if name.endswith("/backbone"):
+            if not r.get("key"):
+                continue  # rows of a store written before rows carried their MethodKey
+            key = MethodKey.of(r["key"])
+            if key.view is not None:
                 continue
-            variant = name.rsplit("/s", 1)[0]
+            variant = key.drafter
             for tau, count in enumerate(r.get("tau_histogram") or []):
                 if count:
                     rows.append({"preset": p, "variant": variant, "tau": tau, "rounds": int(count)})

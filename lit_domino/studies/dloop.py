@@ -41,12 +41,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lit_domino.runtime import cache
-from lit_domino.training.configs import available_variants, compose, module_class
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, check_grid, check_table_gate,
                                       dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
 from lit_domino.decoding.harness import benchmark, check_repeats
-from lit_domino.training.configs import CONFIG_DIR, PRESETS, load_config, set_dotted
+from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
+                                         module_class, set_dotted)
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
@@ -87,8 +87,10 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
                study_file: Path = STUDY_FILE, gates=None) -> dict:
     """The merged study settings of ``preset`` (CLI values override the YAML's)."""
     study = yaml.safe_load(Path(study_file).read_text())
-    if preset not in study["presets"] or preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(study['presets'])}")
+    check_preset(preset)  # the presets are the config files' (one place)
+    if preset not in study["presets"]:
+        raise ValueError(f"the DLoop study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
+                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
     plan = copy.deepcopy(study["presets"][preset])
     plan["preset"] = preset
     plan["drafters"] = list(drafters or study["drafters"])

@@ -1,11 +1,15 @@
-"""What Domino's head costs next to the backbone's draft as the drafter grows (issue #14's cost ratio).
+"""What a sequential head costs next to the backbone's draft as the drafter grows: Domino's (issue #14's cost
+ratio) and DSpark's Markov head (issue #29; DeepSpec reports +0.2-1.3 % over its backbone).
 
 A Domino round is the backbone's block forward and LM head (parallel, grows with d and V) followed by the
 head's sequential loop over the K = B-1 positions (grows with d_s, r and the candidate pool, and costs a fixed
 number of small ops per position). On the embedded default preset (d = 128, V = 4096) those small ops are
 dispatch-bound on a CPU and the head adds ~40 % to the backbone's draft; the papers report +2.8 % at
-Qwen3-8B scale. :func:`measure` times both on randomly initialised drafters of the papers' proportions
-(:meth:`DrafterSize.papers`), in steady-state rounds (draft a block, roll back, commit a few tokens with their
+Qwen3-8B scale. A DSpark round is the same backbone block followed by the Markov head's loop: per position the
+pick's W1 row, the variant's step and ``base + W2·u`` (a rank-r update of the V logits: W2's V x r read per
+position). :func:`measure` times them on randomly initialised drafters of the papers' proportions
+(:meth:`DrafterSize.papers`: Domino's r = d/16 and d_s = d/4; DSpark's rank the same r, 256 at Qwen3-8B as
+DeepSpec's), in steady-state rounds (draft a block, roll back, commit a few tokens with their
 features: what ``generate`` charges to its draft phase), so the crossing point is measured, not argued.
 Random weights cost what trained ones do: the head's work does not depend on its values.
 
@@ -32,7 +36,7 @@ class DrafterSize:
     vocab: int
     """V, the target's vocabulary (the drafter's LM head, W_up's rows, the input-projection table)."""
     rank: int
-    """r, the correction's rank (papers: 256 at d = 4096)."""
+    """r, Domino's correction rank and DSpark's Markov rank (papers: 256 at d = 4096, both)."""
     gru_hidden: int
     """d_s, the GRU state (papers: 1024 at d = 4096)."""
 
@@ -63,9 +67,23 @@ def _target(size: DrafterSize):
                          intermediate_size=3 * size.hidden, max_positions=4096)
 
 
-def build_pair(size: DrafterSize, block_size: int, device) -> tuple:
-    """A random target of ``size`` and its one-layer backbone and Domino drafters, their backbones equal (the
-    ratio is then the head's cost alone) -> (target, {"backbone": ..., "domino": ...}) on ``device``."""
+HEADS = ("domino", "dspark")
+"""The drafters with a sequential head that :func:`measure` times against their backbone."""
+
+
+def head_options(kind: str, size: DrafterSize) -> dict:
+    """The ``drafter_config`` overrides of ``kind``'s head at ``size`` (none for the backbone)."""
+    if kind == "domino":
+        return {"head": {"rank": size.rank, "gru_hidden": size.gru_hidden}}
+    if kind == "dspark":  # DeepSpec's head: vanilla Markov bias of rank r, the confidence head (unused decoding)
+        return {"head": {"rank": size.rank, "head_type": "vanilla"}}
+    return {}
+
+
+def build_pair(size: DrafterSize, block_size: int, device, heads=HEADS, num_layers: int = 1) -> tuple:
+    """A random target of ``size`` and its ``num_layers``-layer backbone and head drafters (``heads``), their
+    backbones equal (the ratio is then the head's cost alone) -> (target, {"backbone": ..., kind: ...}) on
+    ``device``."""
     import torch
 
     from lit_domino.models.io import build_drafter, drafter_config
@@ -73,10 +91,9 @@ def build_pair(size: DrafterSize, block_size: int, device) -> tuple:
     target = _target(size)
     target.model.to(device)
     drafters = {}
-    for kind in ("backbone", "domino"):
-        torch.manual_seed(0)  # the same backbone weights in both: Domino builds its head after its backbone
-        head = {"head": {"rank": size.rank, "gru_hidden": size.gru_hidden}} if kind == "domino" else {}
-        cfg = drafter_config(kind, target, block_size=block_size, num_layers=1, **head)
+    for kind in ("backbone", *heads):
+        torch.manual_seed(0)  # the same backbone weights in all: a method builds its head after its backbone
+        cfg = drafter_config(kind, target, block_size=block_size, num_layers=num_layers, **head_options(kind, size))
         drafters[kind] = build_drafter(cfg, target).to(device).eval()
     return target, drafters
 
@@ -118,10 +135,16 @@ class _Rounds:
 
 
 def check_measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_size: int, rounds: int,
-                  accept: int) -> None:
+                  accept: int, heads=HEADS, num_layers: int = 1) -> None:
     """:func:`measure`'s input, checked whole before the first drafter is built (no torch needed)."""
     if not sizes:
         raise UsageError("no drafter sizes to measure (--sizes d:V,...)")
+    unknown = [h for h in heads if h not in HEADS]
+    if unknown or not heads:
+        raise UsageError(f"--heads: unknown head {', '.join(map(repr, unknown)) or '(none given)'}; choose from "
+                         f"{', '.join(HEADS)}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise UsageError(f"--num-layers must be an integer >= 1 (draft layers of every drafter), got {num_layers!r}")
     if block_size < 2 or not 0 <= accept <= block_size - 2:
         raise UsageError(f"need block_size >= 2 and 0 <= accept <= block_size - 2, got {block_size}, {accept}")
     if rounds < 1:
@@ -129,20 +152,23 @@ def check_measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, blo
 
 
 def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_size: int = 8, rounds: int = 100,
-            accept: int = 2, prompt_len: int = 128, device: str = "cpu") -> list[dict]:
-    """One row per size and pool: the backbone's and Domino's draft ms per round and their ratio.
+            accept: int = 2, prompt_len: int = 128, device: str = "cpu", heads=HEADS,
+            num_layers: int = 1) -> list[dict]:
+    """One row per size and head (Domino: per pool): the backbone's and the head drafter's draft ms per round
+    (``drafter_ms``), the head's share (``head_ms``) and their ratio. DSpark's head has no pool: one row (P None).
 
     The drafters take turns round by round (the order reversed every round; one untimed warm-up round
     each), so each of the ``rounds`` samples pairs them at the same context length and the same moment: on a
     shared machine whose speed drifts by 2x within seconds, batches of rounds per drafter disagreed by more
     than the head costs. Times are medians over the rounds; ``ratio`` is the median of the paired ratios."""
-    check_measure(sizes, pool_sizes, block_size=block_size, rounds=rounds, accept=accept)
+    check_measure(sizes, pool_sizes, block_size=block_size, rounds=rounds, accept=accept, heads=heads,
+                  num_layers=num_layers)
     import torch
 
     from lit_domino.models.sessions import check_pool_size
 
     for size in sizes:  # every size's pools, before the first drafter is built
-        for P in pool_sizes:
+        for P in pool_sizes if "domino" in heads else ():
             try:
                 check_pool_size(P, size.vocab)
             except ValueError as err:
@@ -150,8 +176,8 @@ def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_siz
     dev = torch.device(device)
     rows = []
     for size in sizes:
-        target, drafters = build_pair(size, block_size, dev)
-        arms = [("backbone", None)] + [("domino", P) for P in pool_sizes]
+        target, drafters = build_pair(size, block_size, dev, heads, num_layers)
+        arms = [("backbone", None)] + [(h, P) for h in heads for P in (pool_sizes if h == "domino" else [None])]
         with torch.inference_mode():  # as generate's; the drafters are built outside it (decode tables track versions)
             runs = {arm: _Rounds(drafters[arm[0]], arm[1], rounds=rounds, accept=accept, prompt_len=prompt_len,
                                  device=dev) for arm in arms}
@@ -162,11 +188,11 @@ def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_siz
                     if i:  # round 0 is the warm-up: the prompt's context K/V, lazy tables, allocator growth
                         times[arm].append(seconds)
         backbone = times[("backbone", None)]
-        for P in pool_sizes:
-            domino = times[("domino", P)]
-            ms = (1e3 * statistics.median(backbone), 1e3 * statistics.median(domino))
-            rows.append({**asdict(size), "block_size": block_size, "pool_size": P, "backbone_ms": ms[0],
-                         "domino_ms": ms[1], "head_ms": ms[1] - ms[0],
-                         "ratio": statistics.median(d / b for d, b in zip(domino, backbone))})
+        for head, P in arms[1:]:
+            drafter = times[(head, P)]
+            ms = (1e3 * statistics.median(backbone), 1e3 * statistics.median(drafter))
+            rows.append({"head": head, **asdict(size), "num_layers": num_layers, "block_size": block_size,
+                         "pool_size": P, "backbone_ms": ms[0], "drafter_ms": ms[1], "head_ms": ms[1] - ms[0],
+                         "ratio": statistics.median(d / b for d, b in zip(drafter, backbone))})
         del target, drafters, runs
     return rows

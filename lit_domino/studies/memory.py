@@ -25,7 +25,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, LossSettings, position_weights
-from lit_domino.studies.memory_cases import METHODS, PATHS
+from lit_domino.models.registry import config_class
+from lit_domino.studies.memory_cases import METHODS, PATHS, method_kind
 from lit_domino.target.load import Target
 
 
@@ -60,7 +61,7 @@ class StepShape:
     num_feature_layers: int = 5
     """n of the DFlash feature rule."""
     rank: int = 256
-    """Domino's correction rank r."""
+    """Domino's correction rank r and DSpark's Markov rank (256 both, at Qwen3-8B)."""
     gru_hidden: int = 1024
     """Domino's GRU width d_s."""
     ttt_steps: int = 7
@@ -114,18 +115,23 @@ def make_batch(shape: StepShape, device, seed: int = 0) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
+SHAPE_OPTIONS = {
+    "domino": lambda s: {"head": {"rank": s.rank, "gru_hidden": s.gru_hidden}},
+    "dspark": lambda s: {"head": {"rank": s.rank}},  # DeepSpec's Markov rank: 256 at Qwen3-8B, as Domino's r
+    "eagle3": lambda s: {"num_layers": 1, "ttt_steps": s.ttt_steps},  # EAGLE-3 always has one layer
+}
+"""A method's own config fields at a step shape (its head), beyond the shared ones :func:`build` sets."""
+
+
 def build(method: str, shape: StepShape, target: Target, path: str):
-    """The method's drafter for ``target`` with the path's training options."""
-    kind = "domino" if method == "domino_ttt" else method
+    """The method's drafter for ``target`` with the path's training options: the block size, and for the
+    drafters reading the DFlash-rule features (its ``feature_rule``) the shape's draft layers and n."""
+    kind, _ = method_kind(method)
     kw = dict(block_size=shape.block_size)
-    if kind != "small_lm":
-        kw["num_layers"] = 1 if kind == "eagle3" else shape.draft_layers
-    if kind in ("backbone", "domino"):
-        kw["feature_layers"] = target.layer_ids("dflash", shape.num_feature_layers)
-    if kind == "domino":
-        kw["head"] = dict(rank=shape.rank, gru_hidden=shape.gru_hidden)
-    if kind == "eagle3":
-        kw["ttt_steps"] = shape.ttt_steps
+    rule = config_class(kind).feature_rule
+    if rule in ("dflash", "dspark"):  # the parallel drafters: DFlash's n layers (DSpark's then the last one)
+        kw.update(num_layers=shape.draft_layers, feature_layers=target.layer_ids(rule, shape.num_feature_layers))
+    kw.update(SHAPE_OPTIONS.get(kind, lambda s: {})(shape))
     drafter = build_drafter(drafter_config(kind, target, **kw), target).to(target.device).train()
     drafter.train_options.attention = "dense" if path == "old" else "auto"
     drafter.train_options.chunk_size = None if path == "old" else shape.chunk_size
@@ -133,29 +139,17 @@ def build(method: str, shape: StepShape, target: Target, path: str):
 
 
 def train_step(method: str, drafter, target: Target, batch: dict, path: str, optimizer, autocast=None) -> float:
-    """One step: online target features (no LM head), forward, loss, backward, optimizer step → loss."""
-    chunk = drafter.train_options.chunk_size
-    lean = path != "old"
+    """One step: online target features (no LM head), forward, loss (the method's own ``batch_loss``),
+    backward, optimizer step → loss."""
+    _, causal = method_kind(method)
     with torch.no_grad():
         features = (target.forward_features(batch["input_ids"], drafter.config.feature_layers, batch["attention_mask"])
-                    if method != "small_lm" else None)
+                    if drafter.config.reads_features else None)
+    settings = LossSettings(position_weights(drafter.config.block_size).to(target.device), lam=0.5,
+                            chunk_size=drafter.train_options.chunk_size)
     ctx = autocast if autocast is not None else torch.autocast("cpu", enabled=False)
     with ctx:
-        if method == "eagle3":
-            out = drafter.forward_train(batch["input_ids"], features, batch["loss_mask"], batch["attention_mask"],
-                                        with_logits=False)
-            loss = drafter.train_loss(out, 0.8, chunk_size=chunk)[0]
-        elif method == "small_lm":
-            out = drafter.forward_train(batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
-                                        with_logits=not lean)
-            loss = drafter.train_loss(out, chunk)
-        else:
-            causal = "training_time_test" if method == "domino_ttt" else "teacher_forced"
-            out = drafter.forward_train(batch["input_ids"], features, batch["anchors"], batch["anchor_mask"],
-                                        batch["loss_mask"], batch["attention_mask"], causal, with_logits=not lean)
-            settings = LossSettings(position_weights(drafter.config.block_size).to(target.device), lam=0.5,
-                                    chunk_size=chunk)
-            loss = drafter.block_loss(out, settings)[0]
+        loss = drafter.batch_loss(batch, features, settings, causal)[0]
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -204,6 +204,10 @@ class Target:
         """Token ids of ``messages`` rendered with the chat template (thinking off)."""
         if self.tokenizer is None:
             raise TargetError("this target has no tokenizer; pass token ids instead of chat messages")
+        if getattr(self.tokenizer, "chat_template", None) is None:  # transformers' own error names no target
+            raise TargetError(f"target {self.name!r} has no chat template (its tokenizer's chat_template is unset); "
+                              "the suite renders every prompt with it (the training answers, the benchmarks): use a "
+                              "chat or instruct model, or set tokenizer.chat_template and save it with the model")
         out = self.tokenizer.apply_chat_template(
             list(messages),
             tokenize=True,
@@ -338,7 +342,10 @@ def _load_cached(path_or_id: str, dtype: torch.dtype, device: str, name: str) ->
     model.to(device).eval().requires_grad_(False)
     if local:
         _check_finite(model, Path(source))
-    mask_id = resolve_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
+    try:
+        mask_id = resolve_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
+    except TargetError as err:  # which target: the error ends a training or a benchmark far from where it was named
+        raise TargetError(f"target {path_or_id!r}: {err}") from None
     return Target(model=model, tokenizer=tokenizer, mask_token_id=mask_id, name=name)
 
 

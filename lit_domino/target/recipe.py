@@ -31,6 +31,7 @@ from torch.utils.data import TensorDataset
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from lit_domino.runtime import cache
+from lit_domino.runtime.quiet import quiet_lightning
 from lit_domino.target import embedded as embedded_target
 from lit_domino.data.corpora import build_corpus
 from lit_domino.data.regenerate import encode_conversation
@@ -227,7 +228,7 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
     the caller's random state is left as it was. ``callbacks``: extra Lightning callbacks.
     """
 
-    with cache.isolated_rng(cfg.seed):
+    with cache.isolated_rng(cfg.seed), quiet_lightning(workdir / "train.log"):  # banners, tips: in the log
         L.seed_everything(cfg.seed, verbose=False)
         docs = [tokenizer(render(e), add_special_tokens=False)["input_ids"] for e in corpus_examples(cfg)]
         windows = pack_windows(docs, cfg.seq_len, tokenizer.bos_token_id)

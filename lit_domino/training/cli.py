@@ -277,8 +277,19 @@ def expand_variant_args(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None, run: bool = True) -> DrafterCLI:
     """``experiments/train.py``: the CLI, after ``--variant/--preset`` composition; errors in the
-    composition or a ``--set`` key are one line (``train: error: ...``, rc 2)."""
-    return run_command("train", lambda args: DrafterCLI(args=expand_variant_args(args), run=run), argv)
+    composition or a ``--set`` key are one line (``train: error: ...``, rc 2). A finished ``fit`` ends with
+    the line ``drafter saved to <directory>`` (what ``lit_domino.load_drafter`` and ``experiments/export.py``
+    take; the MLflow run's tag ``drafter_dir``)."""
+
+    def train(args: list[str]) -> DrafterCLI:
+        cli = DrafterCLI(args=expand_variant_args(args), run=run)
+        if run and cli.trainer.is_global_zero:
+            exported = [cb.exported for cb in cli.trainer.callbacks if isinstance(cb, ExportDrafter) and cb.exported]
+            for path in exported:
+                print(f"drafter saved to {path}", flush=True)
+        return cli
+
+    return run_command("train", train, argv)
 
 
 

@@ -35,11 +35,12 @@ from typing import Any, Iterable
 import yaml
 
 from lit_domino.target.embedded import RECIPE_SUFFIX, TARGET_PRESETS
-from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.command import CommandParser, UsageError
 
-CONFIG_DIR = project_root() / "experiments" / "configs"
-PRESETS = ("smoke", "default", "paper")
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The YAML configs, package data (``experiments/configs`` links here), so a non-editable install runs too."""
+PRESETS = tuple(sorted(p.stem for p in (CONFIG_DIR / "presets").glob("*.yaml")))
+"""The presets: one ``presets/<preset>.yaml`` each (the one place presets are found)."""
 BASE = "base"
 """``base.yaml``: not a variant, the config every variant extends."""
 SECTIONS = ("seed_everything", "model", "data", "trainer", "tracking", "checkpoint", "export")

@@ -3,7 +3,7 @@
 It prepares (through the artifact cache) the target, the target-regenerated train
 and validation sequences and, by default, a cache of the target's features for
 them; it batches sequences with their loss masks and features and draws the
-training anchors of METHOD.md afresh at every optimizer step.
+training anchors of docs/METHOD.md afresh at every optimizer step.
 
 Features cached or online? Every variant and seed of an ablation reads the same
 target features, and on CPU a target forward costs about as much as a drafter's
@@ -288,7 +288,7 @@ class DrafterDataModule(L.LightningDataModule):
         features: ``cached`` (computed once, fp16 on disk) or ``online`` (per batch).
         max_length: sequences are truncated to this many tokens.
         batch_size: sequences per batch.
-        num_anchors: anchors per sequence (METHOD.md: 256-512 at 8B scale, fewer for short sequences).
+        num_anchors: anchors per sequence (docs/METHOD.md: 256-512 at 8B scale, fewer for short sequences).
         block_size: drafting block size B (anchors need no room after them: labels past the end are masked).
         group_by_length: training batches hold sequences of similar length (shuffled in pools of
             50 batches, then the batches shuffled): ~5 % padding instead of ~60 %, but on the default

@@ -23,6 +23,7 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 
 from lit_domino.runtime import cache
+from lit_domino.runtime.quiet import quiet_lightning
 from lit_domino.training.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, DrafterCLI, check_config, cli_args
 from lit_domino.target.load import target_identity
 from lit_domino.runtime.tracking import _interrupt_of, mark_failed_on_error
@@ -358,6 +359,15 @@ def _fit(cfg, path, experiment, run_name, table, callbacks, parent_run_id, progr
     # an interrupted training continues its MLflow run (one run per artifact), from its last
     # checkpoint when it has one, else from scratch
     resume = last.exists() or (path / CHECKPOINT_DIR / RUN_ID_FILE).is_file()
+    with quiet_lightning(path / TRAIN_LOG):  # Lightning's banners, tips and warnings: in the artifact's log
+        return _fit_quietly(args, path, resume, tags, stats, callbacks, last, variant, seed)
+
+
+TRAIN_LOG = "train.log"
+"""Lightning's own output of an internal training (``--verbose`` prints it instead), in the artifact folder."""
+
+
+def _fit_quietly(args, path, resume, tags, stats, callbacks, last, variant, seed):
     cli = DrafterCLI(args=args, run=False, resume=resume, logger_tags=tags,
                      callbacks=[stats, StopAtSafePoint(), *callbacks])
     trainer = cli.trainer

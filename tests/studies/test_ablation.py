@@ -30,7 +30,7 @@ def test_every_study_variant_has_a_config():
 def test_table_membership_comes_from_the_study_file():
     import yaml
 
-    from lit_domino.studies.ablation import STUDY_FILE, eval_key
+    from lit_domino.studies.ablation import ROWS_FORMAT, STUDY_FILE, eval_key
 
     study = yaml.safe_load(STUDY_FILE.read_text())
     plan = study_plan("smoke", variants=["domino"])
@@ -48,7 +48,8 @@ def test_table_membership_comes_from_the_study_file():
     old_plan = {**smoke, "variants": ["domino"], "seeds": [0], "inner_backbone": ["domino"], "exact_head": ["domino"]}
     assert study_plan("smoke")["inner_backbone"] == ["domino", "domino_nocurriculum"]
     assert study_plan("smoke", variants=["domino_ttt", "backbone"])["inner_backbone"] == []
-    assert key == {"drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan, "target": "fp"}
+    assert key == {"rows": ROWS_FORMAT, "drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan,
+                   "target": "fp"}
 
 
 def test_overrides_and_links(tmp_path):
@@ -125,7 +126,7 @@ def test_a_bad_preset_is_answered_in_one_line_before_torch_is_imported():
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=60)
     seconds = time.perf_counter() - t0
-    assert proc.stderr == "ablation: error: unknown preset 'nosuch'; choose one of smoke, default, paper\n"
+    assert proc.stderr == "ablation: error: unknown preset 'nosuch'; choose one of default, paper, smoke\n"
     assert proc.stdout.strip() == "2 []"  # rc 2, and none of the heavy libraries imported
     assert seconds < 2.0, seconds
 
@@ -246,6 +247,9 @@ def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeyp
 def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tmp_path, monkeypatch):
     import yaml
 
+    from dataclasses import replace
+
+    from lit_domino.decoding.metric_names import MethodKey
     from lit_domino.studies import ablation
     from lit_domino.studies.tables import ablation_table
 
@@ -254,12 +258,13 @@ def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tm
     assert study_plan("smoke", variants=["backbone", "domino_ttt"])["exact_head"] == []
     assert study_plan("paper")["pool_size"] is None and study_plan("paper")["exact_head"] == []
 
-    def row(drafter, pool, tau):
-        return {"kind": "drafter", "drafter": drafter, "method": drafter, "pool_size": pool, "benchmark": "math",
-                "temperature": 0.0, "tau": tau, "speedup": tau / 2}
+    def row(key, tau):
+        return {"kind": "drafter", "key": key.as_dict(), "drafter": key.base().label(), "method": key.label(),
+                "pool_size": key.pool, "benchmark": "math", "temperature": 0.0, "tau": tau, "speedup": tau / 2}
 
-    rows = [row("domino/s0", 16, 3.0), row("domino/s0", None, 3.1), row("backbone/s0", None, 2.0),
-            row("domino/s0/backbone", None, 1.5)]
+    domino = MethodKey("domino", 0)
+    rows = [row(replace(domino, pool=16), 3.0), row(domino, 3.1), row(MethodKey("backbone", 0), 2.0),
+            row(replace(domino, view="backbone"), 1.5)]
     records = ablation.records_from_rows(rows)
     assert [(r["variant"], r["pool_size"]) for r in records] == [("domino", 16), ("domino@full", None),
                                                                  ("backbone", None)]

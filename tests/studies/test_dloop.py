@@ -21,6 +21,7 @@ def test_plan_defaults_and_overrides():
     assert settings[1:4] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
     assert settings[4:] == [DLoopConfig(**g) for g in plan["gates"]]  # + the alternative gates of study.yaml
     assert {g["gate"] for g in plan["gates"]} == {"mean", "scaled", "last"}
+    assert ds.study_plan("smoke", drafters=["dspark"])["drafters"] == ["dspark"]  # DSpark loop-trains too
 
 
 def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):

@@ -1,4 +1,5 @@
-"""lit_domino.studies.head_cost: the papers' proportions, equal backbones in the pair, rows, and bad input."""
+"""lit_domino.studies.head_cost: the papers' proportions, equal backbones in the pair (Domino's and DSpark's),
+rows per head and pool, and bad input."""
 
 from __future__ import annotations
 
@@ -18,24 +19,33 @@ def test_papers_proportions():
 
 
 def test_pair_shares_the_backbone():
-    _, pair = build_pair(DrafterSize.papers(32, 256), block_size=4, device=torch.device("cpu"))
-    backbone, domino = pair["backbone"].state_dict(), pair["domino"].state_dict()
-    assert set(backbone) < set(domino) and any(k.startswith("head.") for k in set(domino) - set(backbone))
-    assert all(torch.equal(backbone[k], domino[k]) for k in backbone)
+    _, pair = build_pair(DrafterSize.papers(32, 256), block_size=4, device=torch.device("cpu"), num_layers=2)
+    backbone = pair["backbone"].state_dict()
+    assert sum(k.startswith("layers.") and k.endswith("q_proj.weight") for k in backbone) == 2
+    for kind in ("domino", "dspark"):
+        other = pair[kind].state_dict()
+        assert set(backbone) < set(other) and any(k.startswith("head.") for k in set(other) - set(backbone))
+        assert all(torch.equal(backbone[k], other[k]) for k in backbone), kind
+    assert pair["dspark"].config.head.rank == DrafterSize.papers(32, 256).rank
 
 
 def test_measure_rows():
     rows = measure([DrafterSize.papers(32, 256)], [None, 16], block_size=4, rounds=3, accept=1, prompt_len=16)
-    assert [r["pool_size"] for r in rows] == [None, 16]
-    assert rows[0]["backbone_ms"] == rows[1]["backbone_ms"] > 0
+    assert [(r["head"], r["pool_size"]) for r in rows] == [("domino", None), ("domino", 16), ("dspark", None)]
+    assert rows[0]["backbone_ms"] == rows[1]["backbone_ms"] == rows[2]["backbone_ms"] > 0
     for r in rows:
         assert r["ratio"] > 0  # the median of the paired per-round ratios
-        assert r["head_ms"] == pytest.approx(r["domino_ms"] - r["backbone_ms"])
-        assert (r["hidden"], r["vocab"], r["block_size"]) == (32, 256, 4)
+        assert r["head_ms"] == pytest.approx(r["drafter_ms"] - r["backbone_ms"])
+        assert (r["hidden"], r["vocab"], r["block_size"], r["num_layers"]) == (32, 256, 4, 1)
+    only = measure([DrafterSize.papers(32, 256)], [16], block_size=4, rounds=2, accept=1, prompt_len=16,
+                   heads=("dspark",))
+    assert [(r["head"], r["pool_size"]) for r in only] == [("dspark", None)]  # a pool is Domino's only
 
 
 @pytest.mark.parametrize("kw, match", [({"block_size": 1}, "block_size"), ({"accept": 3}, "accept"),
-                                       ({"rounds": 0}, "rounds"), ({"pools": [257]}, "pool")])
+                                       ({"rounds": 0}, "rounds"), ({"pools": [257]}, "pool"),
+                                       ({"heads": ("medusa",)}, "unknown head 'medusa'"),
+                                       ({"num_layers": 0}, "num-layers")])
 def test_measure_bad_input(kw, match):
     pools = kw.pop("pools", [None])
     with pytest.raises(ValueError, match=match):

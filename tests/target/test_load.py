@@ -6,7 +6,7 @@ from lit_domino.target.load import (TargetError, check_layer_ids, dflash_layer_i
 
 
 def test_layer_rules_match_published_values():
-    assert dflash_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B, METHOD.md
+    assert dflash_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B, docs/METHOD.md
     assert dflash_layer_ids(36, 1) == [18]
     assert eagle3_layer_ids(36) == [1, 17, 32]
     assert dflash_layer_ids(8, 3) == [1, 3, 5]
@@ -114,6 +114,17 @@ def test_mask_added_when_missing_and_row_exists():
 def test_mask_added_beyond_embedding_errors():
     with pytest.raises(TargetError, match="no row"):
         resolve_mask_token(_word_tokenizer(), embedding_rows=3)
+
+
+def test_a_target_without_a_chat_template_names_itself():
+    """A base model's tokenizer (no chat template) cannot render the suite's prompts: one clear error."""
+    from lit_domino.testing import random_target
+
+    target = random_target(vocab_size=8, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32)
+    target.tokenizer, target.name = _word_tokenizer(), "my-base-model"
+    with pytest.raises(TargetError, match="target 'my-base-model' has no chat template"):
+        target.chat_ids([{"role": "user", "content": "a b"}])
 
 
 # --------------------------------------------------------------------------- offline hub ids, local errors

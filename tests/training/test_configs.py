@@ -152,7 +152,7 @@ def test_a_plausible_target_spec_passes(tmp_path):
                                                      "got 'abc'"),
     (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "variant domino: unknown config key "
                                                                   "model.curriculum.knd; did you mean"),
-    (["--preset", "nosuch"], "ablation: error: unknown preset 'nosuch'; choose one of smoke, default, paper"),
+    (["--preset", "nosuch"], "ablation: error: unknown preset 'nosuch'; choose one of default, paper, smoke"),
     (["--preset", "smoke", "--variants", "domino,domnio"], "unknown variants 'domnio' (did you mean domino?)"),
     (["--preset", "smoke", "--set", "data.target=embedded:nosuch"], "data.target: unknown embedded target 'nosuch'"),
     (["--preset", "smoke", "--jobs", "0"], "--jobs is 'auto' or an integer >= 1"),

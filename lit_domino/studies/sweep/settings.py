@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_domino.data.benchmarks import parse_benchmark_list
-from lit_domino.runtime.paths import project_root
 from lit_domino.studies.sweep.space import SweepError
 from lit_domino.studies.sweep.storage import default_storage
 
@@ -83,9 +82,10 @@ class SweepSettings:
                              "(it names the storage file and the MLflow experiment)")
         if self.objective not in OBJECTIVES:
             raise SweepError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        presets = sorted(p.stem for p in (project_root() / "experiments" / "configs" / "presets").glob("*.yaml"))
-        if self.preset not in presets:
-            raise SweepError(f"unknown preset {self.preset!r}; choose one of {presets}")
+        from lit_domino.training.configs import PRESETS  # torch-free
+
+        if self.preset not in PRESETS:
+            raise SweepError(f"unknown preset {self.preset!r}; choose one of {list(PRESETS)}")
         for name in ("n_trials", "prompts_per_domain", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -3,7 +3,8 @@
 A space is ``{variant, params: {name: spec}}``; each spec is one Optuna distribution
 (``int`` / ``float`` / ``categorical``) with the dotted config key it sets (``target``;
 ``model.X`` means ``model.init_args.X``). Everything the model would reject (an empty
-range, rank < 1, λ start outside [0, 1], an unknown λ kind ...) is a
+range, rank < 1, λ start outside [0, 1], an unknown λ kind or DSpark head type, a key the variant's module
+does not take ...) is a
 :class:`SearchSpaceError` before any trial runs. :class:`SweepError` is the base of every
 error that stops a sweep before it starts (space, storage, settings, study).
 """
@@ -25,6 +26,8 @@ from lit_domino.runtime.command import UsageError
 
 LAMBDA_KINDS = ("linear", "cosine", "step", "constant", "none")
 DEFAULT_SPACE_FILE = project_root() / "sweeps" / "space.yaml"
+DSPARK_SPACE_FILE = project_root() / "sweeps" / "dspark_space.yaml"
+"""DSpark's space: its Markov rank (and head type), the variant ``dspark``."""
 
 
 class SweepError(UsageError):
@@ -75,6 +78,11 @@ def _domain_check(name: str, target: str, values: list) -> str | None:
     elif key == "model.init_args.curriculum.step_every":
         bad = [v for v in values if not isinstance(v, (int, float)) or not 0.0 < v <= 1.0]
         what = "in (0, 1]"
+    elif key == "model.init_args.head_type":  # DSpark's Markov head variants
+        from lit_domino.models.dspark import HEAD_TYPES
+
+        bad = [v for v in values if v not in HEAD_TYPES]
+        what = f"one of {HEAD_TYPES}"
     elif key == "model.init_args.lr":
         bad = [v for v in values if not isinstance(v, (int, float)) or not v > 0]
         what = "> 0"

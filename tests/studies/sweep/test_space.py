@@ -21,7 +21,28 @@ def test_shipped_space():
                                                                     "model.init_args.curriculum.kind": "cosine"}
 
 
+def test_shipped_dspark_space_sweeps_the_markov_rank():
+    """DSpark's rank (and head type) sweep through the same machinery: the first trial's config parses with
+    the training parser, and a key only another method takes is refused before any trial runs."""
+    from lit_domino.training.cli import ConfigError
+    from lit_domino.studies.sweep.worker import check_trial_config
+
+    space = sweep.load_space(sweep.space.DSPARK_SPACE_FILE)
+    by = {p.name: p for p in space.params}
+    assert space.variant == "dspark" and (by["rank"].low, by["rank"].target) == (8, "model.rank")
+    settings = sweep.SweepSettings(preset="smoke", max_steps=5)
+    init = sweep.trial_config(settings, space, {"rank": 24, "head_type": "rnn"})["model"]["init_args"]
+    assert (init["rank"], init["head_type"]) == (24, "rnn")
+    check_trial_config(settings, space)
+    other = sweep.parse_space({"variant": "dspark", "params": {
+        "gru_hidden": {"type": "int", "low": 8, "high": 16, "target": "model.gru_hidden"}}})
+    with pytest.raises(ConfigError, match="unknown config key model.gru_hidden"):
+        check_trial_config(settings, other)
+
+
 @pytest.mark.parametrize("spec, message", [
+    ({"type": "categorical", "choices": ["vanilla", "lstm"], "target": "model.head_type"}, "one of"),
+    ({"type": "int", "low": -4, "high": 64, "target": "model.rank"}, "positive integer"),
     ({"type": "int", "low": 512, "high": 16, "target": "model.rank"}, "empty range"),
     ({"type": "float", "low": 0.5, "high": 0.5, "target": "model.curriculum.start"}, "empty range"),
     ({"type": "categorical", "choices": [], "target": "model.curriculum.kind"}, "empty choices"),
