@@ -61,6 +61,7 @@ def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dic
                 metrics += [Metric(f"{b}/{key}", v, 0, 0) for key, v in per[b].items()]
                 hist = [0] + [rng.randint(1, 20) for _ in range(BLOCK + 1)]
                 rows.append({"benchmark": b, "method": f"{variant}/s{seed}", "kind": "drafter",
+                             "key": {"drafter": variant, "seed": seed},  # the typed key rows carry
                              "drafter": f"{variant}/s{seed}", "temperature": 0.0, "tau": tau, "speedup": speed,
                              "tau_histogram": hist})
             metrics += [Metric(key, sum(p[key] for p in per.values()) / len(per), 0, 0) for key in per[BENCHMARKS[0]]]
