@@ -42,7 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--benchmarks", default="embedded-math:20",
                    help="name[:n],... from lit_domino.data.benchmarks, or random:N (default: embedded-math:20)")
     p.add_argument("--temperatures", default="0", help="comma-separated temperatures (default: 0)")
-    p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off or THRESHOLD:STAGES")
+    p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off, [GATE@]THRESHOLD[:STAGES] (sum, mean, scaled, "
+                   "last), conf@P[:STAGES], cost[:STAGES], trunc@P, each optionally +trunc@P; conf, cost and "
+                   "trunc need a drafter with an acceptance predictor (DSpark's own head, or one attached: "
+                   "experiments/acceptance.py)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
     p.add_argument("--pool-sizes", default="full",
                    help="Domino candidate pools K to run, comma-separated: full (the whole vocabulary, the exact "

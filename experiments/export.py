@@ -1,6 +1,6 @@
-"""Export a trained drafter to a field format: DFlash (backbone), SpecForge Domino, speculators EAGLE-3 / DSpark.
+"""Export a trained drafter to a field format: DFlash (backbone), SpecForge Domino, speculators EAGLE-3 / DSpark / DFlash 2.
 
-    python experiments/export.py RUN_OR_DRAFTER_DIR OUT_DIR --format dflash|specforge-domino|eagle3|dspark \\
+    python experiments/export.py RUN_OR_DRAFTER_DIR OUT_DIR --format dflash|specforge-domino|eagle3|dspark|dflash2 \\
         [--target embedded:default]
 
 RUN_OR_DRAFTER_DIR is a drafter directory (``save_pretrained``: config.json + model.safetensors) or a

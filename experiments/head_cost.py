@@ -35,8 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "up to 2048:65536)")
     p.add_argument("--pool-sizes", default="full,64",
                    help="Domino candidate pools: full or integers (default: full,64)")
-    p.add_argument("--heads", default="domino,dspark",
-                   help="the head drafters timed against the backbone: domino, dspark (default: both)")
+    p.add_argument("--heads", default="domino,dspark,dflash2",
+                   help="the head drafters timed against the backbone: domino, dspark, dflash2 (default: all)")
     p.add_argument("--num-layers", type=int, default=1,
                    help="draft layers of every drafter (default: 1; DeepSpec's DSpark on Qwen3-8B: 5)")
     p.add_argument("--block-size", type=int, default=8, help="B, K = B-1 drafts per round (default: 8; papers: 16)")

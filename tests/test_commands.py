@@ -108,6 +108,8 @@ def test_bench_refuses_a_model_directory_as_a_drafter(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needles", [
     (["--target", "random", "--dloop", "0.5:2"], ["--dloop", "never positive"]),
     (["--target", "random", "--dloop", "sum@x"], ["--dloop", "cannot parse DLoop spec"]),
+    (["--target", "random", "--dloop", "conf@1.5:3"], ["--dloop", "in (0, 1]"]),
+    (["--target", "random", "--dloop", "cost@0.5:3"], ["--dloop", "no threshold"]),
     (["--target", "random", "--drafters", "d=random:nosuch"], ["unknown drafter kind", "backbone"]),
     (["--target", "random", "--benchmarks", "nosuch:3"], ["--benchmarks", "unknown benchmark 'nosuch'"]),
 ])
@@ -318,3 +320,15 @@ def test_a_real_argument_error_is_fast_and_imports_no_torch(script, argv, line, 
     assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(line), errors
     assert "lit_domino.runtime.command" in imported and not {"torch", "transformers", "lightning"} & imported
     assert seconds < 2.0, seconds
+
+
+# --------------------------------------------------------------------------- acceptance.py
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--preset", "huge"], ["--preset", "unknown preset 'huge'"]),
+    (["--drafters", "backbone,nosuch"], ["--drafters", "nosuch"]),
+    (["--label", "fuzzy"], ["--label", "invalid choice"]),
+])
+def test_acceptance_refuses_bad_input(argv, needles, capsys):
+    refuses(command("experiments/acceptance.py").main, argv, capsys, "acceptance.py", *needles)

@@ -34,6 +34,7 @@ import torch
 from transformers import StaticCache
 
 from lit_domino.decoding.dloop import DLoopConfig
+from lit_domino.decoding.gates import RoundPolicy, round_policy
 from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import (GREEDY_BELOW, accept_greedy, effective_temperature, one_hot_probs, pick,
                                           verify_sampling)
@@ -399,8 +400,8 @@ def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens
     return False
 
 
-def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator, options,
-                 runner: _TargetRunner, record_stages: bool = False):
+def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, policy: RoundPolicy, generator,
+                 options, runner: _TargetRunner, record_stages: bool = False):
     eos, layers = set(target.eos_token_ids), feature_layers(drafter)
     greedy = is_greedy(temperature)
     clock = _Clock(prompt.device)
@@ -420,10 +421,8 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
         # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the gate's confidence
         #    (papers: sum_k log q(d_k)) >= g, anchoring each stage at the previous last draft. At the
         #    end of the context a stage drafts fewer tokens (none: the round is a plain target step).
-        stages = [session.draft(anchor, room(0), temperature, generator)] if room(0) > 0 else []
-        while (dloop is not None and stages and room(m := sum(st.tokens.numel() for st in stages)) > 0
-               and dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs))):
-            stages.append(session.draft(stages[-1].tokens[-1:], room(m), temperature, generator))
+        #    (lit_domino.decoding.gates: the round's stages and where they end, under the DLoop gate)
+        stages = policy.draft(session, anchor, room, temperature, generator)
         drafts = (torch.cat([s.tokens.reshape(-1) for s in stages]).to(prompt.device) if stages
                   else torch.zeros(0, dtype=torch.long, device=prompt.device))  # d_1..d_m
         clock.lap("draft")
@@ -634,6 +633,7 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(_integer(seed))
     results = []
     with _eval_mode(target.model, drafter), _bounded_threads(threads):
+        policy = round_policy(dloop, target, drafter, block_size) if drafter is not None else None
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
         for row in prompts:
             row = row.to(device)
@@ -651,5 +651,5 @@ def generate(
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
-                                            dloop, generator, options, runner, record_stages))
+                                            policy, generator, options, runner, record_stages))
     return results[0] if len(results) == 1 else results

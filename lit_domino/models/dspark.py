@@ -288,6 +288,23 @@ class DSparkDrafter(ParallelDrafter):
             self.confidence = nn.Linear(c.hidden_size + (h.rank if h.confidence_with_markov else 0), 1)
             init_weights(self.confidence)
 
+    @property
+    def has_confidence_head(self) -> bool:
+        """Whether the drafter has its confidence head (``DSparkHeadConfig.confidence``)."""
+        return self.confidence is not None
+
+    @torch.no_grad()
+    def own_confidence_logits(self, H: torch.Tensor, prev: torch.Tensor) -> torch.Tensor | None:
+        """The confidence head's logits [..., K] at decode time (the acceptance predictor's interface,
+        :mod:`lit_domino.decoding.acceptance`): block hidden states H [..., K, d] and each position's previous
+        token prev [..., K], as ``add_head`` feeds it in training; None without the head."""
+        if self.confidence is None:
+            return None
+        x = H
+        if self.config.head.confidence_with_markov:
+            x = torch.cat([H, self.head.w1(prev).to(H.dtype)], -1)
+        return self.confidence(x.to(self.confidence.weight.dtype)).squeeze(-1)
+
     def bind_target(self, target) -> "DSparkDrafter":
         super().bind_target(target)
         last = self.config.feature_layers[-1]

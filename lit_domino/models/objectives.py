@@ -108,12 +108,17 @@ class LossSettings:
     distill: tuple[float, float, float] = (0.1, 0.9, 1.0)
     """DSpark: the weights (c_ce, c_tv, c_conf) of ``c_ce·CE + c_tv·TV(q, p) + c_conf·BCE(conf, 1 − TV)``
     (:func:`distill_terms`); default DeepSpec's (0.1, 0.9, 1.0)."""
+    selector_weight: float = 1.0
+    """DFlash 2: the weight α of the selector's candidate cross-entropy in ``KL + α·CE_c``; default 1.0
+    (speculators' ``selector_loss_alpha``)."""
 
     def __post_init__(self):
         check_chunk_size(self.chunk_size)
         if len(self.distill) != 3 or any(not math.isfinite(float(c)) or float(c) < 0 for c in self.distill):
             raise ValueError(f"distill weights must be three finite numbers >= 0 (CE, TV, confidence), got "
                              f"{self.distill!r}")
+        if not math.isfinite(float(self.selector_weight)) or float(self.selector_weight) < 0:
+            raise ValueError(f"selector_weight must be a finite number >= 0, got {self.selector_weight!r}")
 
 
 def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

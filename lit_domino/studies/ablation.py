@@ -206,11 +206,12 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
     """One DataModule per distinct data the trainings read (the seeds and the variants of one feature rule
     share it), named for the log: regenerating and caching it once, here, before the trainings fan out,
     keeps the parallel workers from waiting on each other's data locks."""
+    from lit_domino.training.configs import module_class, resolve_feature_rule
     from lit_domino.training.datamodule import DrafterDataModule
 
     seen, out = set(), []
     for cfg in configs:
-        data = dict(cfg["data"])
+        data = resolve_feature_rule(dict(cfg["data"]), module_class(cfg))
         key = json.dumps({k: v for k, v in data.items() if k not in ("seed", "batch_size", "num_anchors",
                                                                     "group_by_length", "num_workers")},
                          sort_keys=True, default=str)
@@ -218,7 +219,7 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
             continue
         seen.add(key)
         dm = DrafterDataModule(**data)
-        out.append((f"features {data.get('feature_rule', 'dflash')} {dm.feature_layers}", dm))
+        out.append((f"features {data['feature_rule']} {dm.feature_layers}", dm))
     return out
 
 

@@ -229,6 +229,18 @@ def parse_dloops(spec: str) -> list:
     return [_usage("--dloop", DLoopConfig.parse, s) for s in str(spec).split(",") if s.strip()] or [None]
 
 
+def check_predictors(dloops: list, drafters: dict) -> None:
+    """The predictor gates (conf, cost, +trunc) need every drafter to have an acceptance predictor: refused by name
+    before any decoding (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`, a usage error)."""
+    from lit_domino.decoding.acceptance import require_predictor
+
+    for dl in dloops:
+        if dl is not None and dl.needs_predictor:
+            for name, drafter in drafters.items():
+                if drafter is not None:
+                    require_predictor(drafter, f"--dloop {dl.label()} (drafter {name})", calibrated=dl.gate == "cost")
+
+
 def run_bench(options: Mapping | Any) -> list[dict]:
     """The benchmark command: decode, write ``<out>/bench-<time>.md`` + ``.json``, log one MLflow run.
 
@@ -261,6 +273,7 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     with pinned_threads(args["threads"] or None):
         target = load_target_spec(args["target"], args["device"], args["dtype"])
         drafters = load_drafters(args["drafters"], target, args["device"])
+        check_predictors(dloops, drafters)
         external = official_peers(peers, drafters, target)
         peers = [p for p in peers if p not in OFFICIAL_PEERS]
         prompts = load_prompts(args["benchmarks"], target, args["seed"])

@@ -50,6 +50,7 @@ from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_p
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
+from lit_domino.studies.tables import decode_pool_size
 from lit_domino.runtime.paths import project_root
 from lit_domino.studies.common import cached_rows, log_metrics
 from lit_domino.runtime.jsonio import finite, write_json
@@ -70,10 +71,18 @@ PUBLISHED = "DLoop papers: +5 % to +41 % speedup over each drafter (EAGLE-3, DFl
 def table_gate(cfg: DLoopConfig) -> dict:
     """The DLoop table's gate as the plan holds it: threshold and max_stages, plus ``gate`` unless it is the papers'
     ``sum`` (so a plan with the default gate keeps the cache key of its decoded rows)."""
-    out = {"threshold": float(cfg.threshold), "max_stages": int(cfg.max_stages)}
+    out = {"threshold": None if cfg.threshold is None else float(cfg.threshold), "max_stages": int(cfg.max_stages)}
     if cfg.gate != "sum":
         out["gate"] = cfg.gate
+    if cfg.truncate is not None:
+        out["truncate"] = float(cfg.truncate)
     return out
+
+
+def log_threshold(plan: dict) -> float:
+    """The table gate's g where it is a log gate, else the papers' -0.5: the log gates' calibration table reads it."""
+    td = plan["table_dloop"]
+    return float(td["threshold"]) if td.get("gate", "sum") in GATES else -0.5
 
 
 def loop_trainable(variant: str) -> bool:
@@ -102,22 +111,44 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     plan["stages"] = [int(n) for n in (stages if stages is not None else study["stages"])]
     check_grid(plan["thresholds"], plan["stages"])
     td = dict(table_dloop or study["table_dloop"])
-    unknown = set(td) - {"gate", "threshold", "max_stages"}
+    unknown = set(td) - set(GATE_KEYS)
     if unknown:
-        raise ValueError(f"the DLoop table's gate takes gate, threshold, max_stages; got {sorted(unknown)} in {td}")
-    check_table_gate(float(td["threshold"]), int(td["max_stages"]))
-    plan["table_dloop"] = table_gate(DLoopConfig(threshold=float(td["threshold"]), max_stages=int(td["max_stages"]),
-                                                 gate=str(td.get("gate", "sum"))))
+        raise ValueError(f"the DLoop table's gate takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {td}")
+    thr = None if td.get("threshold") is None else float(td["threshold"])
+    trunc = None if td.get("truncate") is None else float(td["truncate"])
+    check_table_gate(thr, int(td["max_stages"]), str(td.get("gate", "sum")), trunc)
+    plan["table_dloop"] = table_gate(DLoopConfig(threshold=thr, max_stages=int(td["max_stages"]),
+                                                 gate=str(td.get("gate", "sum")), truncate=trunc))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
-    plan["pool_size"] = check_pool_size(plan.get("pool_size"), None)  # V is checked against the target when decoding
+    if "pool_size" in plan:
+        raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "
+                         "(studies/ablation.yaml); set it there")
+    plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # V is checked against the target later
     plan["repeats"] = check_repeats(plan.get("repeats", 1))
     plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
     for g in plan["gates"]:
-        unknown = set(g) - {"gate", "threshold", "max_stages"}
+        unknown = set(g) - set(GATE_KEYS)
         if unknown:
-            raise ValueError(f"a DLoop gate setting takes gate, threshold, max_stages; got {sorted(unknown)} in {g}")
+            raise ValueError(f"a DLoop gate setting takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {g}")
         DLoopConfig(**g)  # a gate that can never open (g > 0) or an unknown gate: refused before any training
+    needs = [dloop_label(c) for c in dloop_settings(plan) if c is not None and c.needs_predictor]
+    serial = [d for d in plan["drafters"] if not parallel_variant(d)]
+    if needs and serial:
+        raise ValueError(f"the DLoop gates {needs} read an acceptance predictor, which parallel drafters have; "
+                         f"{serial} draft token by token: leave them out (--drafters) or use the log gates")
     return plan
+
+
+GATE_KEYS = ("gate", "threshold", "max_stages", "truncate")
+"""What a DLoop gate setting of the study file (or the table's gate) may name (``DLoopConfig``'s fields)."""
+
+
+def parallel_variant(variant: str) -> bool:
+    """Whether ``variant`` trains a parallel drafter (its sessions keep block hidden states: a predictor applies)."""
+    from lit_domino.models.backbone import ParallelSession
+
+    cls = module_class(compose(variant)).drafter_class.session_class
+    return isinstance(cls, type) and issubclass(cls, ParallelSession)
 
 
 def dloop_settings(plan: dict) -> list:
@@ -349,7 +380,7 @@ def calibration(rows: list[dict], names: dict, plan: dict, bins: int = 8) -> dic
     -> ``{"records": [...], "markdown": ...}``; each record: drafter, training, gate, bins (mean confidence,
     P(whole stage accepted), stages), open_rate_at_table_g, n_stages."""
     idx = cell_index(rows)
-    g_table = float(plan["table_dloop"]["threshold"])
+    g_table = log_threshold(plan)
     out, lines = [], ["| drafter | training | gate | stages | P(whole stage accepted) | opens at g = "
                       f"{g_table:g} | P(accepted \| opens) | confidence range |", "|---|---|---|---|---|---|---|---|"]
     for kind in plan["drafters"]:
@@ -463,6 +494,10 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
             if not group:
                 continue
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
+            if any(c is not None and c.needs_predictor for c in dloops):  # conf, cost, +trunc: each its predictor
+                from lit_domino.studies.acceptance import attach_predictors
+
+                attach_predictors(target, drafters, plan["preset"])
             rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
                               pool_sizes=[plan.get("pool_size")],  # the drafters that take a pool (Domino's kinds)
                               repeats=plan.get("repeats", 1),
@@ -539,8 +574,7 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
         js = out_dir / f"{name}-{preset}.json"
         write_json({k: v for k, v in table.items() if k != "markdown"}, js)
         files += [md, js]
-    plot = calibration_plot(tables["calibration"], out_dir / f"calibration-{preset}.png",
-                            float(plan["table_dloop"]["threshold"]))
+    plot = calibration_plot(tables["calibration"], out_dir / f"calibration-{preset}.png", log_threshold(plan))
     files += [plot] if plot else []
     seconds = time.time() - t0
     summary = {"preset": preset, "seconds": round(seconds, 1), "plan": plan, "names": names,

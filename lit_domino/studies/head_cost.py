@@ -11,7 +11,10 @@ position). :func:`measure` times them on randomly initialised drafters of the pa
 (:meth:`DrafterSize.papers`: Domino's r = d/16 and d_s = d/4; DSpark's rank the same r, 256 at Qwen3-8B as
 DeepSpec's), in steady-state rounds (draft a block, roll back, commit a few tokens with their
 features: what ``generate`` charges to its draft phase), so the crossing point is measured, not argued.
-Random weights cost what trained ones do: the head's work does not depend on its values.
+Random weights cost what trained ones do: the head's work does not depend on its values. A DFlash 2 round is
+the backbone's block with the grouped dynamic convolutions around each layer's attention and MLP, then the
+candidate selector's loop (the unary top-16, per position one predecessor row and a c x r product; rank r as
+above): its ratio is the whole DFlash 2 over DFlash (z-lab reports ~+1.3 % draft latency).
 
     python experiments/head_cost.py --sizes 128:4096,256:8192,512:16384,1024:32768,2048:65536 --pool-sizes full,64
 """
@@ -67,7 +70,7 @@ def _target(size: DrafterSize):
                          intermediate_size=3 * size.hidden, max_positions=4096)
 
 
-HEADS = ("domino", "dspark")
+HEADS = ("domino", "dspark", "dflash2")
 """The drafters with a sequential head that :func:`measure` times against their backbone."""
 
 
@@ -77,6 +80,8 @@ def head_options(kind: str, size: DrafterSize) -> dict:
         return {"head": {"rank": size.rank, "gru_hidden": size.gru_hidden}}
     if kind == "dspark":  # DeepSpec's head: vanilla Markov bias of rank r, the confidence head (unused decoding)
         return {"head": {"rank": size.rank, "head_type": "vanilla"}}
+    if kind == "dflash2":  # the selector's rank r over the unary top 16; 2 taps in groups of 16 (speculators')
+        return {"head": {"rank": size.rank, "top_k": min(16, size.vocab)}}
     return {}
 
 
@@ -95,6 +100,8 @@ def build_pair(size: DrafterSize, block_size: int, device, heads=HEADS, num_laye
         torch.manual_seed(0)  # the same backbone weights in all: a method builds its head after its backbone
         cfg = drafter_config(kind, target, block_size=block_size, num_layers=num_layers, **head_options(kind, size))
         drafters[kind] = build_drafter(cfg, target).to(device).eval()
+        if kind == "dflash2":  # its layers are rebuilt with the convolutions: give them the backbone's weights
+            drafters[kind].load_state_dict(drafters["backbone"].state_dict(), strict=False)
     return target, drafters
 
 

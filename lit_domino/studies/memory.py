@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -118,6 +119,9 @@ def make_batch(shape: StepShape, device, seed: int = 0) -> dict:
 SHAPE_OPTIONS = {
     "domino": lambda s: {"head": {"rank": s.rank, "gru_hidden": s.gru_hidden}},
     "dspark": lambda s: {"head": {"rank": s.rank}},  # DeepSpec's Markov rank: 256 at Qwen3-8B, as Domino's r
+    # the selector's rank r over the top 16; 16 channels per dynamic tap where 16 divides d (speculators')
+    "dflash2": lambda s: {"head": {"rank": s.rank, "top_k": min(16, s.vocab_size),
+                                   "conv_group_size": math.gcd(16, s.hidden_size)}},
     "eagle3": lambda s: {"num_layers": 1, "ttt_steps": s.ttt_steps},  # EAGLE-3 always has one layer
 }
 """A method's own config fields at a step shape (its head), beyond the shared ones :func:`build` sets."""

@@ -23,6 +23,12 @@ from lit_domino.runtime.jsonio import write_json
 STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
 
 
+def decode_pool_size(preset: str, study_file: Path = STUDY_FILE) -> int | None:
+    """The candidate pool Domino's head decodes with on ``preset`` (None: the exact head): the ablation study
+    file's ``presets.<preset>.pool_size``, the one place it is set; the DLoop study decodes alike."""
+    return (yaml.safe_load(Path(study_file).read_text())["presets"].get(preset) or {}).get("pool_size")
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """What the tables show, from the study file (``experiments/configs/studies/ablation.yaml``)."""

@@ -227,6 +227,24 @@ def module_class(cfg: dict) -> type:
         raise ConfigError(f"model.class_path: cannot import {path!r}: {err}") from None
 
 
+def method_feature_rule(module_cls: type) -> str:
+    """The feature rule of the drafter method a LightningModule trains (its config's ``feature_rule``; a
+    method that reads no target features, the small LM, gets the default ``dflash``: nothing reads them)."""
+    drafter = getattr(module_cls, "drafter_class", None)
+    return getattr(getattr(drafter, "config_class", None), "feature_rule", None) or "dflash"
+
+
+def resolve_feature_rule(data: dict, module_cls: type) -> dict:
+    """``data`` with ``feature_rule`` set from the drafter's method: the one source of the rule (the
+    DataModule caches those layers, the drafter is built on them). A config that names another rule is refused."""
+    rule = method_feature_rule(module_cls)
+    given = data.get("feature_rule")
+    if given is not None and given != rule:
+        raise ConfigError(f"data.feature_rule: the {module_cls.__name__} drafter reads the {rule!r} features (its "
+                          f"method's feature_rule), not {given!r}; drop the key (it comes from the method)")
+    return {**data, "feature_rule": rule}
+
+
 def model_parameters(cls: type) -> dict[str, inspect.Parameter]:
     """The ``model.init_args`` a drafter module takes: the parameters of its and its drafter-module bases'
     ``__init__`` (the classes that name a ``drafter_class``; ``*args``/``**kwargs`` aside)."""

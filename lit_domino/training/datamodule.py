@@ -282,7 +282,8 @@ class DrafterDataModule(L.LightningDataModule):
             server, never inside ``fit`` where the other ranks would time out at Lightning's barrier).
         feature_layers: target decoder layers (0-based) whose hidden states drafters read;
             None = pick by ``feature_rule``.
-        feature_rule: ``dflash`` (with ``num_feature_layers``), ``eagle3`` or ``dspark`` (DFlash's layers, then
+        feature_rule: set from the drafter method by the training CLI (its config's ``feature_rule``: one source):
+            ``dflash`` (with ``num_feature_layers``), ``eagle3`` or ``dspark`` (DFlash's layers, then
             the target's last one: the distribution DSpark distils).
         num_feature_layers: n of the DFlash rule.
         features: ``cached`` (computed once, fp16 on disk) or ``online`` (per batch).
@@ -314,7 +315,7 @@ class DrafterDataModule(L.LightningDataModule):
         regen_batch_size: int = 32,
         regen_missing: str = "build",
         feature_layers: list[int] | None = None,
-        feature_rule: str = "dflash",
+        feature_rule: str | None = None,
         num_feature_layers: int = 3,
         features: str = "cached",
         max_length: int = 512,
@@ -332,6 +333,7 @@ class DrafterDataModule(L.LightningDataModule):
             raise ValueError(f"features must be 'cached' or 'online', got {features!r}")
         if regen_missing not in ("build", "error"):
             raise ValueError(f"regen_missing must be 'build' or 'error', got {regen_missing!r}")
+        feature_rule = feature_rule or "dflash"  # None: the training CLI had no method to take it from
         if feature_rule not in ("dflash", "eagle3", "dspark"):
             raise ValueError(f"feature_rule must be 'dflash', 'eagle3' or 'dspark', got {feature_rule!r}")
         if block_size < 2:

@@ -48,7 +48,7 @@ def test_config_validation(target, kind, overrides, match):
 
 
 def test_registry_names_every_method_once():
-    assert kinds() == ("backbone", "domino", "dspark", "eagle3", "small_lm")
+    assert kinds() == ("backbone", "domino", "dspark", "dflash2", "eagle3", "small_lm")
     assert [drafter_class(k).kind for k in kinds()] == list(kinds())
     assert drafter_class("domino") is DominoDrafter and drafter_class("domino").config_class is DominoConfig
     with pytest.raises(ValueError, match="unknown drafter kind 'medusa'; choose one of backbone, domino"):

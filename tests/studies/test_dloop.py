@@ -31,9 +31,10 @@ def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
     for preset in ("smoke", "default", "paper"):
         assert ds.study_plan(preset)["pool_size"] == ablation_plan(preset)["pool_size"]
     assert ds.study_plan("default")["pool_size"] == 64 and ds.study_plan("paper")["pool_size"] is None
+    # the pool is set in one place: a pool_size in the DLoop study file is refused, naming where it belongs
     study = tmp_path / "study.yaml"
-    study.write_text(ds.STUDY_FILE.read_text().replace("pool_size: 64", "pool_size: 0", 1))
-    with pytest.raises(ValueError, match="pool_size"):
+    study.write_text(ds.STUDY_FILE.read_text().replace("    seed: 0\n", "    seed: 0\n    pool_size: 16\n", 1))
+    with pytest.raises(ValueError, match="presets.smoke.pool_size: .*studies/ablation.yaml"):
         ds.study_plan("smoke", study_file=study)
 
 
@@ -64,6 +65,10 @@ def test_evaluate_passes_the_pool_and_repeats_to_every_decode(monkeypatch, tmp_p
     (dict(drafters=["small_lm"]), r"drafters \[.small_lm.\] cannot be loop-trained"),
     (dict(table_dloop={"threshold": -0.5, "max_stages": 1}), "max_stages >= 2"),
     (dict(table_dloop={"threshold": 0.5, "max_stages": 3}), "positive"),
+    (dict(table_dloop={"gate": "conf", "threshold": 1.5, "max_stages": 3}), r"in \(0, 1\]"),
+    (dict(table_dloop={"gate": "cost", "threshold": None, "max_stages": 3}), r"\['eagle3'\] draft token by token"),
+    (dict(table_dloop={"threshold": -0.5, "max_stages": 3, "truncate": 0.3}), "read an acceptance predictor"),
+    (dict(table_dloop={"threshold": -0.5, "max_stages": 3, "cut": 0.3}), "takes gate, threshold"),
 ])
 def test_bad_grids_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -78,10 +83,19 @@ def test_cli_refuses_bad_input_before_training(capsys):
     import experiments.dloop as cli
 
     for argv, match in ((["--thresholds", "-0.5,0.5"], "positive"), (["--stages", "0"], ">= 1"),
-                        (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]")):
+                        (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]"),
+                        (["--table-dloop", "conf@0:3"], "(0, 1]"), (["--table-dloop", "cost:3"], "token by token")):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert match in capsys.readouterr().err
+
+
+def test_predictor_gates_plan_for_parallel_drafters():
+    plan = ds.study_plan("smoke", drafters=["backbone", "domino"], table_dloop={"gate": "conf", "threshold": 0.6,
+                                                                               "max_stages": 3, "truncate": 0.3})
+    assert plan["table_dloop"] == {"gate": "conf", "threshold": 0.6, "max_stages": 3, "truncate": 0.3}
+    assert ds.dloop_label(ds.DLoopConfig(**plan["table_dloop"])) == "conf@0.6:3+trunc@0.3"
+    assert ds.study_plan("smoke", drafters=["backbone"], table_dloop={"gate": "cost", "max_stages": 3})
 
 
 def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):

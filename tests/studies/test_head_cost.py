@@ -27,12 +27,16 @@ def test_pair_shares_the_backbone():
         assert set(backbone) < set(other) and any(k.startswith("head.") for k in set(other) - set(backbone))
         assert all(torch.equal(backbone[k], other[k]) for k in backbone), kind
     assert pair["dspark"].config.head.rank == DrafterSize.papers(32, 256).rank
+    convs = {k: v for k, v in pair["dflash2"].state_dict().items() if k not in backbone}
+    assert all(torch.equal(backbone[k], pair["dflash2"].state_dict()[k]) for k in backbone)  # loaded into it
+    assert any(".attention_conv." in k for k in convs) and any(k.startswith("selector.") for k in convs)
 
 
 def test_measure_rows():
     rows = measure([DrafterSize.papers(32, 256)], [None, 16], block_size=4, rounds=3, accept=1, prompt_len=16)
-    assert [(r["head"], r["pool_size"]) for r in rows] == [("domino", None), ("domino", 16), ("dspark", None)]
-    assert rows[0]["backbone_ms"] == rows[1]["backbone_ms"] == rows[2]["backbone_ms"] > 0
+    assert [(r["head"], r["pool_size"]) for r in rows] == [("domino", None), ("domino", 16), ("dspark", None),
+                                                           ("dflash2", None)]
+    assert rows[0]["backbone_ms"] == rows[1]["backbone_ms"] == rows[2]["backbone_ms"] == rows[3]["backbone_ms"] > 0
     for r in rows:
         assert r["ratio"] > 0  # the median of the paired per-round ratios
         assert r["head_ms"] == pytest.approx(r["drafter_ms"] - r["backbone_ms"])

@@ -147,7 +147,7 @@ def test_a_plausible_target_spec_passes(tmp_path):
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rnak=3"],
      "model.rnak: no variant of this run takes it (domino); did you mean model.rank (domino, "),
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rank=0"], "rank must be a positive integer, got 0"),
-    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, dspark, domino_ttt, domino_nocurriculum)?"),
+    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, dspark, dflash2, domino_ttt, domino_nocurriculum)?"),
     (["--preset", "smoke", "--set", "model.lr=abc"], "ablation: error: variant eagle3: model.lr: expected a float, "
                                                      "got 'abc'"),
     (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "variant domino: unknown config key "
@@ -211,3 +211,14 @@ def test_check_number_leaves_the_rest_to_the_parser(value, annotation):
     from lit_domino.training.configs import check_number
 
     check_number("model.x", value, annotation)  # no error: a number's text, or a type the parser checks
+
+
+def test_the_feature_rule_comes_from_the_drafter_method():
+    from lit_domino.lit import DSparkModule, Eagle3Module, SmallLMModule
+    from lit_domino.training.configs import ConfigError, resolve_feature_rule
+
+    assert resolve_feature_rule({}, Eagle3Module)["feature_rule"] == "eagle3"
+    assert resolve_feature_rule({"feature_rule": None}, DSparkModule)["feature_rule"] == "dspark"
+    assert resolve_feature_rule({}, SmallLMModule)["feature_rule"] == "dflash"  # reads no features
+    with pytest.raises(ConfigError, match="data.feature_rule: .*'eagle3' features"):
+        resolve_feature_rule({"feature_rule": "dflash"}, Eagle3Module)
