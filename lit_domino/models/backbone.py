@@ -149,6 +149,16 @@ class ParallelSession(DraftSession):
     @torch.no_grad()
     def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
               generator: torch.Generator | None = None) -> StageDraft:
+        hidden, anchor = self.draft_hidden(anchor_token, num_tokens)
+        out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
+        self.stages[-1].tokens = out.tokens
+        return out
+
+    @torch.no_grad()
+    def draft_hidden(self, anchor_token, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block forward of a stage without its picks → (hidden [K+1, d] after the final norm, anchor [1]):
+        what :meth:`draft` picks from, and what a tree builder (:mod:`lit_domino.decoding.tree`) expands. The
+        stage is recorded (its tokens unknown: the anchor repeated) so that the next crop/extend drops it."""
         drafter, dev = self.drafter, self.device
         if self.stages:  # DLoop: previous stage's hidden states stand in for the unverified features
             prev = self.stages[-1]
@@ -175,9 +185,8 @@ class ParallelSession(DraftSession):
         hidden = drafter.slot_hidden(hidden)[0]  # [K+1, d]: row k predicts the k-th drafted token
         if not self.stages:
             self._cached, self._pending = self._len, []
-        out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
-        self.stages.append(Stage(start, out.tokens, hidden))
-        return out
+        self.stages.append(Stage(start, anchor.expand(num_tokens), hidden))
+        return hidden, anchor
 
     def _static_inputs(self, ctx, ctx_pos, end: int):
         """The static path's context rows, exactly ``block_size`` of them, and the mask of slots < ``end`` (the
@@ -316,6 +325,7 @@ class ParallelDrafter(Drafter):
     config_class = BackboneConfig
     session_class = ParallelSession
     draft_options = ("static_capacity", "compile")
+    tree_builders = ("chain", "ddtree")
     supports_loop_training = True
 
     def __init__(self, config: BackboneConfig):

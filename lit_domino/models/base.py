@@ -266,6 +266,10 @@ class Drafter(nn.Module):
     draft_options: ClassVar[tuple[str, ...]] = ()
     """Decoding options the method's session takes (``new_session(**options)``; Domino: ``pool_size``)."""
 
+    tree_builders: ClassVar[tuple[str, ...]] = ()
+    """Tree builders (:mod:`lit_domino.decoding.tree`) the method's session supports: ``chain`` and ``ddtree``
+    need a parallel block (``draft_hidden``), ``path`` a causal head (``path_head``); none: no tree rounds."""
+
     @classmethod
     def stage_tokens(cls, config: DrafterConfig, requested: int | None = None) -> int:
         """Tokens K one DLoop stage drafts (loop-capable methods): ``block_size - 1`` unless the method lets

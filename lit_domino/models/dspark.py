@@ -243,6 +243,38 @@ def previous_tokens(block_tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([block_tokens[..., :1], block_tokens[..., :-1]], dim=-1)
 
 
+class MarkovPathHead:
+    """DSpark's Markov head over a tree's frontier (PCTree): each node's children are drafted from the node's own
+    token (and, for ``rnn``, its own recurrent state), every frontier node of a depth in one batch; the
+    recurrence of :meth:`MarkovHead.draft`, row-wise."""
+
+    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
+        self.head, self.hidden, self.anchor = drafter.head, hidden, anchor  # hidden [K+1, d]
+        self.anchor_slot = not drafter.anchor_predicts  # as MarkovHead.draft: an rnn state steps over row 0
+        self.base = drafter.compute_logits(hidden[1:])  # [K, V] the backbone's marginals
+        self.w2_t = self.head.w2.weight.T.to(self.base.dtype)  # [r, V]
+
+    def start(self):
+        """(previous token [1], rnn state [1, r] | None): the root's; the rnn state starts at slot 0 (at row 1
+        when the anchor slot predicts, ``sample_from_anchor``)."""
+        head, state = self.head, None
+        if head.head_type == "rnn":
+            state = self.hidden.new_zeros(1, head.rank, dtype=head.w1.weight.dtype)
+            if self.anchor_slot:
+                _, state = head.step(self.hidden[0:1], head.w1(self.anchor), state)
+        return self.anchor, state
+
+    def step(self, i: int, states):
+        """Frontier (tokens [F], rnn states [F, r] | None) at depth i → (children's logits [F, V], inherited)."""
+        prev, state = states
+        h = self.hidden[i + 1: i + 2].expand(prev.shape[0], -1)
+        u, state = self.head.step(h, self.head.w1(prev), state)  # [F, r]
+        return torch.addmm(self.base[i: i + 1], u.to(self.base.dtype), self.w2_t), state
+
+    def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
+        return tokens, None if inherited is None else inherited.index_select(0, rows)
+
+
 class DSparkSession(ParallelSession):
     """Backbone block once, then the Markov head over positions 1..K (:meth:`MarkovHead.draft`). The target
     features it is given include the distribution layer; only the fused layers' columns are kept.
@@ -262,6 +294,10 @@ class DSparkSession(ParallelSession):
                 features = features[..., :width]
         super().extend(tokens, features)
 
+    def path_head(self, hidden: torch.Tensor, anchor: torch.Tensor) -> MarkovPathHead:
+        """The Markov head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
+        return MarkovPathHead(self.drafter, hidden, anchor)
+
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
         base = drafter.compute_logits(hidden[1:])  # [K, V]
@@ -277,6 +313,7 @@ class DSparkDrafter(ParallelDrafter):
     config_class = DSparkConfig
     session_class = DSparkSession
     draft_options = ("static_capacity", "compile")
+    tree_builders = ("chain", "ddtree", "path")
     supports_loop_training = True  # each stage's target distribution is gathered from the cached features
 
     def __init__(self, config: DSparkConfig):
