@@ -6,8 +6,10 @@
 * :func:`make_mlflow_logger` — Lightning's ``MLFlowLogger`` with the suite's tags
   (``variant``, ``preset``, ``seed``, ``table``).
 * :func:`flatten_config` / :func:`log_config` — the flattened config as params
-  (``model.lr``, ``data.batch_size``, ... — ``init_args`` levels dropped) and the
-  YAML as an artifact.
+  (``model.lr``, ``data.batch_size``, ... — ``init_args`` levels dropped; one name per
+  setting, the run's output folders left out) and the YAML as an artifact.
+* Experiments are created in MLflow's model-training mode (:data:`EXPERIMENT_KIND_TAG`), and
+  :func:`save_runs_view` stores a named view of the runs table (columns, order) in one.
 * :func:`mark_failed_on_error` (context manager) and :class:`MarkFailedOnError`
   (callback) — an exception ends the run as ``FAILED`` (``KILLED`` for Ctrl-C, with a
   one-line hint that rerunning the same command resumes), never leaving it ``RUNNING``.
@@ -52,6 +54,18 @@ log = logging.getLogger(__name__)
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
 DEFAULT_EXPERIMENT = "lit_domino"
 MAX_PARAM_CHARS = 500
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+"""The experiment tag of MLflow 3 for an experiment's kind: GenAI (traces, evaluations) or model training. MLflow
+3.17's UI takes its mode from its GenAI / Model training switch instead (remembered by the browser; the README
+says to pick Model training); earlier 3.x UIs and MLflow's own tools read the tag."""
+MODEL_TRAINING = "custom_model_development"
+""":data:`EXPERIMENT_KIND_TAG`'s value for model training (runs, metrics, compare), set on every experiment here."""
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+"""Experiment tags of the runs table's saved views (MLflow 3's "Views" menu): ``<prefix><view id>``."""
+OUTPUT_KEYS = ("trainer.default_root_dir", "checkpoint.dirpath", "export.dirpath")
+"""Config keys that say where a run writes, not how it trains (machine paths): not logged as params (the run's
+``drafter_dir`` tag and ``config.yaml`` artifact hold them)."""
 
 
 @dataclass
@@ -149,14 +163,36 @@ def ensure_experiment(name: str = DEFAULT_EXPERIMENT, tracking_uri: str | None =
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
                 client.restore_experiment(exp.experiment_id)
+            if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag, or by MLflow itself
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
             return exp.experiment_id
         try:
-            return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri, name))
+            return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri, name),
+                                            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
         except MlflowException:  # created by another process meanwhile (a server store)
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return exp.experiment_id
+
+
+def save_runs_view(client, experiment_id: str, view_id: str, name: str, state: Mapping[str, Any]) -> bool:
+    """Store a saved view of the runs table in experiment ``experiment_id`` (the UI's "Views" menu, and the link
+    ``#/experiments/<id>/runs?viewStateShareKey=<view_id>``); returns whether it was written.
+
+    ``state``: the UI's search and table state, e.g. ``{"selectedColumns": ["metrics.`tau`"], "columnOrder":
+    [...], "searchFilter": "tags.table = 'main'"}``. A view already there is left alone: a user who overrode it in the
+    UI keeps theirs."""
+    import json
+    import time
+
+    key = SAVED_VIEW_PREFIX + view_id
+    if key in client.get_experiment(experiment_id).tags:
+        return False
+    now = int(time.time() * 1000)
+    client.set_experiment_tag(experiment_id, key, json.dumps(
+        {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(dict(state))}))
+    return True
 
 
 def ensure_run(run_id: str | None, experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None, *,
@@ -294,11 +330,17 @@ def make_mlflow_logger(
         run_id=run_id,
     )
     logger._lit_domino_resumed = run_id is not None
+    # the config is logged once, under its dotted names (log_config, by the CLI); Lightning would log the module's
+    # and the DataModule's hyper-parameters again under their bare names (``rank`` beside ``model.rank``)
+    logger.log_hyperparams = lambda params: None
     return logger
 
 
-def flatten_config(config: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, str]:
-    """Nested config → ``{"model.lr": "0.0006", ...}``; ``init_args`` levels dropped, ``class_path`` kept."""
+def flatten_config(config: Mapping[str, Any], prefix: str = "", sep: str = ".",
+                   skip: Iterable[str] = OUTPUT_KEYS) -> dict[str, str]:
+    """Nested config → ``{"model.lr": "0.0006", ...}``; ``init_args`` levels dropped, ``class_path`` kept, the keys
+    ``skip`` (the run's output folders, :data:`OUTPUT_KEYS`) left out."""
+    skip = set(skip)
     flat: dict[str, str] = {}
     for key, value in config.items():
         key = str(key)
@@ -306,8 +348,10 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "", sep: str = ".") 
             name = prefix
         else:
             name = f"{prefix}{sep}{key}" if prefix else key
+        if name in skip:
+            continue
         if isinstance(value, Mapping) and value:
-            flat.update(flatten_config(value, name, sep))
+            flat.update(flatten_config(value, name, sep, skip))
         else:
             flat[name] = str(value)[:MAX_PARAM_CHARS]
     return flat

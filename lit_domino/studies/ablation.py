@@ -12,8 +12,9 @@ Stages (each visible as it runs, each cached):
    a rerun with nothing changed reprints the tables and anything changed re-measures
    every method together (ratios always come from one run);
 4. the main table and the Domino ablations (Markdown + JSON in ``results/``) and
-   MLflow: each variant's training run gets its decoding metrics and plots, and a
-   ``tables`` run holds the tables.
+   MLflow (``lit_domino.studies.study_runs``): the study's run, with the seed-aggregated τ and speedup, the
+   tables and the plots, and the variants' training runs nested under it, each with its decoding
+   metrics and plots.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from lit_domino.decoding.metric_names import MethodKey, drafter_metrics
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.jsonio import write_json
 from lit_domino.studies.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
-from lit_domino.runtime.tracking import default_tracking_uri, ensure_experiment, ensure_run, run_tags
+from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, run_tags
+from lit_domino.studies.study_runs import StudyRun, plot_study
 
 if TYPE_CHECKING:
     from lit_domino.training.datamodule import DrafterDataModule
@@ -249,11 +251,11 @@ def _train_worker_init(threads: int, started) -> None:
         logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
 
 
-def _train_in_worker(cfg: dict, experiment: str, index: int):
+def _train_in_worker(cfg: dict, experiment: str, index: int, parent_run_id: str | None = None):
     from lit_domino.training.experiment import train_variant
 
     _STARTED[index] = 1  # an interrupted parent waits for this training to stop (one not started it need not)
-    return train_variant(cfg, experiment=experiment, progress=False)
+    return train_variant(cfg, experiment=experiment, progress=False, parent_run_id=parent_run_id)
 
 
 @contextlib.contextmanager
@@ -361,9 +363,11 @@ def plan_trainings(configs: list[dict], clock: JobClock, reference: dict) -> lis
     return todo
 
 
-def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: dict, progress: bool) -> list:
+def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: dict, progress: bool,
+              parent_run_id: str | None = None) -> list:
     """Train (or find cached) every config; ``clock.jobs`` at once in worker processes, the longest first
     (by reference seconds) so the workers finish together. Returns the trained drafters in config order.
+    ``parent_run_id``: the study run the new training runs are nested under.
 
     A training that fails lets the others running finish (nothing half-trained is lost: they resume from
     checkpoints anyway), then its error is raised."""
@@ -390,19 +394,19 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
             _log(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
             clock.start(name)
             try:
-                results[i] = train_variant(cfg, experiment=experiment, progress=progress)
+                results[i] = train_variant(cfg, experiment=experiment, progress=progress, parent_run_id=parent_run_id)
             except KeyboardInterrupt as err:
                 _log(_interrupted(name[6:], err), t0)
                 raise KeyboardInterrupt(INTERRUPTED) from None
             clock.finish(name, cached=results[i].from_cache)
         if len(results) == total:
             return [results[i] for i in range(total)]
-        _train_in_workers(configs, experiment, clock, todo, states, results)
+        _train_in_workers(configs, experiment, clock, todo, states, results, parent_run_id)
     return [results[i] for i in range(total)]
 
 
 def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, todo: list[int], states: dict,
-                      results: dict) -> None:
+                      results: dict, parent_run_id: str | None = None) -> None:
     """The trainings ``todo`` in ``clock.jobs`` spawned worker processes, into ``results``; see :func:`train_all`.
     An interrupt (here or in a worker) stops every training (:func:`_stop_trainings`), then raises one
     ``KeyboardInterrupt``."""
@@ -427,7 +431,7 @@ def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, tod
                 _log(f"stage 2/4 train [{len(todo) - len(pending)}/{len(todo)}] {names[i][6:]}{states[names[i]]} "
                      f"started; {clock.eta()}", t0)
                 with _signals_blocked():  # the worker this may start inherits the mask (see _train_worker_init)
-                    running[pool.submit(_train_in_worker, configs[i], experiment, i)] = i
+                    running[pool.submit(_train_in_worker, configs[i], experiment, i, parent_run_id)] = i
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -516,21 +520,23 @@ def peer_table(records: list[dict], domains: list[str]) -> str:
     return "\n".join(lines)
 
 
-def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str]) -> None:
+def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str],
+                  study: StudyRun, domains: list[str]) -> None:
     """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
     ``main_variants``, the plan's ``tables["main"]``, else ``ablations``; tag ``decode_pool_size``: the
     candidate pool a Domino variant decoded with, absent for the exact head; the exact head's metrics beside a
-    pool: ``exact_head/...``); a ``tables`` run with the tables.
+    pool: ``exact_head/...``), each run nested under the ``study`` run; into the study run the seed-aggregated
+    metrics, the tables and every plot (``lit_domino.studies.study_runs``).
 
     A cached drafter whose training run is not in the current store (a deleted ``mlflow.db``, another
     ``MLFLOW_TRACKING_URI``) gets a run recreated from its report (``tracking.ensure_run``), with a warning."""
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     from lit_domino.decoding.plots import plot_position_acceptance, plot_tau_histogram
 
     uri = default_tracking_uri()
     client = MlflowClient(uri)
+    plots = []
     for t in trained:
         if not t.run_id:
             continue
@@ -540,6 +546,7 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
             metrics={f"train/{k}": t.report[k] for k in ("drafter_parameters", "train_seconds", "train_tokens_per_s",
                                                            "peak_rss_mb") if t.report.get(k) is not None},
             tracking_uri=uri)
+        study.adopt([t.run_id])
         mine = [r for r in records if r["variant"] == t.variant and r["seed"] == t.seed and r["temperature"] == 0]
         if not mine:
             continue
@@ -559,12 +566,13 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
             path.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=100)
             client.log_artifact(t.run_id, str(path), "plots")
-    exp = ensure_experiment(f"ablation-{preset}", uri)
-    mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(experiment_id=exp, run_name=f"tables-{preset}", tags={"table": "summary",
-                                                                                  "preset": preset}):
-        for path in sorted(out_dir.glob("*.md")) + sorted(out_dir.glob("*.json")):
-            mlflow.log_artifact(str(path), "tables")
+            plots.append(path)
+    greedy = [r for r in records if r["temperature"] == 0]
+    spec = load_spec(STUDY_FILE)
+    path = out_dir / "plots" / "study-tau-speedup.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plot_study(greedy, spec.variants, spec.labels).savefig(path, dpi=100)
+    study.log(greedy, domains, sorted(out_dir.glob("*.md")) + sorted(out_dir.glob("*.json")), [path, *plots])
 
 
 def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
@@ -583,7 +591,17 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 
     ``jobs``: trainings at once in worker processes (``auto``: :func:`training_jobs`). The log has one line
     per stage with the job's ETA (:class:`~lit_domino.runtime.jobclock.JobClock`, from the study file's
-    ``reference_seconds``); ``stage_times.json`` beside the tables holds what each stage took."""
+    ``reference_seconds``); ``stage_times.json`` beside the tables holds what each stage took.
+
+    MLflow: the study's run (``lit_domino.studies.study_runs``) is RUNNING from the first training to the end of the
+    job, which it ends with (FINISHED, FAILED, KILLED)."""
+    with StudyRun() as study:
+        return _run_ablation(preset, variants, seeds, out_dir, progress, overrides, train_only, jobs, study)
+
+
+def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | None, out_dir: Path | None,
+                  progress: bool, overrides: dict | None, train_only: bool, jobs: int | str, study: StudyRun) -> dict:
+    """:func:`run_ablation` inside its study run (opened once the configs are checked)."""
     plan = study_plan(preset, variants, seeds)
     if overrides:
         plan["overrides"] = dict(overrides)
@@ -650,7 +668,8 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
         dm.prepare_data()
         clock.finish(name, cached=cached)
 
-    trained = train_all(configs, f"ablation-{preset}", clock, reference, progress)
+    study.open(f"ablation-{preset}", default_out_dir(preset, plan).name, {"preset": preset}, list(plan["prompts"]))
+    trained = train_all(configs, f"ablation-{preset}", clock, reference, progress, parent_run_id=study.run_id)
     if train_only:
         write_json(clock.summary(), out_dir / "stage_times.json")
         _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)\n{clock.report()}", t0)
@@ -691,7 +710,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     write_json(summary, out_dir / "summary.json")
     clock.finish("tables")
     write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
-    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"])
+    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"], study, domains)
 
     pool = ("the exact head" if plan["pool_size"] is None
             else f"a {plan['pool_size']}-token candidate pool (the {EXACT_HEAD} rows: the exact head)")

@@ -8,8 +8,8 @@ Conventions read (those of ``lit_domino.studies.ablation`` and ``lit_domino.stud
   ``{name}/backbone_tau``, ``{name}/acc_rate_pos_XX``; over all of them ``tau``,
   ``speedup``, ``acc_rate_pos_XX`` (conditional acceptance of draft position XX);
 * sweep trials carry the tag ``sweep`` (left out of the ablation tables unless asked);
-* the ablation's ``tables-<preset>`` run (tag ``table=summary``) holds ``tables/rows.json``,
-  the raw benchmark rows with each method's per-round ``tau_histogram``.
+* the ablation's study run (tag ``table=summary``; ``lit_domino.study_runs``, the training runs nested under it)
+  holds ``tables/rows.json``, the raw benchmark rows with each method's per-round ``tau_histogram``.
 
 The tracking URI is the argument, else ``$MLFLOW_TRACKING_URI``, else the project's
 ``sqlite:///<project>/mlflow.db``. A missing or empty store gives empty frames, never an error.
@@ -256,8 +256,8 @@ def acceptance_curves(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def tau_histograms(uri: str | None = None, preset: str | None = None) -> pd.DataFrame:
-    """Per-round τ counts per variant from the ablation's ``tables/rows.json`` (latest ``tables-<preset>``
-    run; temperature 0, seeds and benchmarks summed). Columns ``preset, variant, tau, rounds``;
+    """Per-round τ counts per variant from the ablation's ``tables/rows.json`` (latest study run, tag
+    ``table=summary``; temperature 0, seeds and benchmarks summed). Columns ``preset, variant, tau, rounds``;
     empty when no such artifact exists (then plot the per-run τ values instead)."""
     uri = tracking_uri(uri)
     empty = pd.DataFrame(columns=["preset", "variant", "tau", "rounds"])

@@ -28,6 +28,15 @@ def test_flatten_config_drops_init_args():
         "data.batch_size": "4", "data.val_examples": "{}", "seed_everything": "0"}
 
 
+def test_the_runs_output_folders_are_not_params():
+    """Where a run writes (machine paths) is not a setting: left out of the params, kept in config.yaml."""
+    cfg = {"trainer": {"max_epochs": 2, "default_root_dir": "/home/u/artifacts/drafters/x"},
+           "checkpoint": {"dirpath": "/home/u/artifacts/drafters/x/checkpoints", "save_last": True},
+           "export": {"dirpath": "/home/u/artifacts/drafters/x/drafter"}}
+    assert tracking.flatten_config(cfg) == {"trainer.max_epochs": "2", "checkpoint.save_last": "True"}
+
+
+
 @pytest.mark.parametrize("exc, status", [(RuntimeError("x"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
 def test_mark_failed_on_error(exc, status):
     from mlflow.tracking import MlflowClient

@@ -132,18 +132,17 @@ def test_a_bad_preset_is_answered_in_one_line_before_torch_is_imported():
 
 
 @pytest.mark.slow
-def test_smoke_ablation_end_to_end(tmp_path):
+def test_smoke_ablation_end_to_end(smoke_ablation, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from lit_domino.runtime.tracking import default_tracking_uri
 
-    # --train-only trains every drafter and stops; the full run then only decodes
+    # --train-only trains every drafter and stops; the full run then only decodes (the session's smoke_ablation)
     plan = study_plan("smoke")
     n_trainings = len(plan["variants"]) * len(plan["seeds"])  # every variant of the study file, once per seed
-    first = run_ablation("smoke", out_dir=tmp_path / "results", progress=False, train_only=True)
-    assert "tables" not in first and not (tmp_path / "results" / "main.md").exists()
+    first, out, results = smoke_ablation["first"], smoke_ablation["out"], smoke_ablation["results"]
+    assert "tables" not in first
     assert len(first["trained"]) == n_trainings and not any(t.from_cache for t in first["trained"])
-    out = run_ablation("smoke", out_dir=tmp_path / "results", progress=False)
     assert all(t.from_cache for t in out["trained"])
     main = out["tables"]["main"]
     assert [r["variant"] for r in main["rows"]] == plan["tables"]["main"]  # the study file's rows, in its order
@@ -161,8 +160,8 @@ def test_smoke_ablation_end_to_end(tmp_path):
     assert {p for d, p in pools if d.startswith("domino")} == {64, None}
     assert ("domino/s0", None) in pools and ("domino_ttt/s0", None) not in pools and ("backbone/s0", None) in pools
     for name in ("main.md", "main.json", "ablations.md", "ablations.json", "peers.md", "stage_times.json"):
-        assert (tmp_path / "results" / name).is_file()
-    times = json.loads((tmp_path / "results" / "stage_times.json").read_text())
+        assert (results / name).is_file()
+    times = json.loads((results / "stage_times.json").read_text())
     names = [s["stage"] for s in times["stages"]]
     assert names[:2] == ["target", "regenerate data"] and names[-2:] == ["decode", "tables"]
     assert sorted(n.split(" [")[0] for n in names if n.startswith("features")) == [
@@ -189,10 +188,44 @@ def test_smoke_ablation_end_to_end(tmp_path):
     assert ttt.data.tags["decode_pool_size"] == "64" and "exact_head/tau" not in ttt.data.metrics
     backbone = next(r for r in runs if r.data.tags.get("variant") == "backbone")
     assert "decode_pool_size" not in backbone.data.tags
+    _check_study_run(client, exp, runs, plan, {t.run_id for t in out["trained"]})
     # a rerun reuses every trained drafter and the measured rows
     again = run_ablation("smoke", out_dir=tmp_path / "again", progress=False)
     assert all(t.from_cache for t in again["trained"])
     assert json.dumps(again["rows"]) == json.dumps(out["rows"])  # (NaN != NaN, so compare as JSON)
+
+
+def _check_study_run(client, exp, runs, plan, trained: set) -> None:
+    """The store as a researcher compares ablations: a model-training experiment with the saved τ/speedup view, one
+    study run (seed-aggregated metrics, tables and plots as its artifacts) with every training run nested under it,
+    no separate tables run, and one param name per setting with no machine path."""
+    from lit_domino.runtime import tracking
+    from lit_domino.studies import study_runs
+
+    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == tracking.MODEL_TRAINING
+    view = json.loads(json.loads(exp.tags[tracking.SAVED_VIEW_PREFIX + study_runs.VIEW_ID])["state"])
+    assert view["selectedColumns"][:2] == ["metrics.`tau`", "metrics.`speedup`"]
+    studies = [r for r in runs if r.data.tags.get("study") == "ablation-smoke"]  # (a --set run has its own)
+    assert len(studies) == 1 and studies[0].info.status == "FINISHED" and studies[0].info.run_name == "ablation-smoke"
+    study = studies[0]
+    assert study.data.tags["study_role"] == "study" and study.data.tags["table"] == "summary"
+    assert not [r for r in runs if r.info.run_name.startswith("tables-")]
+    trainings = [r for r in runs if r.info.run_id in trained]
+    assert len(trainings) == len(trained)
+    assert {r.data.tags.get("mlflow.parentRunId") for r in trainings} == {study.info.run_id}
+    metrics = study.data.metrics
+    for run in trainings:  # one seed: the study's mean is the run's own value, the spread 0
+        variant = run.data.tags["variant"]
+        assert metrics[f"{variant}/tau"] == pytest.approx(run.data.metrics["tau"])
+        assert metrics[f"{variant}/tau_spread"] == 0.0 and f"{variant}/speedup" in metrics
+        for domain in plan["prompts"]:
+            assert f"{variant}/{domain}/tau" in metrics and f"{variant}/{domain}/speedup_spread" in metrics
+        params = run.data.params
+        assert "rank" not in params and "seed" not in params  # one name per setting (model.rank, seed_everything)
+        assert not [k for k in params if "/" in k], "Lightning's hparams names (curriculum/kind) are not logged"
+        assert not [k for k, v in params.items() if v.startswith("/")], "no machine paths"
+    artifacts = {a.path for folder in ("tables", "plots") for a in client.list_artifacts(study.info.run_id, folder)}
+    assert {"tables/main.md", "tables/ablations.json", "tables/rows.json", "plots/study-tau-speedup.png"} <= artifacts
 
 
 def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeypatch, capsys):

@@ -129,6 +129,9 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
     assert run.data.tags["variant"] == "domino" and run.data.tags["preset"] == "smoke"
     assert run.data.tags["seed"] == "0" and run.data.tags["mlflow.runName"] == "domino-smoke-s0"
     assert run.data.params["model.rank"] == "32" and run.data.params["data.block_size"] == "8"
+    # one name per setting (not Lightning's hparams beside them: rank, curriculum/kind), no output folder
+    assert "rank" not in run.data.params and not [k for k in run.data.params if "/" in k]
+    assert "checkpoint.dirpath" not in run.data.params and "trainer.default_root_dir" not in run.data.params
     assert "config.yaml" in {a.path for a in client.list_artifacts(run_id)}
     assert "train/loss_final" in run.data.metrics and "val/tau_sim" in run.data.metrics
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
