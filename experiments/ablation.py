@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from lit_domino.ablation import main  # noqa: E402  (imports no torch: main parses first)
+from lit_domino.studies.ablation import main  # noqa: E402  (imports no torch: main parses first)
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ The Domino head's K sweep (correction, pick and q on the top-K base candidates):
 Writes ``results/bench-<time>.md`` + ``.json`` and one MLflow run (experiment ``bench``;
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``). Everything runs in one
 process on the same prompts (see :func:`lit_domino.decoding.benchmark`; the command itself is
-:func:`lit_domino.bench.run_bench`).
+:func:`lit_domino.studies.bench.run_bench`).
 
 Smoke options (no trained artifacts): ``--target random`` (a random 8-layer, 192-wide,
 4096-vocabulary Qwen3), ``--drafters NAME=random:KIND`` (a randomly initialised drafter),
@@ -42,7 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--benchmarks", default="embedded-math:20",
                    help="name[:n],... from lit_domino.data.benchmarks, or random:N (default: embedded-math:20)")
     p.add_argument("--temperatures", default="0", help="comma-separated temperatures (default: 0)")
-    p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off or THRESHOLD:STAGES")
+    p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off, [GATE@]THRESHOLD[:STAGES] (sum, mean, scaled, "
+                   "last), conf@P[:STAGES], cost[:STAGES], trunc@P, each optionally +trunc@P; conf, cost and "
+                   "trunc need a drafter with an acceptance predictor (DSpark's own head, or one attached: "
+                   "experiments/acceptance.py)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
     p.add_argument("--pool-sizes", default="full",
                    help="Domino candidate pools K to run, comma-separated: full (the whole vocabulary, the exact "
@@ -83,7 +86,7 @@ def main(argv=None) -> list[dict]:
 
 
 def _run(argv: list[str]) -> list[dict]:
-    from lit_domino.bench import check_options, run_bench  # light; run_bench imports torch after its checks
+    from lit_domino.studies.bench import check_options, run_bench  # light; run_bench imports torch after its checks
 
     args = parse_args(argv)
     check_options(vars(args))

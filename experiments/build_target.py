@@ -3,7 +3,7 @@
     python experiments/build_target.py --preset large              # build (or reuse) embedded:large@recipe
     python experiments/build_target.py --preset large --ship       # ... and write lit_domino/assets/targets/large
 
-The shipped copy is what ``load_target("embedded:large")`` loads; see lit_domino/embedded_target.py.
+The shipped copy is what ``load_target("embedded:large")`` loads; see lit_domino/target/embedded.py.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ def main(argv=None):
     p.add_argument("--ship", action="store_true", help="write the shipped copy into lit_domino/assets/targets/")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = p.parse_args(argv)
-    from lit_domino.embedded_target import preset_config
+    from lit_domino.target.embedded import preset_config
 
     cfg = preset_config(args.preset)  # an unknown preset: one line, before torch loads
     import torch
 
-    from lit_domino import tiny_target
+    from lit_domino.target import recipe as tiny_target
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -28,8 +28,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--thresholds", default=None, help="gate thresholds g <= 0 (default: -0.25,-0.5,-0.75,-1,-2)")
     parser.add_argument("--stages", default=None, help="stage caps N >= 1 (default: 1,2,3,4; 1 = no loop)")
     parser.add_argument("--table-dloop", default=None,
-                        help="the DLoop table's gate [GATE@]THRESHOLD[:STAGES], as bench.py's --dloop "
-                             "(default -0.5:3; e.g. mean@-0.1:3)")
+                        help="the DLoop table's gate [GATE@]THRESHOLD[:STAGES][+trunc@P], as bench.py's --dloop "
+                             "(default -0.5:3; e.g. mean@-0.1:3, conf@0.5:3, cost:3; the predictor gates conf, "
+                             "cost and +trunc need parallel drafters: their acceptance predictors are built and "
+                             "cached first)")
     parser.add_argument("--out", default=None, help="output directory (default: results/dloop)")
     parser.add_argument("--no-mlflow", action="store_true", help="no tables run in MLflow (training runs still log)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
@@ -47,7 +49,7 @@ def main(argv=None):
 
 def _run(argv: list[str]):
     args = parse_args(argv)
-    from lit_domino.configs import PRESETS  # light: checked before the study's torch and Lightning imports
+    from lit_domino.training.configs import PRESETS  # light: checked before the study's torch and Lightning imports
 
     if args.preset not in PRESETS:
         raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
@@ -65,10 +67,10 @@ def _run(argv: list[str]):
         thresholds, stages = parse_list(args.thresholds, float), parse_list(args.stages, int)
         check_grid(thresholds or [-1.0], stages or [1])
         if gate is not None:
-            check_table_gate(gate.threshold, gate.max_stages)
+            check_table_gate(gate.threshold, gate.max_stages, gate.gate, gate.truncate)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    from lit_domino.dloop_study import run_dloop_study, study_plan, table_gate
+    from lit_domino.studies.dloop import run_dloop_study, study_plan, table_gate
 
     choice = dict(drafters=args.drafters.split(",") if args.drafters else None)
     if gate is not None:

@@ -1,6 +1,6 @@
-"""Export a trained drafter to a field format: DFlash (backbone), SpecForge Domino, speculators EAGLE-3 / DSpark.
+"""Export a trained drafter to a field format: DFlash (backbone), SpecForge Domino, speculators EAGLE-3 / DSpark / DFlash 2.
 
-    python experiments/export.py RUN_OR_DRAFTER_DIR OUT_DIR --format dflash|specforge-domino|eagle3|dspark \\
+    python experiments/export.py RUN_OR_DRAFTER_DIR OUT_DIR --format dflash|specforge-domino|eagle3|dspark|dflash2 \\
         [--target embedded:default]
 
 RUN_OR_DRAFTER_DIR is a drafter directory (``save_pretrained``: config.json + model.safetensors) or a
@@ -72,8 +72,8 @@ def _run(argv: list[str]) -> Path:
     if refusal:  # before torch and the target
         raise UsageError(refusal)
     from lit_domino.interop import export_drafter
-    from lit_domino.models import load_drafter
-    from lit_domino.target import load_target
+    from lit_domino.interop import load_drafter
+    from lit_domino.target.load import load_target
 
     target = load_target(args.target) if args.target else None
     drafter = load_drafter(source, target=target)

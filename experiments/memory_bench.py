@@ -4,7 +4,7 @@ Shapes: the paper's vocabulary and blocks (V = 151,936, B = 16) with a narrow wi
 layer, a 4-layer target) so it runs on a CPU; A anchors per sequence (default 128: at A = 512 the old
 Domino step needs ~30 GB, more than this 23 GB machine; ``--anchors 512`` runs it where it fits).
 
-Method: every (method, path) case runs in a fresh subprocess (``python -m lit_domino.memory``) that builds
+Method: every (method, path) case runs in a fresh subprocess (``python -m lit_domino.studies.memory``) that builds
 the random target, the drafter and the batch, then runs one step (online target features without the
 LM head, forward, loss, backward, AdamW step). The figure is the process's peak resident set
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which covers every allocation since the process started,
@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lit_domino.memory import StepShape
+    from lit_domino.studies.memory import StepShape
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lit_domino.memory_cases import METHODS, PATHS  # noqa: E402 (torch-free)
+from lit_domino.studies.memory_cases import METHODS, PATHS  # noqa: E402 (torch-free)
 from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
 from lit_domino.runtime.inputs import check_positive  # noqa: E402
 
@@ -43,7 +43,7 @@ PROG = "memory_bench.py"
 def run(method: str, path: str, shape: StepShape, threads: int) -> dict:
     env = {**os.environ, "LIT_DOMINO_BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "lit_domino.memory", method, path, json.dumps(dataclasses.asdict(shape)), "cpu"]
+    cmd = [sys.executable, "-m", "lit_domino.studies.memory", method, path, json.dumps(dataclasses.asdict(shape)), "cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         return {"method": method, "path": path, "error": (proc.stderr.strip().splitlines() or [f"rc {proc.returncode}"])[-1]}
@@ -51,7 +51,7 @@ def run(method: str, path: str, shape: StepShape, threads: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    from lit_domino.memory import GB  # that module imports torch: loaded after the options are checked
+    from lit_domino.studies.memory import GB  # that module imports torch: loaded after the options are checked
 
     out = ["| method | old peak GB | new peak GB | old/new | old step Δ GB | new step Δ GB | old s | new s | loss old = new |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -71,7 +71,7 @@ def table(rows: list[dict]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = CommandParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default=None,
-                    help="comma list of the drafter methods (lit_domino.memory_cases.METHODS; default: all of them)")
+                    help="comma list of the drafter methods (lit_domino.studies.memory_cases.METHODS; default: all of them)")
     ap.add_argument("--anchors", type=int, default=128, help="A, anchors per sequence (paper 512)")
     ap.add_argument("--seq-len", type=int, default=1024, help="T, tokens per sequence")
     ap.add_argument("--hidden", type=int, default=64, help="d, the narrow width")
@@ -104,7 +104,7 @@ def main(argv=None) -> None:
 
 def _run(argv: list[str]) -> None:
     args = parse_args(argv)
-    from lit_domino.memory import PATH_KEYS, StepShape, memory_model, memory_model_table
+    from lit_domino.studies.memory import PATH_KEYS, StepShape, memory_model, memory_model_table
 
     methods = args.methods.split(",")
     shape = StepShape.cpu_bench(anchors=args.anchors, seq_len=args.seq_len, hidden_size=args.hidden,

@@ -33,7 +33,7 @@ PROG = "regenerate.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from lit_domino.configs import PRESETS, parse_override  # light: yaml only
+    from lit_domino.training.configs import PRESETS, parse_override  # light: yaml only
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
 
 
 def _run(argv: list[str]) -> dict:
-    from lit_domino.data.regen_step import run_regenerate  # light; torch loads after its checks
+    from lit_domino.training.regen_step import run_regenerate  # light; torch loads after its checks
 
     out = run_regenerate(parse_args(argv))
     print(json.dumps(out, indent=2))

@@ -59,7 +59,7 @@ def main(argv=None) -> list[dict]:
 
 
 def _run(argv: list[str]) -> list[dict]:
-    from lit_domino.serve_bench import run_serve_bench  # light; it checks everything before loading prompts
+    from lit_domino.studies.serve_bench import run_serve_bench  # light; it checks everything before loading prompts
 
     return run_serve_bench(parse_args(argv))
 

@@ -14,9 +14,9 @@ from lit_domino.runtime.lazy import lazy_exports
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_target": "lit_domino.target",
-    "Target": "lit_domino.target",
-    "load_drafter": "lit_domino.models.io",
+    "load_target": "lit_domino.target.load",
+    "Target": "lit_domino.target.load",
+    "load_drafter": "lit_domino.interop",
     "export_drafter": "lit_domino.interop",
     "generate": "lit_domino.decoding",
 }

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from lit_domino.target import Target
+from lit_domino.target.load import Target
 
 
 def random_target(
@@ -85,6 +85,11 @@ class OracleMix:
     def bind_target(self, target):
         return self.inner.bind_target(target)
 
+    def __getattr__(self, name):  # the rest of the drafter interface (embeddings, heads, kind) is the inner one's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     @property
     def draft_options(self):
         return self.inner.draft_options
@@ -104,6 +109,10 @@ class _OracleSession:
     def crop(self, length):
         self.inner.crop(length)
         self.pos = length
+
+    @property
+    def stages(self):  # the inner session's stages (block hidden states: the acceptance predictor's inputs)
+        return self.inner.stages
 
     def draft(self, anchor, num_tokens, temperature, generator):
         out = self.inner.draft(anchor, num_tokens, temperature, generator)

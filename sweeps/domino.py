@@ -13,7 +13,9 @@ Storage: ``sqlite:///sweeps/<study>.db`` by default; ``--storage journal:path.jo
 Optuna journal file, or any RDB URL (``postgresql://...``). ``--n-trials`` is the study's total
 of finished trials over all workers. Quick look on the smoke preset:
 ``--preset smoke --max-steps 20 --prompts-per-domain 2 --max-new-tokens 32``.
-The library behind this file is the ``lit_domino.sweep`` package; the search space is ``sweeps/space.yaml``.
+The library behind this file is the ``lit_domino.studies.sweep`` package; the search space is ``sweeps/space.yaml``.
+DSpark's Markov rank (and head type): ``--space sweeps/dspark_space.yaml --study-name dspark`` (any variant
+whose module takes the space's keys sweeps the same way).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")  # plots are written to files, never 
 
 import yaml  # noqa: E402
 
-from lit_domino.configs import PRESETS, parse_override  # noqa: E402 (light: yaml only)
+from lit_domino.training.configs import PRESETS, parse_override  # noqa: E402 (light: yaml only)
 from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402
 
 PROG = "sweeps/domino.py"
-# lit_domino.sweep imports Optuna, Lightning and torch (~20 s on a busy machine): it loads after parsing, and
+# lit_domino.studies.sweep imports Optuna, Lightning and torch (~20 s on a busy machine): it loads after parsing, and
 # its defaults are shown by --help only (they are filled in from SweepSettings after parsing otherwise)
 SPACE_FILE = ROOT / "sweeps" / "space.yaml"
 
@@ -60,11 +62,11 @@ class _Defaults:
 
 
 def build_parser(with_defaults: bool = False) -> argparse.ArgumentParser:
-    """The command's parser; ``with_defaults`` (for --help) imports :mod:`lit_domino.sweep` to show its defaults,
+    """The command's parser; ``with_defaults`` (for --help) imports :mod:`lit_domino.studies.sweep` to show its defaults,
     without it the settings' options default to None (= SweepSettings' default, see :func:`settings_from`)."""
     objectives = None
     if with_defaults:
-        from lit_domino import sweep
+        from lit_domino.studies import sweep
 
         d, objectives = _Defaults(sweep.SweepSettings()), sweep.OBJECTIVES
     else:
@@ -131,12 +133,12 @@ SETTINGS_OPTIONS = ("study_name", "storage", "objective", "preset", "seed", "max
                     "prompts", "prompts_per_domain", "max_new_tokens", "temperature", "n_trials", "pruner",
                     "n_startup_trials", "n_warmup_steps", "sampler_seed", "heartbeat", "max_retries", "evaluator",
                     "experiment", "progress")
-"""The options that are :class:`~lit_domino.sweep.SweepSettings` fields of the same name (None = its default)."""
+"""The options that are :class:`~lit_domino.studies.sweep.SweepSettings` fields of the same name (None = its default)."""
 
 
 def settings_from(args):
-    """The worker's :class:`~lit_domino.sweep.SweepSettings` (options left unset keep the dataclass defaults)."""
-    from lit_domino import sweep
+    """The worker's :class:`~lit_domino.studies.sweep.SweepSettings` (options left unset keep the dataclass defaults)."""
+    from lit_domino.studies import sweep
 
     threads = args.threads
     if threads is None and args.workers > 1:
@@ -200,7 +202,7 @@ def _run(argv: list[str]) -> int:
     help_asked = any(a in ("-h", "--help") for a in argv)
     args = build_parser(with_defaults=help_asked).parse_args(argv)
     check_args(args)
-    from lit_domino import sweep
+    from lit_domino.studies import sweep
 
     try:
         if args.command == "summary":

@@ -29,11 +29,24 @@ def _isolated_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smoke_ablation(tmp_path_factory):
+    """The smoke ablation, run once per session into the session's cache and store: ``--train-only`` first (every
+    drafter trained), then the full run (decode, tables, MLflow). ``{"first", "out", "results"}``: the two runs'
+    returns and the results folder. The end-to-end test and the browser check share it."""
+    from lit_domino.studies.ablation import run_ablation
+
+    results = tmp_path_factory.mktemp("smoke-ablation") / "results"
+    first = run_ablation("smoke", out_dir=results, progress=False, train_only=True)
+    out = run_ablation("smoke", out_dir=results, progress=False)
+    return {"first": first, "out": out, "results": results}
+
+
+@pytest.fixture(scope="session")
 def corpus_tokenizer():
     """A small BPE tokenizer trained on a sample of every embedded corpus (vocab 512)."""
     from lit_domino.data.corpora import build_corpus
-    from lit_domino.tiny_target import render
-    from lit_domino.tokenizer import train_tokenizer
+    from lit_domino.target.recipe import render
+    from lit_domino.target.tokenizer import train_tokenizer
 
     texts = [render(e) for d in ("math", "code", "chat") for e in build_corpus(d, "train", 150)]
     return train_tokenizer(texts, vocab_size=512)
@@ -58,7 +71,7 @@ def tiny_target_dir(tmp_path_factory, corpus_tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_target_dir):
-    from lit_domino.target import load_target
+    from lit_domino.target.load import load_target
 
     return load_target(tiny_target_dir)
 

@@ -46,17 +46,19 @@ def refuses(main, argv, capsys, prog: str, *needles: str) -> str:
 def no_models(monkeypatch):
     """Loading a target or drafter, or building the embedded target, fails the test: bad input must be
     answered before any of them."""
-    import lit_domino.models
-    import lit_domino.target
-    import lit_domino.tiny_target
+    import lit_domino.interop
+    import lit_domino.models.io
+    import lit_domino.target.load
+    import lit_domino.target.recipe
 
     def loaded(*args, **kwargs):
         raise AssertionError(f"a model was loaded or built before the bad input was refused: {args}")
 
-    monkeypatch.setattr(lit_domino.target, "load_target", loaded)
-    monkeypatch.setattr(lit_domino.models, "load_drafter", loaded)
-    monkeypatch.setattr(lit_domino.tiny_target, "build_tiny_target", loaded)
-    monkeypatch.setattr(lit_domino.tiny_target, "train_model", loaded)
+    monkeypatch.setattr(lit_domino.target.load, "load_target", loaded)
+    monkeypatch.setattr(lit_domino.interop, "load_drafter", loaded)
+    monkeypatch.setattr(lit_domino.models.io, "load_saved", loaded)
+    monkeypatch.setattr(lit_domino.target.recipe, "build_tiny_target", loaded)
+    monkeypatch.setattr(lit_domino.target.recipe, "train_model", loaded)
 
 
 def closed_port() -> int:
@@ -106,6 +108,8 @@ def test_bench_refuses_a_model_directory_as_a_drafter(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needles", [
     (["--target", "random", "--dloop", "0.5:2"], ["--dloop", "never positive"]),
     (["--target", "random", "--dloop", "sum@x"], ["--dloop", "cannot parse DLoop spec"]),
+    (["--target", "random", "--dloop", "conf@1.5:3"], ["--dloop", "in (0, 1]"]),
+    (["--target", "random", "--dloop", "cost@0.5:3"], ["--dloop", "no threshold"]),
     (["--target", "random", "--drafters", "d=random:nosuch"], ["unknown drafter kind", "backbone"]),
     (["--target", "random", "--benchmarks", "nosuch:3"], ["--benchmarks", "unknown benchmark 'nosuch'"]),
 ])
@@ -216,7 +220,7 @@ def test_serve_bench_refuses_bad_input(capsys):
 
 
 def test_dloop_table_takes_the_suites_gate_specs(monkeypatch):
-    import lit_domino.dloop_study as ds
+    import lit_domino.studies.dloop as ds
 
     seen = {}
     monkeypatch.setattr(ds, "run_dloop_study", lambda preset, **kw: seen.update(kw, preset=preset))
@@ -236,7 +240,7 @@ def test_dloop_table_takes_the_suites_gate_specs(monkeypatch):
     (["--preset", "huge"], ["unknown preset 'huge'"]),
 ])
 def test_dloop_refuses_bad_input_before_training(argv, needles, capsys, monkeypatch):
-    import lit_domino.dloop_study as ds
+    import lit_domino.studies.dloop as ds
 
     monkeypatch.setattr(ds, "run_dloop_study", lambda *a, **k: pytest.fail("the study ran"))
     refuses(command("experiments/dloop.py").main, argv, capsys, "dloop.py", *needles)
@@ -252,6 +256,7 @@ def test_head_cost_memory_bench_parity_refuse_bad_input(tmp_path, capsys):
     refuses(head_cost, ["--pool-sizes", "0"], capsys, "head_cost.py", "--pool-sizes")
     refuses(head_cost, ["--sizes", "32:256", "--pool-sizes", "300"], capsys, "head_cost.py", "300", "1..256")
     refuses(head_cost, ["--accept", "9"], capsys, "head_cost.py", "accept")
+    refuses(head_cost, ["--heads", "domino,medusa"], capsys, "head_cost.py", "unknown head 'medusa'")
     memory_bench = command("experiments/memory_bench.py").main
     refuses(memory_bench, ["--paths", "foo"], capsys, "memory_bench.py", "--paths")
     refuses(memory_bench, ["--methods", "nosuch"], capsys, "memory_bench.py", "'nosuch'", "backbone")
@@ -315,3 +320,15 @@ def test_a_real_argument_error_is_fast_and_imports_no_torch(script, argv, line, 
     assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith(line), errors
     assert "lit_domino.runtime.command" in imported and not {"torch", "transformers", "lightning"} & imported
     assert seconds < 2.0, seconds
+
+
+# --------------------------------------------------------------------------- acceptance.py
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--preset", "huge"], ["--preset", "unknown preset 'huge'"]),
+    (["--drafters", "backbone,nosuch"], ["--drafters", "nosuch"]),
+    (["--label", "fuzzy"], ["--label", "invalid choice"]),
+])
+def test_acceptance_refuses_bad_input(argv, needles, capsys):
+    refuses(command("experiments/acceptance.py").main, argv, capsys, "acceptance.py", *needles)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lit_domino.data.datamodule import collate, sample_anchors
+from lit_domino.training.datamodule import collate, sample_anchors
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module, SmallLMModule
 from lit_domino.models import build_drafter, drafter_config, kinds

@@ -17,10 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lit_domino import cache
-from lit_domino.models import DrafterLoadError, drafter_config, build_drafter, load_drafter
+from lit_domino.runtime import cache
+from lit_domino.models import DrafterLoadError, drafter_config, build_drafter
+from lit_domino.interop import load_drafter
 from lit_domino.models.base import WEIGHTS_NAME
-from lit_domino.target import TargetError, load_target
+from lit_domino.target.load import TargetError, load_target
 from lit_domino.testing import random_target
 
 
@@ -72,7 +73,7 @@ def test_overwritten_drafter_in_the_cache_is_rebuilt_and_refused_by_path(tmp_pat
         load_drafter(path / "drafter")
     msg = str(info.value)
     assert "\n" not in msg and str(path / "drafter") in msg and "drafter/model.safetensors changed" in msg
-    with caplog.at_level(logging.WARNING, logger="lit_domino.cache"):
+    with caplog.at_level(logging.WARNING, logger="lit_domino.runtime.cache"):
         assert not cache.is_complete(path)  # the cache: incomplete, one line naming the folder and the file
     assert str(path) in caplog.text and "drafter/model.safetensors changed" in caplog.text
     again = cache.reuse_or_build(path, load, build)  # rebuilt, then loaded

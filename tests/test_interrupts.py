@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM stop a training at once, its MLflow run KILLED, and the rerun resumes it (issue 34, item 2).
 
-In-process: the stop handlers (lit_domino.experiment.interruptible), a real training stopped by a real signal
+In-process: the stop handlers (lit_domino.training.experiment.interruptible), a real training stopped by a real signal
 (SIGTERM; SIGINT raised inside a finalizer, where Python loses it), the ablation's single-process trainings.
 Slow: a real two-worker smoke ablation stopped by a real signal, then rerun.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 
-from lit_domino import experiment, tracking
+from lit_domino.training import configs, experiment
+from lit_domino.runtime import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ def _handlers_restored():
 
 
 def _tiny_config(tiny_target_dir, epochs: int, seed: int = 0, **extra) -> dict:
-    return experiment.load_config("backbone", "smoke", seed, overrides={
+    return configs.load_config("backbone", "smoke", seed, overrides={
         "data.target": str(tiny_target_dir), "data.train_examples": {"math": 4, "code": 2, "chat": 2},
         "data.val_examples": {"math": 2, "code": 1, "chat": 1}, "data.max_new_tokens": 16, "data.batch_size": 4,
         "data.num_anchors": 4, "data.max_length": 128, "trainer.max_epochs": epochs, **extra})
@@ -139,8 +140,8 @@ def test_single_process_ablation_trainings_stop_with_one_line(tiny_target_dir, t
                                                               monkeypatch):
     """``--jobs 1``: the ablation's trainings in this process stop like the workers' (KILLED, no per-training
     hint; the job's one interrupt says how to resume), the next training is not started."""
-    from lit_domino import ablation
-    from lit_domino.jobclock import JobClock
+    from lit_domino.studies import ablation
+    from lit_domino.runtime.jobclock import JobClock
 
     monkeypatch.setenv("LIT_DOMINO_CACHE", str(tmp_path))
     configs = [_tiny_config(tiny_target_dir, epochs=20, seed=s) for s in (0, 1)]
@@ -235,7 +236,7 @@ def test_ctrl_c_in_a_bare_lightning_fit_ends_the_ablation_as_interrupted():
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lit_domino import ablation
+    from lit_domino.studies import ablation
 
     class Interrupting(L.LightningModule):
         def __init__(self):

@@ -9,7 +9,8 @@ import time
 import lightning as L
 import pytest
 
-from lit_domino import experiment, tracking
+from lit_domino.training import configs, experiment
+from lit_domino.runtime import tracking
 
 # 16 training examples in batches of 4: 4 steps an epoch, 8 in all; train/* logged every step
 TINY = {"data.train_examples": {"math": 8, "code": 4, "chat": 4}, "data.val_examples": {"math": 2, "code": 1, "chat": 1},
@@ -29,7 +30,7 @@ def store(tmp_path, monkeypatch):
 
 
 def _config(tiny_target_dir, **overrides):
-    return experiment.load_config("backbone", "smoke", overrides={**TINY, "data.target": str(tiny_target_dir),
+    return configs.load_config("backbone", "smoke", overrides={**TINY, "data.target": str(tiny_target_dir),
                                                                   **overrides})
 
 
@@ -76,7 +77,7 @@ def test_recorded_run_continues_only_an_interrupted_training(tmp_path, store):
     """The run recorded beside the checkpoints: continued when its training was interrupted; superseded when the
     training completed, even where a later stage changed its status (a sweep marks a run whose decoding failed
     FAILED, and RUNNING while it decodes); a new run when the store does not have it."""
-    from lit_domino.cli import recorded_run
+    from lit_domino.training.cli import recorded_run
 
     exp = tracking.ensure_experiment("recorded")
 
@@ -183,7 +184,7 @@ def test_a_store_that_cannot_drop_points_skips_the_logged_steps(tiny_target_dir,
     monkeypatch.setattr(tracking, "drop_metrics_from", lambda *a, **k: None)
     cfg = _config(tiny_target_dir, **{"trainer.max_epochs": 1, "checkpoint.resume_every_n_steps": 2})
     _interrupt(cfg, 3, experiment="no-delete", root=tmp_path)  # last.ckpt at step 2, steps 0-2 logged
-    with caplog.at_level("WARNING", logger="lit_domino.tracking"):
+    with caplog.at_level("WARNING", logger="lit_domino.runtime.tracking"):
         done = experiment.train_variant(cfg, experiment="no-delete", progress=False, root=tmp_path)
     assert "cannot delete metric points" in caplog.text
     assert [s for s, _, _ in _history(store, done.run_id)] == list(range(STEPS // 2))
@@ -198,7 +199,7 @@ def test_a_recorded_run_missing_from_the_store_gives_a_new_run(tiny_target_dir, 
     gone = (path / "checkpoints" / "mlflow_run_id").read_text().strip()
     other = f"sqlite:///{tmp_path / 'other.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
-    with caplog.at_level("WARNING", logger="lit_domino.cli"):
+    with caplog.at_level("WARNING", logger="lit_domino.training.cli"):
         done = experiment.train_variant(cfg, experiment="gone", progress=False, root=tmp_path)
     assert gone in caplog.text and "not in the tracking store" in caplog.text
     from mlflow.tracking import MlflowClient
@@ -211,10 +212,10 @@ def test_a_recorded_run_missing_from_the_store_gives_a_new_run(tiny_target_dir, 
 def test_the_ablation_says_restarting_only_for_an_interrupted_run(tmp_path, store, monkeypatch, capsys):
     """The plan line of a training whose recorded run finished (a rebuilt drafter) no longer claims it restarts
     an interrupted MLflow run."""
-    from lit_domino import ablation
-    from lit_domino.configs import load_config
-    from lit_domino.experiment import TrainedDrafter
-    from lit_domino.jobclock import JobClock
+    from lit_domino.studies import ablation
+    from lit_domino.training.configs import load_config
+    from lit_domino.training.experiment import TrainedDrafter
+    from lit_domino.runtime.jobclock import JobClock
 
     monkeypatch.setenv("LIT_DOMINO_CACHE", str(tmp_path / "cache"))
     exp = tracking.ensure_experiment("plan")

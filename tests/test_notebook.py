@@ -1,4 +1,4 @@
-"""notebooks/analysis.ipynb end to end (nbclient) on an MLflow store this test fills, and lit_domino.analysis."""
+"""notebooks/analysis.ipynb end to end (nbclient) on an MLflow store this test fills, and lit_domino.studies.analysis."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def _tau(curve: list[float]) -> float:
 
 
 def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dict:
-    """Runs shaped like lit_domino.ablation's: one per variant x seed, plus the tables run with rows.json,
-    plus a sweep study with two trials (which the ablation tables must ignore)."""
+    """Runs shaped like lit_domino.studies.ablation's: the study run (rows.json, seed-aggregated metrics such as
+    ``domino/tau``, which are no benchmark) with one run per variant x seed nested under it, plus a sweep study
+    with two trials (which the ablation tables must ignore)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -40,10 +41,12 @@ def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dic
     exp = client.create_experiment(f"ablation-{preset}", artifact_location=(root / "mlruns").as_uri())
     rng = random.Random(0)
     rows, expected = [], {}
+    tables = client.create_run(exp, run_name=f"ablation-{preset}", tags={
+        "study": f"ablation-{preset}", "study_role": "study", "table": "summary", "preset": preset})
     for variant in VARIANTS:
         for seed in seeds:
             run = client.create_run(exp, run_name=f"{variant}-{preset}-s{seed}", tags={
-                "variant": variant, "preset": preset, "seed": str(seed),
+                "variant": variant, "preset": preset, "seed": str(seed), "mlflow.parentRunId": tables.info.run_id,
                 "table": "main" if variant in ("eagle3", "small_lm", "backbone", "domino") else "ablations"})
             rid = run.info.run_id
             metrics = [Metric("train/loss", 3.0 - step, 0, step) for step in range(3)]  # a training curve
@@ -58,6 +61,7 @@ def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dic
                 metrics += [Metric(f"{b}/{key}", v, 0, 0) for key, v in per[b].items()]
                 hist = [0] + [rng.randint(1, 20) for _ in range(BLOCK + 1)]
                 rows.append({"benchmark": b, "method": f"{variant}/s{seed}", "kind": "drafter",
+                             "key": {"drafter": variant, "seed": seed},  # the typed key rows carry
                              "drafter": f"{variant}/s{seed}", "temperature": 0.0, "tau": tau, "speedup": speed,
                              "tau_histogram": hist})
             metrics += [Metric(key, sum(p[key] for p in per.values()) / len(per), 0, 0) for key in per[BENCHMARKS[0]]]
@@ -70,10 +74,10 @@ def fill_store(uri: str, root: Path, preset: str = "smoke", seeds=(0, 1)) -> dic
     client.set_terminated(failed.info.run_id, "FAILED")
     train_only = client.create_run(exp, run_name="train-only", tags={"variant": "domino", "preset": preset, "seed": "6"})
     client.set_terminated(train_only.info.run_id, "FINISHED")
-    tables = client.create_run(exp, run_name=f"tables-{preset}", tags={"table": "summary", "preset": preset})
     client.log_dict(tables.info.run_id, rows, "tables/rows.json")
+    client.log_metric(tables.info.run_id, "domino/tau", 99.0)  # a seed aggregate of the study run
     client.set_terminated(tables.info.run_id, "FINISHED")
-    # a sweep: study run + trials (tag sweep), as lit_domino.sweep writes them
+    # a sweep: study run + trials (tag sweep), as lit_domino.studies.sweep writes them
     sexp = client.create_experiment("sweep-demo", artifact_location=(root / "mlruns-sweep").as_uri())
     study = client.create_run(sexp, run_name="demo", tags={"sweep": "demo", "sweep_role": "study", "variant": "domino"})
     for n, (rank, kind) in enumerate([(32, "linear"), (128, "cosine")]):
@@ -99,11 +103,11 @@ def store(tmp_path_factory):
 
 
 def test_analysis_reads_runs_and_rebuilds_tables(store):
-    from lit_domino import analysis
+    from lit_domino.studies import analysis
 
     uri, expected = store
     runs = analysis.load_runs(uri)
-    assert len(runs) == len(VARIANTS) * 2  # the failed, training-only, sweep and tables runs are left out
+    assert len(runs) == len(VARIANTS) * 2  # the failed, training-only, sweep and study runs are left out
     assert set(runs["variant"]) == set(VARIANTS) and set(runs["seed"]) == {0, 1}
     assert analysis.domains(runs) == BENCHMARKS
     for _, r in runs.iterrows():
@@ -129,7 +133,7 @@ def test_analysis_reads_runs_and_rebuilds_tables(store):
 
 
 def test_analysis_degrades_on_missing_or_empty_store(tmp_path):
-    from lit_domino import analysis
+    from lit_domino.studies import analysis
 
     uri = f"sqlite:///{tmp_path / 'nothing.db'}"
     runs = analysis.load_runs(uri)
@@ -142,7 +146,7 @@ def test_analysis_degrades_on_missing_or_empty_store(tmp_path):
 
 
 def _execute(uri: str, tmp_path: Path, monkeypatch):
-    from lit_domino.analysis import execute_notebook
+    from lit_domino.studies.analysis import execute_notebook
 
     monkeypatch.delenv("LIT_DOMINO_PRESET", raising=False)
     nb = execute_notebook(NOTEBOOK, tmp_path / "executed.ipynb", uri, timeout=120)

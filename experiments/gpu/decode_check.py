@@ -55,14 +55,14 @@ def main(argv=None) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("experiments/gpu/decode_check.py needs a CUDA GPU: torch.cuda.is_available() is False "
                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU machine.")
-    from lit_domino.bench import parse_pool_sizes
-    from lit_domino.configs import load_config
+    from lit_domino.studies.bench import parse_pool_sizes
+    from lit_domino.training.configs import load_config
     from lit_domino.data.benchmarks import load_benchmark
     from lit_domino.decoding import benchmark
-    from lit_domino.decoding.metrics import markdown_table
-    from lit_domino.experiment import train_variant
-    from lit_domino.models import load_drafter
-    from lit_domino.target import load_target
+    from lit_domino.decoding.harness import markdown_table
+    from lit_domino.training.experiment import train_variant
+    from lit_domino.interop import load_drafter
+    from lit_domino.target.load import load_target
 
     dtype = getattr(torch, args.dtype)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)"
@@ -128,14 +128,14 @@ def draft_ratios(rows: list[dict]) -> dict[str, float]:
     backbone = {r["benchmark"]: r["draft_ms_per_round"] for r in rows if r["method"] == "backbone"}
     per_method: dict[str, list[float]] = {}
     for r in rows:
-        if r["method"].startswith("domino"):
+        if r.get("drafter") == "domino":
             per_method.setdefault(r["method"], []).append(r["draft_ms_per_round"] / backbone[r["benchmark"]])
     return {m: sum(v) / len(v) for m, v in per_method.items()}
 
 
 def _official_loop(target, backbone, prompts, args):
     """z-lab's ``dflash_generate`` on the same backbone: the bench's ``--peers dflash`` row."""
-    from lit_domino.bench import official_peers
+    from lit_domino.studies.bench import official_peers
 
     try:
         external = official_peers(["dflash"], {"backbone": backbone}, target)

@@ -4,7 +4,7 @@ A random Qwen3-8B-shaped target (36 layers, d = 4096, V = 151,936, bf16) on CUDA
 batch (b = 4, T = 3072, A = 512, B = 16, 5 draft layers, Domino r = 256, d_s = 1024), bf16 autocast;
 per method: online target features (no LM head), forward, loss, backward, AdamW step, the lean path
 (``new``: chunked label-only loss, flex block masks) and, with ``--old``, the full-logits reference
-(expected to run out of memory). Same logic as the CPU benchmark (``lit_domino.memory.run_case``).
+(expected to run out of memory). Same logic as the CPU benchmark (``lit_domino.studies.memory.run_case``).
 Finishes in a few minutes on one H100/H200.
 
     python experiments/gpu/paper_step.py [--methods backbone,domino] [--steps 2] [--old] [--out FILE]
@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from lit_domino.memory import GB, METHODS, StepShape, memory_model, memory_model_table, run_case  # noqa: E402
+from lit_domino.studies.memory import GB, METHODS, StepShape, memory_model, memory_model_table, run_case  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Benchmark prompt sets: the papers' hub benchmarks, and embedded eval sets that work offline.
 
-Protocol (METHOD.md, "Evaluation protocol of the papers"): each benchmark is
+Protocol (docs/METHOD.md, "The papers' evaluation protocol"): each benchmark is
 shuffled with seed 0 and its first N prompts are used, N being the papers'
 count unless the caller gives one. ``load_benchmark(name, data_files=...)``
 reads a local file in the hub schema instead of the hub (that is how the tests
@@ -46,7 +46,7 @@ class BenchmarkSpec:
 
     name: str
     domain: str
-    default_n: int  # the papers' sample count (METHOD.md)
+    default_n: int  # the papers' sample count (docs/METHOD.md)
     hub_id: str | None = None
     config: str | None = None
     split: str | None = None

@@ -19,7 +19,7 @@ dataset that ``prepare_data`` reads. Backends: Hugging Face ``generate`` on the 
 (default; static left-padded batches) or any OpenAI-compatible server
 (:class:`ServerBackend`: ``/v1/completions`` with the chat template rendered here, so
 the server sees the very prompt tokens ``generate`` sees; concurrent requests and
-retries, :mod:`lit_domino.serving`). The backend is not part of the cache key: at
+retries, :mod:`lit_domino.runtime.serving`). The backend is not part of the cache key: at
 temperature 0 both give the target's greedy answers (checked by the tests against a
 real ``transformers serve``); which backend answered each chunk is in its marker and in
 ``report.json``.
@@ -38,11 +38,11 @@ import torch
 import datasets
 from tqdm.auto import tqdm
 
-from lit_domino import cache
+from lit_domino.runtime import cache
 from lit_domino.data.corpora import build_corpus
 from lit_domino.runtime.command import UsageError
 from lit_domino.runtime.inputs import parse_shard  # noqa: F401 (the API: "i/N" -> (i, N), checked)
-from lit_domino.serving import Completion, ServerClient, ServerError
+from lit_domino.runtime.serving import Completion, ServerClient, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ def regenerate(target, cfg: RegenConfig, root: Path | None = None, progress: boo
     ``backend``: None = Hugging Face ``generate`` on the target, or a :class:`ServerBackend`.
     ``merge_only``: answer nothing, only concatenate the finished chunks (after :func:`regenerate_part`
     workers); missing chunks are an error naming them.
-    One process builds it while others wait and reuse it (:func:`lit_domino.cache.building`);
+    One process builds it while others wait and reuse it (:func:`lit_domino.runtime.cache.building`);
     a corrupt cached dataset is rebuilt (finished chunks that are intact are kept); the
     caller's random state is left as it was (same batches from a cold or a warm cache).
     """

@@ -2,6 +2,8 @@
 
 * :func:`generate` — lossless speculative decoding (``drafter=None``: the plain AR baseline);
 * :class:`DLoopConfig` — the confidence-gated multi-stage drafting loop;
+* :class:`TreeConfig` — tree rounds (chain, DDTree, path-conditioned builders; a cost-aware budget with
+  :func:`measure_verify_cost`);
 * :func:`benchmark` — decode prompt sets with several drafters/settings and report
   ``tau``, ``speedup`` (vs our AR baseline, same process) and ``speedup_vs_hf_generate``;
 * :mod:`.metrics` — torchmetrics for acceptance length and per-position acceptance;
@@ -16,7 +18,10 @@ _LAZY = {
     "GenerationResult": "lit_domino.decoding.engine",
     "generate": "lit_domino.decoding.engine",
     "crop_cache": "lit_domino.decoding.kv",
-    "benchmark": "lit_domino.decoding.metrics",
+    "TreeConfig": "lit_domino.decoding.tree",
+    "VerifyCost": "lit_domino.decoding.cost",
+    "measure_verify_cost": "lit_domino.decoding.cost",
+    "benchmark": "lit_domino.decoding.harness",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

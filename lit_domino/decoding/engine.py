@@ -34,11 +34,12 @@ import torch
 from transformers import StaticCache
 
 from lit_domino.decoding.dloop import DLoopConfig
+from lit_domino.decoding.gates import RoundPolicy, round_policy
 from lit_domino.decoding.kv import crop_cache
 from lit_domino.decoding.sampling import (GREEDY_BELOW, accept_greedy, effective_temperature, one_hot_probs, pick,
                                           verify_sampling)
 from lit_domino.models.sessions import check_pool_size, compile_decode_step, is_greedy
-from lit_domino.target import check_layer_ids, select_features
+from lit_domino.target.load import check_layer_ids, select_features
 
 
 @dataclass
@@ -71,6 +72,9 @@ class GenerationResult:
     tpot_ms: float = float("nan")
     num_target_forwards: int = 0
     stop_reason: str = "length"  # "eos" or "length"
+    accepted_ranks: list[int] = field(default_factory=list)
+    """Tree rounds (``generate(..., tree=...)``): the sibling rank of every accepted node (0 = its parent's top
+    candidate), the statistic of how often a tree's branches pay."""
     stage_records: list[tuple[float, float, int, int]] = field(default_factory=list)
     """``generate(..., record_stages=True)``: per drafted stage ``(sum log q, last log q, K, accepted)`` — the
     stage's draft log-probabilities (for any DLoop gate's confidence) and how many of its K tokens the target
@@ -333,7 +337,7 @@ class _TargetRunner:
     verify step of each fixed width. The committed length is tracked on the host: no device read."""
 
     def __init__(self, target, capacity: int, static: bool, compiled: bool):
-        self.model, self.length = target.model, 0
+        self.model, self.length, self.capacity, self.static = target.model, 0, capacity, static
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity) if static else None
         self.step = compiled_forward(target) if compiled else self.model
 
@@ -343,9 +347,10 @@ class _TargetRunner:
         self.cache, self.length = out.cache, prompt.shape[0]
         return out
 
-    def forward(self, ids, hidden: bool, last_only: bool = False):
-        """``ids [n]`` at positions ``length .. length+n-1``."""
-        kw = {"logits_to_keep": 1} if last_only else {}
+    def forward(self, ids, hidden: bool, last_only: bool = False, **tree):
+        """``ids [n]`` in slots ``length .. length+n-1`` (at those positions unless ``tree`` gives the tree
+        rounds' ``position_ids`` and 4-D ``attention_mask``)."""
+        kw = {"logits_to_keep": 1, **tree} if last_only else tree
         out = self.step(input_ids=ids[None], cache=self.cache, use_cache=True, output_hidden_states=hidden, **kw)
         self.length += ids.shape[0]
         return out
@@ -399,10 +404,10 @@ def _commit(res: GenerationResult, new: list[int], eos: set[int], max_new_tokens
     return False
 
 
-def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, dloop, generator, options,
-                 runner: _TargetRunner, record_stages: bool = False):
+def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, policy: RoundPolicy, generator,
+                 options, runner: _TargetRunner, record_stages: bool = False):
     eos, layers = set(target.eos_token_ids), feature_layers(drafter)
-    greedy = is_greedy(temperature)
+    greedy, dloop = is_greedy(temperature), policy.dloop
     clock = _Clock(prompt.device)
     anchor, feats = _pick_first(runner.prefill(prompt, layers is not None), temperature, generator, layers)
     session = drafter.new_session(**options)
@@ -413,17 +418,20 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
     done = _commit(res, [int(anchor)], eos, max_new_tokens)
     limit = context_limit(target, drafter)
 
-    def room(drafted: int) -> int:  # drafts the next stage may add: block_size-1, fewer at the context's end
-        return block_size - 1 if limit is None else min(block_size - 1, limit - 1 - start - drafted)
+    def room(drafted: int) -> int:
+        """Drafts the next stage may add: block_size-1; fewer at the context's end, and without DLoop never more
+        than the round could emit (acc + 1 <= the tokens still wanted: the official loop's shorter last block;
+        DLoop's stages keep their length, its calibration records are per full stage)."""
+        looping = dloop is not None and dloop.max_stages > 1  # one stage is plain speculative decoding
+        n = block_size - 1 if looping else min(block_size - 1, max_new_tokens - len(res.tokens) - 1)
+        return n if limit is None else min(n, limit - 1 - start - drafted)
 
     while not done:
         # 1. draft: one stage of block_size-1 tokens; DLoop keeps drafting while the gate's confidence
         #    (papers: sum_k log q(d_k)) >= g, anchoring each stage at the previous last draft. At the
         #    end of the context a stage drafts fewer tokens (none: the round is a plain target step).
-        stages = [session.draft(anchor, room(0), temperature, generator)] if room(0) > 0 else []
-        while (dloop is not None and stages and room(m := sum(st.tokens.numel() for st in stages)) > 0
-               and dloop.should_continue(len(stages), dloop.confidence(stages[-1].logprobs))):
-            stages.append(session.draft(stages[-1].tokens[-1:], room(m), temperature, generator))
+        #    (lit_domino.decoding.gates: the round's stages and where they end, under the DLoop gate)
+        stages = policy.draft(session, anchor, room, temperature, generator)
         drafts = (torch.cat([s.tokens.reshape(-1) for s in stages]).to(prompt.device) if stages
                   else torch.zeros(0, dtype=torch.long, device=prompt.device))  # d_1..d_m
         clock.lap("draft")
@@ -556,15 +564,19 @@ def _eval_mode(*modules):
     (:func:`lit_domino.models.layers.outside_inference_mode`): an inference tensor saved for
     backward would break the drafter's training after the eval callback decodes mid-training.
     """
-    modules = [m for m in modules if isinstance(m, torch.nn.Module)]
-    flags = [m.training for m in modules]
+    # Only modules with a submodule in training mode are switched (and switched back): ``eval()`` walks every
+    # submodule through ``train(False)``, 1.5 ms for the smoke target on a loaded CPU, and a decode of 128
+    # tokens at ~1 ms/token paid it four times per call (3 % of dflash_generate's whole time); the check walks
+    # them once, without a setattr per module.
+    switched = [(m, m.training) for m in modules
+                if isinstance(m, torch.nn.Module) and any(x.training for x in m.modules())]
     try:
-        for m in modules:
+        for m, _ in switched:
             m.eval()
         with torch.inference_mode():
             yield
     finally:
-        for m, flag in zip(modules, flags):
+        for m, flag in switched:
             m.train(flag)
 
 
@@ -584,6 +596,7 @@ def generate(
     record_stages: bool = False,
     threads: int | None = None,
     attention_mask=None,
+    tree=None,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -615,6 +628,10 @@ def generate(
     the CPUs this process may use (a container's torch often counts the host's cores, and oversubscribed
     threads spin: one small call measured 17 s instead of 0.2 s on a busy 2-core machine). Tiny models
     decode fastest on 1 thread on a shared machine (the studies pin it).
+    ``tree`` (a :class:`lit_domino.decoding.tree.TreeConfig`): tree rounds instead of chain rounds (one target
+    forward over a draft tree, the accepted path walked from its root; lossless at every temperature); with
+    ``dloop`` the stages drafted while the gate is open stay a chain and the last stage becomes the tree.
+    Parallel drafters only (backbone, domino, dspark); eager only (no ``compile``); sdpa or eager attention.
     All inputs are validated before any decoding (ValueError with the reason); integer arguments may be numpy
     integers.
     """
@@ -626,6 +643,11 @@ def generate(
         raise ValueError(f"seed must be an integer or None, got {seed!r}")
     options = {} if pool_size is None else {"pool_size": pool_size}
     check_compile(compile, target.device)
+    if tree is not None:
+        from lit_domino.decoding.tree import check_tree
+
+        check_tree(tree, target, drafter, compile=compile, longest_prompt=max(p.shape[0] for p in prompts),
+                   limit=context_limit(target, drafter))
     static_cache = bool(static_cache or compile)
     temperature = effective_temperature(temperature)  # below GREEDY_BELOW: exactly the T = 0 path
     device = target.device
@@ -634,7 +656,15 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(_integer(seed))
     results = []
     with _eval_mode(target.model, drafter), _bounded_threads(threads):
+        policy = round_policy(dloop, target, drafter, block_size) if drafter is not None else None
+        if tree is not None and dloop is not None and (policy.predictor is not None or dloop.truncate is not None):
+            from lit_domino.decoding.tree import TreeError
+
+            raise TreeError(f"a tree round drafts its chain stages under the log-probability gates (sum, mean, scaled, "
+                            f"last); the {dloop.label()!r} gate's calibrated survival does not cover tree nodes yet")
         budget = 0 if drafter is None else (dloop.max_stages if dloop else 1) * (block_size - 1)
+        if tree is not None:  # DLoop's chain stages, then the last stage's tree
+            budget = (budget - block_size + 1 if dloop else 0) + max(tree.budget, block_size - 1)
         for row in prompts:
             row = row.to(device)
             capacity = row.shape[0] + max_new_tokens + budget + 1
@@ -649,7 +679,12 @@ def generate(
                            "compile": compile}
             if drafter is None:
                 results.append(_autoregressive(target, row, max_new_tokens, temperature, generator, runner))
+            elif tree is not None:
+                from lit_domino.decoding.tree import tree_speculative
+
+                results.append(tree_speculative(target, drafter, row, max_new_tokens, temperature, block_size, tree,
+                                                generator, options, runner, capacity, dloop))
             else:
                 results.append(_speculative(target, drafter, row, max_new_tokens, temperature, block_size,
-                                            dloop, generator, options, runner, record_stages))
+                                            policy, generator, options, runner, record_stages))
     return results[0] if len(results) == 1 else results

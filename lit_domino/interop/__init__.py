@@ -3,9 +3,10 @@
 * ``dflash`` (:mod:`.dflash`): z-lab's DFlash layout, for the backbone;
 * ``specforge-domino`` (:mod:`.specforge_domino`): the DFlash layout with SpecForge's Domino projector;
 * ``eagle3`` (:mod:`.eagle3`): the EAGLE-3 layout vLLM loads through ``speculators``;
-* ``dspark`` (:mod:`.dspark`): speculators' DSpark layout (``DSparkDraftModel``), for DSpark.
+* ``dspark`` (:mod:`.dspark`): speculators' DSpark layout (``DSparkDraftModel``), for DSpark;
+* ``dflash2`` (:mod:`.dflash2`): speculators' DFlash 2 layout (``DFlash2DraftModel``), for DFlash 2.
 
-``export_drafter(drafter, dir, format=...)`` writes one; ``lit_domino.load_drafter`` reads any of them
+``export_drafter(drafter, dir, format=...)`` writes one; :func:`load_drafter` (``lit_domino.load_drafter``) reads any of them
 (and hub ids, :func:`resolve_drafter_source`), detected from ``config.json``. A drafter kind that a format
 cannot express, or a foreign config this suite cannot run exactly, is refused naming the reason / field.
 """
@@ -17,9 +18,11 @@ from pathlib import Path
 
 # The format modules import torch; they load on first use, so that a command can check a format against a
 # drafter kind (FORMAT_KINDS) before torch is imported. FORMATS and the errors below are resolved lazily.
-FORMAT_KINDS = {"dflash": ("backbone",), "specforge-domino": ("domino",), "eagle3": ("eagle3",), "dspark": ("dspark",)}
+FORMAT_KINDS = {"dflash": ("backbone",), "specforge-domino": ("domino",), "eagle3": ("eagle3",), "dspark": ("dspark",),
+                "dflash2": ("dflash2",)}
 """Format name → the drafter kinds it expresses exactly (each format module's ``KINDS``)."""
-_MODULES = {"dflash": "dflash", "specforge-domino": "specforge_domino", "eagle3": "eagle3", "dspark": "dspark"}
+_MODULES = {"dflash": "dflash", "specforge-domino": "specforge_domino", "eagle3": "eagle3", "dspark": "dspark",
+            "dflash2": "dflash2"}
 _COMMON = ("ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME")
 
 
@@ -73,7 +76,7 @@ def export_drafter(drafter, directory: str | Path, format: str, target=None) -> 
 
 def detect_format(directory: str | Path) -> str | None:
     """The foreign format of a drafter directory (None: lit_domino's own ``save_pretrained`` layout)."""
-    from lit_domino.interop import dflash, dspark, eagle3, specforge_domino
+    from lit_domino.interop import dflash, dflash2, dspark, eagle3, specforge_domino
     from lit_domino.interop.common import ForeignConfigError, read_config_json
 
     cfg = read_config_json(Path(directory).expanduser())
@@ -83,18 +86,44 @@ def detect_format(directory: str | Path) -> str | None:
         return eagle3.NAME
     if dspark.detect(cfg):
         return dspark.NAME
+    if dflash2.detect(cfg):
+        return dflash2.NAME
     if dflash.detect(cfg):
         dc = cfg.get("dflash_config")  # not an object: refused naming it by dflash's import
         projector = dc.get("projector_type") if isinstance(dc, dict) else None
         return specforge_domino.NAME if projector == specforge_domino.PROJECTOR else dflash.NAME
+    kind = cfg.get("speculators_model_type")
+    if kind is not None:  # another speculators model (mtp, peagle, speculators' own dflash ...): name it
+        raise ForeignConfigError(f"cannot import: speculators_model_type={kind!r} is not expressible here (the "
+                                 f"speculators layouts this suite reads are eagle3, dspark and dflash2)")
     raise ForeignConfigError(f"{Path(directory) / 'config.json'} is neither a lit_domino drafter config (no 'kind') "
                              f"nor a format this suite reads ({', '.join(FORMAT_KINDS)}: a 'dflash_config' or "
-                             "'speculators_model_type: eagle3' or 'dspark')")
+                             "'speculators_model_type: eagle3', 'dspark' or 'dflash2')")
+
+
+def load_drafter(directory: str | Path, target=None, map_location="cpu"):
+    """Any drafter: a ``save_pretrained`` directory of ours, one in a field format (detected from
+    ``config.json``), or a hub id of either; bound to ``target`` when given. A directory inside a cache
+    artifact is checked against the artifact's marker first, and weights are checked for NaN/inf."""
+    from lit_domino.models.io import check_finite, check_recorded, is_foreign, load_saved, resolve_drafter_source
+
+    directory = resolve_drafter_source(directory)
+    check_recorded(directory)
+    if not is_foreign(directory):
+        return load_saved(directory, target, map_location)
+    from lit_domino.interop import eagle3
+
+    drafter = import_drafter(directory, map_location=map_location)
+    check_finite(drafter, directory)
+    if target is not None:
+        drafter.bind_target(target)
+        eagle3.check_carried(drafter, target)
+    return drafter
 
 
 def import_drafter(directory: str | Path, map_location="cpu"):
     """A foreign-format drafter directory as our drafter (unbound)."""
-    from lit_domino.interop import dflash, dspark, eagle3
+    from lit_domino.interop import dflash, dflash2, dspark, eagle3
     from lit_domino.interop.common import read_config_json
 
     directory = Path(directory).expanduser()
@@ -104,8 +133,10 @@ def import_drafter(directory: str | Path, map_location="cpu"):
         return eagle3.import_eagle3(directory, cfg, map_location)
     if fmt == dspark.NAME:
         return dspark.import_dspark(directory, cfg, map_location)
+    if fmt == dflash2.NAME:
+        return dflash2.import_dflash2(directory, cfg, map_location)
     return dflash.import_dflash_layout(directory, cfg, map_location)
 
 
-__all__ = ["FORMATS", "FORMAT_KINDS", "ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME",
+__all__ = ["FORMATS", "FORMAT_KINDS", "load_drafter", "ExportError", "ForeignConfigError", "LABEL_CONVENTION", "SIDECAR_NAME",
            "detect_format", "export_drafter", "format_module", "format_refusal", "formats_for", "import_drafter"]

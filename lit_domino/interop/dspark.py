@@ -4,8 +4,9 @@ dspark``), for the ``dspark`` drafter.
 ``config.json``: ``transformer_layer_config`` (a Qwen3 config of the draft layers), ``draft_vocab_size`` = the
 target's vocabulary (the target's LM head, no d2t/t2d), ``block_size``, ``aux_hidden_state_layer_ids`` (the
 fused layers in speculators' numbering, an index into ``hidden_states``: our decoder-layer id + 1),
-``mask_token_id``, ``sample_from_anchor: false`` (the suite's label convention: block position k >= 1 predicts
-``x_{a+k}``, the previous token of slot k is ``x_{a+k-1}``), ``markov_rank``, ``markov_head_type``,
+``mask_token_id``, ``sample_from_anchor`` (ours: false, a block of B slots whose slot k >= 1 predicts ``x_{a+k}``
+from ``x_{a+k-1}``; true, DeepSpec's convention, a block of B-1 slots whose slot j predicts ``x_{a+j+1}`` from
+``x_{a+j}``, written with speculators' ``block_size`` = ours - 1: the same B-1 drafted tokens), ``markov_rank``, ``markov_head_type``,
 ``enable_confidence_head``, ``confidence_head_with_markov``, ``speculators_config`` (algorithm dspark, a greedy
 proposal of ``block_size - 1`` tokens, the verifier). ``model.safetensors``: the backbone under our names
 (``fc``, ``hidden_norm``, ``layers.*``, ``norm``: speculators' DFlash names), ``markov_head.markov_w1/_w2``,
@@ -14,9 +15,8 @@ proposal of ``block_size - 1`` tokens, the verifier). ``model.safetensors``: the
 
 The distribution layer: our DSpark feature list ends with the target's last layer; the layout has no key for
 it, so import takes the target's layer count from ``lit_domino_export.json`` or the verifier's own config
-(``speculators_config.verifier.name_or_path``, a local model directory). Refused by name: ``sample_from_anchor:
-true`` (the anchor predicting, B tokens a block: not the suite's convention), ``markov_rank`` <= 0 (no Markov
-head), a reduced draft vocabulary, another target width, sliding-window layers (``qwen3_fields``).
+(``speculators_config.verifier.name_or_path``, a local model directory). Refused by name: ``markov_rank`` <= 0
+(no Markov head), a reduced draft vocabulary, another target width, sliding-window layers (``qwen3_fields``).
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def export(drafter, directory: Path, target=None) -> Path:
         model = (target if target is not None else drafter.target).model
         arch = list(getattr(model.config, "architectures", None) or [type(model).__name__])
     cfg = {"architectures": ["DSparkSpeculator"], "speculators_model_type": NAME, "draft_vocab_size": c.vocab_size,
-           "block_size": int(c.block_size), "target_hidden_size": None,
+           "block_size": int(c.block_size) - int(c.sample_from_anchor), "target_hidden_size": None,
            "aux_hidden_state_layer_ids": [int(j) + AUX_OFFSET for j in c.feature_layers[:-1]],
-           "mask_token_id": int(c.mask_token_id), "sliding_window_non_causal": False, "sample_from_anchor": False,
+           "mask_token_id": int(c.mask_token_id), "sliding_window_non_causal": False,
+           "sample_from_anchor": bool(c.sample_from_anchor),
            "markov_rank": int(h.rank), "markov_head_type": h.head_type, "enable_confidence_head": bool(h.confidence),
            "confidence_head_with_markov": bool(h.confidence and h.confidence_with_markov),
            "dtype": str(drafter.dtype).removeprefix("torch."), "transformer_layer_config": layer.to_dict(),
@@ -94,9 +95,9 @@ def _target_layers(directory: Path, cfg: dict) -> int:
 
 def import_dspark(directory: Path, cfg: dict, map_location="cpu"):
     fields = qwen3_fields(cfg.get("transformer_layer_config") or {}, "transformer_layer_config.")
-    if cfg.get("sample_from_anchor", True):
-        refuse("sample_from_anchor", cfg.get("sample_from_anchor", True), "the anchor predicts nothing here (block "
-               "position k >= 1 predicts x_{a+k}, B-1 drafted tokens); export with sample_from_anchor false")
+    from_anchor = cfg.get("sample_from_anchor", True)  # speculators' default for dspark
+    if not isinstance(from_anchor, bool):
+        refuse("sample_from_anchor", from_anchor, "it is true or false")
     rank = int(cfg.get("markov_rank", 256))
     if rank <= 0:
         refuse("markov_rank", rank, "a DSpark drafter here has its Markov head (rank > 0); a pure DFlash draft is "
@@ -117,7 +118,8 @@ def import_dspark(directory: Path, cfg: dict, map_location="cpu"):
     with_markov = bool(cfg.get("confidence_head_with_markov", True))
     num_layers = _target_layers(directory, cfg)
     mask = cfg.get("mask_token_id")
-    fields.update(block_size=int(cfg.get("block_size", 8)),
+    fields.update(block_size=int(cfg.get("block_size", 8)) + int(from_anchor),  # ours counts the verify width
+                  sample_from_anchor=from_anchor,
                   feature_layers=[int(j) - AUX_OFFSET for j in aux] + [num_layers - 1],
                   mask_token_id=int(mask) if mask is not None else fields["vocab_size"] - 1,
                   head={"rank": rank, "head_type": head_type, "confidence": confidence,

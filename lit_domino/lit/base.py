@@ -4,7 +4,7 @@
 
 * the frozen target, obtained from the DataModule when there is one (so the
   DataModule and the module hold the *same* object) or from
-  :func:`lit_domino.target.load_target` (memoised per process). It is a plain
+  :func:`lit_domino.target.load.load_target` (memoised per process). It is a plain
   attribute, not a registered submodule: it is in neither checkpoints nor the
   optimizer, and it follows the module to its device at the start of each stage;
 * the drafter (``self.drafter``), built from ``DrafterConfig.from_target`` in
@@ -37,11 +37,12 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
-from lit_domino.metrics import PositionAccuracy, PrefixAcceptance, tau_sim
+from lit_domino.lit.metrics import PositionAccuracy, PrefixAcceptance, tau_sim
 from lit_domino.models import Drafter, build_drafter
 from lit_domino.models.layers import TrainOptions
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, LossSettings, check_block_size, check_chunk_size, position_weights
-from lit_domino.target import Target, load_target
+from lit_domino.models.objectives import (DEFAULT_CHUNK_SIZE, LossSettings, check_block_size, check_chunk_size,
+    position_weights)
+from lit_domino.target.load import Target, load_target
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class StepOutput:
 
 
 def resolve_target(spec, dtype: str = "float32"):
-    """A :class:`~lit_domino.target.Target` object as is, else ``load_target(spec, dtype)`` (memoised,
+    """A :class:`~lit_domino.target.load.Target` object as is, else ``load_target(spec, dtype)`` (memoised,
     on the GPU when there is one: the same copy the DataModule gets)."""
     if isinstance(spec, Target):
         return spec

@@ -8,7 +8,7 @@ from typing import Literal
 from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
 from lit_domino.models import DominoDrafter
 from lit_domino.models.domino import CAUSAL_INPUTS
-from lit_domino.objectives import LambdaSchedule
+from lit_domino.models.objectives import LambdaSchedule
 
 
 class DominoModule(DrafterModule):

@@ -6,7 +6,7 @@ import torch
 
 from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
 from lit_domino.models import Eagle3Drafter
-from lit_domino.objectives import IGNORE_INDEX
+from lit_domino.models.objectives import IGNORE_INDEX
 
 
 class Eagle3Module(DrafterModule):

@@ -1,4 +1,4 @@
-"""DLoop's loop-aware training: fine-tune a trained backbone / Domino / EAGLE-3 drafter to draft well when its
+"""DLoop's loop-aware training: fine-tune a trained backbone / Domino / EAGLE-3 / DSpark drafter to draft well when its
 context holds its own unverified drafts.
 
 Per optimizer step a stage depth ``S`` is drawn (uniform over ``min_stages..max_stages``, seeded by
@@ -10,11 +10,13 @@ with each drafter's usual per-stage loss:
 
 * backbone: the position-weighted block CE;
 * Domino: its curriculum loss ``λ·CE(base) + (1-λ)·CE(final)`` (default ``λ = 0``: the drafter
-  already finished its curriculum; any :class:`~lit_domino.objectives.LambdaSchedule` works);
-* EAGLE-3: ``Σ_k decay^(k-1)·CE_k`` over the stage's ``K`` chain steps (its TTT loss per stage).
+  already finished its curriculum; any :class:`~lit_domino.models.objectives.LambdaSchedule` works);
+* EAGLE-3: ``Σ_k decay^(k-1)·CE_k`` over the stage's ``K`` chain steps (its TTT loss per stage);
+* DSpark: DeepSpec's ``0.1·CE + 0.9·TV(q, p) + 1.0·BCE(conf, 1 − TV)`` per stage, p the target's
+  distribution at the stage's (ground-truth) positions, from the same cached features.
 
 With ``S = 1`` the loss is exactly the variant's ordinary training loss. The module starts from a
-``save_pretrained`` directory (``init_from``; a :class:`~lit_domino.experiment.TrainedDrafter` works
+``save_pretrained`` directory (``init_from``; a :class:`~lit_domino.training.experiment.TrainedDrafter` works
 too), binds it to the target (``DrafterMismatchError`` when the target's fingerprint differs) and
 adds no parameters: the exported drafter loads and decodes like the original.
 """
@@ -28,10 +30,11 @@ from typing import Any, Literal
 import torch
 
 from lit_domino.lit.base import DrafterModule, StepOutput
-from lit_domino.models import load_drafter, read_config, registry
+from lit_domino.models import read_config, registry
+from lit_domino.interop import load_drafter
 from lit_domino.models.domino import CAUSAL_INPUTS
 from lit_domino.models.loop import check_stages, loop_forward
-from lit_domino.objectives import IGNORE_INDEX, LambdaSchedule, LossSettings
+from lit_domino.models.objectives import IGNORE_INDEX, LambdaSchedule, LossSettings
 
 
 def _drafter_dir(init_from) -> Path:

@@ -8,7 +8,7 @@ import torch
 
 from lit_domino.lit.base import DrafterModule, StepOutput
 from lit_domino.models import SmallLMDrafter
-from lit_domino.objectives import IGNORE_INDEX
+from lit_domino.models.objectives import IGNORE_INDEX
 
 
 class SmallLMModule(DrafterModule):

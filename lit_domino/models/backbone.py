@@ -24,7 +24,7 @@ from lit_domino.models.layers import (DecoderLayer, KVCache, RMSNorm, StaticKVCa
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import DraftSession, StageDraft, Stage, compile_for, pick_tokens
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
 
 
 @dataclass
@@ -149,6 +149,16 @@ class ParallelSession(DraftSession):
     @torch.no_grad()
     def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
               generator: torch.Generator | None = None) -> StageDraft:
+        hidden, anchor = self.draft_hidden(anchor_token, num_tokens)
+        out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
+        self.stages[-1].tokens = out.tokens
+        return out
+
+    @torch.no_grad()
+    def draft_hidden(self, anchor_token, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block forward of a stage without its picks → (hidden [K+1, d] after the final norm, anchor [1]):
+        what :meth:`draft` picks from, and what a tree builder (:mod:`lit_domino.decoding.tree`) expands. The
+        stage is recorded (its tokens unknown: the anchor repeated) so that the next crop/extend drops it."""
         drafter, dev = self.drafter, self.device
         if self.stages:  # DLoop: previous stage's hidden states stand in for the unverified features
             prev = self.stages[-1]
@@ -164,18 +174,19 @@ class ParallelSession(DraftSession):
             else:
                 ctx, ctx_pos = None, None
         anchor = self._check_draft(anchor_token, num_tokens, start)
-        ids = torch.full((num_tokens + 1,), self.config.mask_token_id, dtype=torch.long, device=dev)
+        rows = num_tokens if drafter.anchor_predicts else num_tokens + 1  # query rows of the block
+        ids = torch.full((rows,), self.config.mask_token_id, dtype=torch.long, device=dev)
         ids[0] = anchor[0]
-        pos = torch.arange(start, start + num_tokens + 1, device=dev)  # [K+1]
+        pos = torch.arange(start, start + rows, device=dev)  # [rows]
         mask = None
         if self.static_capacity is not None:
-            ctx, ctx_pos, mask = self._static_inputs(ctx, ctx_pos, start + num_tokens + 1)
-        hidden = self.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, mask, self.caches)[0]
+            ctx, ctx_pos, mask = self._static_inputs(ctx, ctx_pos, start + rows)
+        hidden = self.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, mask, self.caches)
+        hidden = drafter.slot_hidden(hidden)[0]  # [K+1, d]: row k predicts the k-th drafted token
         if not self.stages:
             self._cached, self._pending = self._len, []
-        out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
-        self.stages.append(Stage(start, out.tokens, hidden))
-        return out
+        self.stages.append(Stage(start, anchor.expand(num_tokens), hidden))
+        return hidden, anchor
 
     def _static_inputs(self, ctx, ctx_pos, end: int):
         """The static path's context rows, exactly ``block_size`` of them, and the mask of slots < ``end`` (the
@@ -263,7 +274,7 @@ def parallel_loop_forward(
     (``lit_domino.models.loop`` explains the unroll); stage 1 is ``forward_train``. ``with_logits=False``:
     the lean stages (no ``[b, A, B, V]`` logits; the loss computes them). Masks are dense here."""
     K = check_stages(drafter, num_stages, anchors, anchor_mask, drafter.stage_tokens(drafter.config, stage_tokens))
-    B = K + 1
+    B = K if drafter.anchor_predicts else K + 1  # query rows per block
     first = drafter.forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask, causal_inputs,
                                   with_logits)
     outs = [first]
@@ -298,8 +309,9 @@ def parallel_loop_forward(
         ctx = torch.cat([ctx_target, *subst], dim=1)  # [b, T + (s-1)·A·K, d]
         ctx_pos = torch.cat([pos_target, *subst_pos], dim=1)
         mask = torch.cat([target_vis, *subst_vis, block_vis], dim=-1)  # [b, 1, A*B, T + (s-1)AK + A*B]
-        emb = drafter.embed_tokens(block_ids).reshape(b, A * B, -1)
-        hidden = drafter.block_hidden(emb, pos.reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)
+        emb = drafter.embed_tokens(block_ids[..., :B]).reshape(b, A * B, -1)
+        hidden = drafter.block_hidden(emb, pos[..., :B].reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)
+        hidden = drafter.slot_hidden(hidden)  # [b, A, K+1, d]
         out = BlockOutput(hidden=hidden, logits=drafter.compute_logits(hidden) if with_logits else None,
                           labels=labels, block_tokens=block_tokens)
         outs.append(drafter.add_head(out, causal_inputs))
@@ -313,6 +325,7 @@ class ParallelDrafter(Drafter):
     config_class = BackboneConfig
     session_class = ParallelSession
     draft_options = ("static_capacity", "compile")
+    tree_builders = ("chain", "ddtree")
     supports_loop_training = True
 
     def __init__(self, config: BackboneConfig):
@@ -407,15 +420,32 @@ class ParallelDrafter(Drafter):
             input_ids, anchors, anchor_mask, loss_mask, attention_mask)
         ctx = self.fuse(features)  # [b, T, d]
         ctx_pos = torch.arange(T, device=input_ids.device)  # [T]
+        R = B - 1 if self.anchor_predicts else B  # query rows per block
         if self.train_options.use_flex(input_ids.device):
-            mask = block_flex_mask(anchors, anchor_mask, T, B)
+            mask = block_flex_mask(anchors, anchor_mask, T, R)
         else:
-            mask = block_attention_mask(anchors, anchor_mask, T, B)  # [b, 1, A*B, T + A*B]
-        emb = self.embed_tokens(block_ids).reshape(b, A * B, -1)  # [b, A*B, d]
-        hidden = self.block_hidden(emb, pos.reshape(b, A * B), ctx, ctx_pos, mask).view(b, A, B, -1)  # [b,A,B,d]
+            mask = block_attention_mask(anchors, anchor_mask, T, R)  # [b, 1, A*R, T + A*R]
+        emb = self.embed_tokens(block_ids[..., :R]).reshape(b, A * R, -1)  # [b, A*R, d]
+        hidden = self.block_hidden(emb, pos[..., :R].reshape(b, A * R), ctx, ctx_pos, mask).view(b, A, R, -1)
+        hidden = self.slot_hidden(hidden)  # [b, A, B, d]
         out = BlockOutput(hidden=hidden, logits=self.compute_logits(hidden) if with_logits else None, labels=labels,
                           block_tokens=block_tokens)
         return self.add_head(out, causal_inputs)
+
+    @property
+    def anchor_predicts(self) -> bool:
+        """Whether the block's anchor slot predicts too (DeepSpec's ``sample_from_anchor``): a block of the suite's
+        size B then runs B-1 query rows ``[x_a, MASK × (B-2)]`` at ``a .. a+B-2``, row j predicting ``x_{a+j+1}``
+        (same B-1 drafted tokens, same verify width). False here: row k >= 1 predicts ``x_{a+k}``."""
+        return False
+
+    def slot_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The block's query rows ``[..., R, d]`` in the suite's label layout ``[..., B, d]``: index k predicts
+        ``x_{a+k}``. With :attr:`anchor_predicts` a zero row goes in front (index 0 predicts nothing, as
+        always), so the labels, losses, metrics and DLoop's ``hidden[1:]`` context stay the same code."""
+        if not self.anchor_predicts:
+            return hidden
+        return torch.cat([hidden.new_zeros(*hidden.shape[:-2], 1, hidden.shape[-1]), hidden], dim=-2)
 
     def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> BlockOutput:
         """Hook for a method's head on top of the backbone's blocks (Domino sets ``final_logits``); none here."""
@@ -430,6 +460,12 @@ class ParallelDrafter(Drafter):
             loss = lean_block_ce(self.compute_logits, out.hidden, out.labels, settings.position_weights,
                                  settings.chunk_size)
         return loss, {"loss_base": loss.detach()}
+
+    def batch_loss(self, batch, features, settings, causal_inputs: str = "teacher_forced"):
+        out = self.forward_train(batch["input_ids"], features, batch["anchors"], batch["anchor_mask"],
+                                 batch.get("loss_mask"), batch.get("attention_mask"), causal_inputs,
+                                 with_logits=settings.chunk_size is None)
+        return self.block_loss(out, settings)
 
     def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
                      attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",

@@ -24,7 +24,7 @@ from torch import nn
 
 from lit_domino.models import registry
 from lit_domino.models.layers import TrainOptions
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
+from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
 from lit_domino.runtime.command import UsageError
 
 CONFIG_NAME = "config.json"
@@ -266,6 +266,10 @@ class Drafter(nn.Module):
     draft_options: ClassVar[tuple[str, ...]] = ()
     """Decoding options the method's session takes (``new_session(**options)``; Domino: ``pool_size``)."""
 
+    tree_builders: ClassVar[tuple[str, ...]] = ()
+    """Tree builders (:mod:`lit_domino.decoding.tree`) the method's session supports: ``chain`` and ``ddtree``
+    need a parallel block (``draft_hidden``), ``path`` a causal head (``path_head``); none: no tree rounds."""
+
     @classmethod
     def stage_tokens(cls, config: DrafterConfig, requested: int | None = None) -> int:
         """Tokens K one DLoop stage drafts (loop-capable methods): ``block_size - 1`` unless the method lets
@@ -348,6 +352,12 @@ class Drafter(nn.Module):
     # ------------------------------------------------------------------ views, sessions, saving
 
     # ------------------------------------------------------------------ lean training outputs
+
+    def batch_loss(self, batch: dict, features: torch.Tensor | None, settings, causal_inputs: str = "teacher_forced"):
+        """One training step's loss on a DataModule batch (``input_ids``, ``loss_mask``, ``attention_mask``,
+        ``anchors``, ``anchor_mask``) and its target ``features`` -> (loss, parts): the method's forward and loss,
+        lean unless ``settings.chunk_size`` is None (what the memory benchmark runs for every method)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch_loss")
 
     def row_inputs(self, out) -> list[torch.Tensor]:
         """What :meth:`row_logits` reads per position of a block output, each ``[..., B, *]`` (``hidden``)."""

@@ -31,7 +31,7 @@ from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDraf
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
-from lit_domino.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
+from lit_domino.models.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
 """How the GRU is fed in training: the true tokens (one parallel pass) or the draft's own argmax picks."""
@@ -289,6 +289,37 @@ class HeadDraft:
     """[K, P] the pool's token ids; None without a pool."""
 
 
+class DominoPathHead:
+    """Domino's head over a tree's frontier (DARTree): one GRU state per node, every frontier node of a depth in
+    one batch. The recurrence of :func:`draft_block`, row-wise: S_0 consumed x_a; a node at depth i (block
+    position i+1) has ``L = L_base + W_up·SiLU(W_down·[H ; S_parent])``; a child's state consumed its token.
+    Always the full vocabulary (``pool_size`` shapes the chain's picks only)."""
+
+    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
+        H = hidden[1:]  # [K, d]
+        self.base = drafter.compute_logits(H)  # [K, V] the backbone's marginals
+        self.tables = t = drafter.head.decode_tables(drafter.embed.weight)
+        self.h_part = H @ t.w_down_h  # [K, r]
+        self.w_hh_t = drafter.head.gru.weight_hh_l0.T  # [d_s, 3d_s]
+        self.anchor = anchor
+
+    def start(self) -> torch.Tensor:  # [1, d_s] S_0
+        gi = self.tables.gi.index_select(0, self.anchor)
+        s = gi.new_zeros(1, self.w_hh_t.shape[0])
+        return gru_gates(gi, s @ self.w_hh_t, s)
+
+    def step(self, i: int, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frontier states [F, d_s] at depth i → (their children's logits [F, V], what the children inherit)."""
+        t = self.tables
+        z = torch.addmm(self.h_part[i: i + 1], states, t.w_down_s)  # [F, r]
+        return corrected_logits(z, t.w_up_t, self.base[i: i + 1].expand(states.shape[0], -1)), states
+
+    def child(self, inherited: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The GRU states of the chosen children: parent rows ``rows`` [F'] consumed ``tokens`` [F']."""
+        s = inherited.index_select(0, rows)
+        return gru_gates(self.tables.gi.index_select(0, tokens), s @ self.w_hh_t, s)
+
+
 class DominoSession(ParallelSession):
     """Backbone block once, then the Domino head's decode rollout over block positions 1..K.
 
@@ -303,6 +334,10 @@ class DominoSession(ParallelSession):
         super().__init__(drafter, static_capacity, compile)
         self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
         self.head_loop = compiled_draft_block(self.device) if compile else draft_block
+
+    def path_head(self, hidden: torch.Tensor, anchor: torch.Tensor) -> DominoPathHead:
+        """The head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
+        return DominoPathHead(self.drafter, hidden, anchor)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
@@ -320,6 +355,7 @@ class DominoDrafter(ParallelDrafter):
     config_class = DominoConfig
     session_class = DominoSession
     draft_options = ("pool_size", "static_capacity", "compile")
+    tree_builders = ("chain", "ddtree", "path")
     uses_curriculum = True
 
     def __init__(self, config: DominoConfig):

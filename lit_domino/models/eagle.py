@@ -35,7 +35,7 @@ from lit_domino.models.layers import (Attention, KVCache, RMSNorm, StructuredAtt
 from lit_domino.models.loop import ContextFn, check_stages, pad_right
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, draft_chain
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
+from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
 
 
 @dataclass
@@ -378,6 +378,13 @@ class Eagle3Drafter(Drafter):
         return (h, *cache.tensors())
 
     # ------------------------------------------------------------------ losses
+
+    def batch_loss(self, batch, features, settings, causal_inputs: str = "teacher_forced"):
+        """Its TTT loss (``settings.step_decay``) on every position of the batch (anchors unused)."""
+        out = self.forward_train(batch["input_ids"], features, batch.get("loss_mask"), batch.get("attention_mask"),
+                                 with_logits=False)
+        loss, per_step, _ = self.train_loss(out, settings.step_decay, chunk_size=settings.chunk_size)
+        return loss, {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
 
     def train_loss(self, out: EagleOutput, step_decay: float = 0.8, with_preds: bool = False,
                    chunk_size: int | None = DEFAULT_CHUNK_SIZE):

@@ -4,14 +4,12 @@ A drafter directory holds ``config.json`` (``config.to_dict()``, naming the kind
 ``model.safetensors`` (the drafter's own parameters only: the target's embedding and
 LM head are never saved). A small-LM drafter also writes its Hugging Face
 ``save_pretrained`` copy under ``lm/``. Loading needs no Lightning:
-``load_drafter(dir, target=None)``.
-
-``load_drafter`` also reads the field's formats (:mod:`lit_domino.interop`: DFlash, SpecForge's Domino,
-speculators' EAGLE-3), told apart by ``config.json`` (ours names a ``kind``), and hub ids of such
-drafters (``z-lab/Qwen3-8B-DFlash-b16``), downloaded with ``huggingface_hub.snapshot_download``.
+:func:`load_saved` (our layout); ``lit_domino.load_drafter`` (in :mod:`lit_domino.interop`, the layer above)
+also reads the field's formats, told apart by ``config.json`` (ours names a ``kind``), and hub ids of such
+drafters (``z-lab/Qwen3-8B-DFlash-b16``), downloaded here by :func:`resolve_drafter_source`.
 
 No corrupt file is loaded: a directory inside a cache artifact is checked against the artifact's
-marker first (whole-file SHA-256s, :func:`lit_domino.cache.check_directory`), and the loaded weights
+marker first (whole-file SHA-256s, :func:`lit_domino.runtime.cache.check_directory`), and the loaded weights
 are checked for NaN and inf; either problem is a :class:`DrafterLoadError` naming the file.
 """
 
@@ -23,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model
 
-from lit_domino import cache
+from lit_domino.runtime import cache
 from lit_domino.models import registry
 from lit_domino.models.base import CONFIG_NAME, WEIGHTS_NAME, Drafter, DrafterConfig, DrafterLoadError
 
@@ -62,7 +60,7 @@ def resolve_drafter_source(spec: str | Path) -> Path:
 
     Offline (``HF_HUB_OFFLINE`` set, or the hub not answering within seconds) a hub id loads only from
     the local Hugging Face cache; when it is not there the error names the local alternative."""
-    from lit_domino.target import HUB_CHECK_SECONDS, hub_offline, hub_reachable
+    from lit_domino.target.load import HUB_CHECK_SECONDS, hub_offline, hub_reachable
 
     path = Path(spec).expanduser()
     if path.is_dir() or not _is_hub_id(str(spec)):
@@ -86,29 +84,11 @@ def resolve_drafter_source(spec: str | Path) -> Path:
             "local directory DIR, or use a drafter trained here (a save_pretrained directory)") from None
 
 
-def _foreign(directory: Path) -> bool:
-    """Whether ``config.json`` is another project's (ours always names the drafter ``kind``)."""
-    try:
-        data = json.loads((directory / CONFIG_NAME).read_text())
-    except json.JSONDecodeError:
-        return False  # read_config reports it
-    return isinstance(data, dict) and "kind" not in data
-
-
-def load_drafter(directory: str | Path, target=None, map_location: str | torch.device = "cpu") -> Drafter:
-    """Rebuild a drafter saved with ``save_pretrained`` (no Lightning), or one in a foreign format
-    (:mod:`lit_domino.interop`), from a directory or a hub id; bind it when ``target`` is given."""
-    directory = resolve_drafter_source(directory)
-    check_recorded(directory)
-    if (directory / CONFIG_NAME).is_file() and _foreign(directory):
-        from lit_domino.interop import eagle3, import_drafter  # the formats import this module
-
-        drafter = import_drafter(directory, map_location=map_location)
-        check_finite(drafter, directory)
-        if target is not None:
-            drafter.bind_target(target)
-            eagle3.check_carried(drafter, target)
-        return drafter
+def load_saved(directory: str | Path, target=None, map_location: str | torch.device = "cpu") -> Drafter:
+    """Rebuild a drafter saved with ``save_pretrained`` (no Lightning) from a local directory; bind it when
+    ``target`` is given. ``lit_domino.load_drafter`` (:func:`lit_domino.interop.load_drafter`) is the entry
+    point that also reads the field's formats and hub ids, and calls this for our own layout."""
+    directory = Path(directory).expanduser()
     w_path = directory / WEIGHTS_NAME
     for p in (directory / CONFIG_NAME, w_path):  # both files present before either is read
         if not p.is_file():
@@ -128,6 +108,15 @@ def load_drafter(directory: str | Path, target=None, map_location: str | torch.d
     if target is not None:
         drafter.bind_target(target)
     return drafter
+
+
+def is_foreign(directory: Path) -> bool:
+    """Whether ``config.json`` is another project's (ours always names the drafter ``kind``)."""
+    try:
+        data = json.loads((directory / CONFIG_NAME).read_text())
+    except (json.JSONDecodeError, FileNotFoundError):
+        return False  # read_config reports it
+    return isinstance(data, dict) and "kind" not in data
 
 
 def check_recorded(directory: Path) -> None:

@@ -17,7 +17,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from lit_domino.models.base import Drafter, DrafterConfig, DrafterMismatchError
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Stage, StageDraft, draft_chain
-from lit_domino.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, chunked_ce, token_ce
+from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, chunked_ce, token_ce
 
 
 @dataclass
@@ -182,6 +182,12 @@ class SmallLMDrafter(Drafter):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., d] -> [..., V]
         return self.lm.lm_head(hidden)
+
+    def batch_loss(self, batch, features, settings, causal_inputs: str = "teacher_forced"):
+        """Its next-token CE on the batch's response tokens (no features, no anchors)."""
+        out = self.forward_train(batch["input_ids"], batch.get("loss_mask"), batch.get("attention_mask"),
+                                 with_logits=settings.chunk_size is None)
+        return self.train_loss(out, settings.chunk_size), {}
 
     def train_loss(self, out: LMOutput, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
         """Mean next-token CE over the labelled (response) tokens: from the materialised logits when the

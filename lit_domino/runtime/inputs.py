@@ -86,7 +86,7 @@ def check_target_spec(spec: str | None, flag: str = "--target") -> None:
     if not spec or spec == "random" or spec.startswith("embedded:"):
         return
     path = Path(spec).expanduser()
-    local = path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1  # lit_domino.target's rule
+    local = path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1  # lit_domino.target.load's rule
     if local and not path.is_dir():
         raise UsageError(f"{flag}: {spec!r} " + ("is not a directory" if path.exists() else "does not exist"))
 
@@ -106,7 +106,7 @@ def parse_json_object(text: str | None, flag: str) -> dict | None:
 
 def check_server(url: str, flag: str, timeout: float = SERVER_CHECK_SECONDS) -> None:
     """One ``GET /v1/models`` without retries, answered within ``timeout`` s, before any work starts."""
-    from lit_domino.serving import ServerClient  # requests only
+    from lit_domino.runtime.serving import ServerClient  # requests only
 
     try:
         client = ServerClient(url, retries=0)

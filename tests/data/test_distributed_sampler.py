@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from lit_domino.data.datamodule import DrafterDataModule, EpochShuffleSampler, sample_anchors
+from lit_domino.training.datamodule import DrafterDataModule, EpochShuffleSampler, sample_anchors
 
 
 def _lengths(n=437, seed=0):

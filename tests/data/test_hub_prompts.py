@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lit_domino.data.corpora import build_corpus
-from lit_domino.data.datamodule import DrafterDataModule
+from lit_domino.training.datamodule import DrafterDataModule
 from lit_domino.data.hub_prompts import SOURCES, HubPromptsUnavailable, build_prompts, conversation
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hub_prompts"

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from lit_domino import cache
+from lit_domino.runtime import cache
 from lit_domino.data.regenerate import RegenConfig, answer_ids, encode_conversation, parse_shard, regen_dir, regenerate
-from lit_domino.serving import Completion, ServerClient, normalize_url
+from lit_domino.runtime.serving import Completion, ServerClient, normalize_url
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # ~5x faster on 2 busy cores
 
@@ -179,7 +179,7 @@ def test_sampled_regeneration_leaves_the_global_rng_alone(tiny_target):
 
 
 def test_answer_ids_rebuilds_eos_and_flags_inconsistent_counts(corpus_tokenizer):
-    """A server's text answer back to token ids (the real-server equality test is tests/test_serving.py)."""
+    """A server's text answer back to token ids (the real-server equality test is tests/runtime/test_serving.py)."""
     tok, eos = corpus_tokenizer, corpus_tokenizer.eos_token_id
     ids = tok("x = 12 + 3", add_special_tokens=False)["input_ids"]
     text = tok.decode(ids)

@@ -48,7 +48,7 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
 
 
 def test_bench_cli_errors(capsys):
-    from lit_domino.bench import load_drafters
+    from lit_domino.studies.bench import load_drafters
     from lit_domino.runtime.command import UsageError
 
     bench = bench_module()
@@ -59,8 +59,17 @@ def test_bench_cli_errors(capsys):
     assert done.value.code == 2 and "never positive" in capsys.readouterr().err
 
 
+def test_bench_refuses_a_predictor_gate_without_a_predictor(capsys):
+    bench = bench_module()
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--target", "random", "--drafters", "bb=random:backbone", "--dloop", "off,conf@0.5:2",
+                    "--benchmarks", "random:1", "--max-new-tokens", "4", "--no-mlflow", "--no-hf-baseline"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "--dloop conf@0.5:2 (drafter bb)" in err and "no confidence head" in err
+
+
 def test_bench_pool_sizes_option():
-    from lit_domino.bench import parse_pool_sizes
+    from lit_domino.studies.bench import parse_pool_sizes
 
     from lit_domino.runtime.command import UsageError
 

@@ -9,7 +9,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, benchmark, generate
 from lit_domino.decoding.hf_peers import hf_assisted, hf_generate, hf_prompt_lookup
-from lit_domino.decoding.metrics import markdown_table, run_prompt
+from lit_domino.decoding.harness import markdown_table, run_prompt
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import random_target
 

@@ -1,11 +1,13 @@
-"""DSpark decodes losslessly: token identity with the target's greedy decode at T = 0 (every head type, the
-static-cache block forward, DLoop stages, forced acceptances) and the target's distribution at T > 0 (chi-square
-on (x1, x2) with the Markov head's q)."""
+"""DSpark decodes losslessly: token identity with the target's greedy decode at T = 0 (every head type, both
+anchor conventions, the static-cache block forward, DLoop stages, forced acceptances; the compiled path) and the
+target's distribution at T > 0 (chi-square on (x1, x2) with the Markov head's q)."""
 
 import pytest
 import torch
 
 from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.engine import cpp_compiler
+from lit_domino.models.backbone import _static_state
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.dspark import HEAD_TYPES
 from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square,
@@ -28,9 +30,10 @@ def _drafter(target, head_type, block_size=8, scale=1.0, **kw):
     return d
 
 
+@pytest.mark.parametrize("sample_from_anchor", [False, True])
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
-def test_dspark_is_lossless_greedy(target, head_type):
-    d = _drafter(target, head_type)
+def test_dspark_is_lossless_greedy(target, head_type, sample_from_anchor):
+    d = _drafter(target, head_type, sample_from_anchor=sample_from_anchor)
     for i, p in enumerate([[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42]]):
         expected = hf_greedy(target, p, 20)
         for opts in ({}, {"static_cache": True}, {"dloop": DLoopConfig(-4.0, 3)}, {"block_size": 4}):
@@ -39,11 +42,11 @@ def test_dspark_is_lossless_greedy(target, head_type):
         assert generate(target, mixed, torch.tensor([p]), max_new_tokens=20).tokens == expected
 
 
-@pytest.mark.parametrize("head_type", ["vanilla", "rnn"])
-def test_dspark_sampling_is_distributed_as_the_target(head_type):
+@pytest.mark.parametrize("head_type,sample_from_anchor", [("vanilla", False), ("rnn", False), ("rnn", True)])
+def test_dspark_sampling_is_distributed_as_the_target(head_type, sample_from_anchor):
     target = chi_square_target()
     torch.manual_seed(0)
-    d = build_drafter(drafter_config("dspark", target, block_size=3, num_layers=1,
+    d = build_drafter(drafter_config("dspark", target, block_size=3, num_layers=1, sample_from_anchor=sample_from_anchor,
                                      head=dict(rank=4, head_type=head_type)), target)
     with torch.no_grad():  # a confident, sequence-dependent draft: q far from p, so rejections matter
         torch.nn.init.normal_(d.head.w1.weight, std=1.0)
@@ -65,3 +68,50 @@ def test_dspark_sampling_q_is_the_heads_corrected_softmax(target):
     stage = s.draft(9, 7, temperature=0.7, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(stage.probs, torch.softmax(stage.logits.float() / 0.7, -1))
     torch.testing.assert_close(stage.logprobs, stage.probs.log().gather(-1, stage.tokens[:, None])[:, 0])
+
+
+@pytest.mark.slow  # inductor compiles the target's verify widths, the block forward and the head loop: ~1 min
+@pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_dspark_decodes_what_the_eager_one_does(target):
+    """``compile=True``: the fixed-shape block forward and the Markov head's loop (``markov_block``) compiled;
+    greedy output is the target's, sampled output (same seed) the eager path's, DLoop included."""
+    for head_type, anchor in (("rnn", False), ("gated", True)):
+        d = _drafter(target, head_type, block_size=4, sample_from_anchor=anchor)
+        for i, p in enumerate([[5, 6, 7, 8], [9, 3, 4]]):
+            dloop = DLoopConfig(-6.0, 2) if i else None
+            assert generate(target, d, torch.tensor([p]), max_new_tokens=16, dloop=dloop,
+                            compile=True).tokens == hf_greedy(target, p, 16), (head_type, i)
+            eager, compiled = (generate(target, d, torch.tensor([p]), max_new_tokens=16, temperature=0.8, seed=i,
+                                        dloop=dloop, compile=c) for c in (False, True))
+            assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
+        assert "compiled" in _static_state(d)
+    from lit_domino.models import dspark
+    assert dspark._COMPILED_MARKOV_BLOCK  # the head's compiled loop was made (and ran: the sessions call it)
+
+
+def test_compile_hands_the_session_the_compiled_head_loop(target, monkeypatch):
+    """``compile=True`` drafts through ``compiled_markov_block`` (``torch.compile`` stubbed by a recording
+    wrapper, the block forward left eager): the same tokens as the eager session, every block through it."""
+    from lit_domino.models import backbone, dspark
+
+    calls = []
+
+    def recording(device):
+        def loop(*args):
+            calls.append(args[0].shape[0])  # H's rows: K + 1
+            return dspark.markov_block(*args)
+        return loop
+
+    monkeypatch.setattr(dspark, "compiled_markov_block", recording)
+    monkeypatch.setattr(backbone, "compiled_block_hidden", lambda drafter: drafter.block_hidden)
+    d = _drafter(target, "rnn", scale=2.0)
+    ids = torch.tensor([5, 6, 7, 8])
+    feats = target.forward_features(ids[None], d.config.feature_layers)[0]
+    stages = []
+    for options in ({"static_capacity": 64, "compile": True}, {}):
+        s = d.new_session(**options)
+        s.extend(ids, feats)
+        first = s.draft(9, 7)
+        stages.append((first.tokens, s.draft(first.tokens[-1], 7).tokens))  # a DLoop stage too
+    assert calls == [8, 8]  # both stages of the compiled session, none of the eager one
+    assert all(torch.equal(a, b) for a, b in zip(*stages))

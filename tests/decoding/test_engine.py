@@ -198,8 +198,8 @@ def test_lossless_greedy_many_prompts_block_sizes_and_dloop(target):
                 assert res.tokens == expected[tuple(p)], (i, block_size, dloop, policy)
                 seen_accepts.update(res.accepted_per_round)
                 assert len(res.tokens) == n
-                if dloop is None:
-                    assert set(res.stages_per_round) == {1}
+                if dloop is None:  # a last round with one token left to emit is a plain target step
+                    assert set(res.stages_per_round[:-1]) <= {1} and res.stages_per_round[-1] in (0, 1)
     assert 0 in seen_accepts and max(seen_accepts) > 15  # rejections and multi-stage acceptances both ran
 
 
@@ -357,7 +357,7 @@ def test_dloop_with_one_stage_equals_plain_speculative_round_for_round(target):
                      dloop=DLoopConfig(threshold=-0.1, max_stages=1))
         assert a.tokens == b.tokens
         assert a.accepted_per_round == b.accepted_per_round and a.drafted_per_round == b.drafted_per_round
-        assert b.stages_per_round == [1] * b.rounds
+        assert b.stages_per_round == a.stages_per_round and set(b.stages_per_round[:-1]) == {1}
 
 
 def test_dloop_gates_on_confidence(target):

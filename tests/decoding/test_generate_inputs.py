@@ -12,7 +12,7 @@ from lit_domino.decoding.engine import padding_token
 from lit_domino.decoding.sampling import GREEDY_BELOW, effective_temperature
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
-from lit_domino.tokenizer import train_tokenizer
+from lit_domino.target.tokenizer import train_tokenizer
 
 VOCAB = 128
 N = 16

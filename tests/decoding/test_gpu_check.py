@@ -28,10 +28,10 @@ def test_decode_check_needs_cuda():
 
 
 def test_draft_ratios_average_each_domino_row_over_the_backbone():
-    rows = [{"benchmark": b, "method": m, "draft_ms_per_round": ms}
+    rows = [{"benchmark": b, "method": m, "drafter": d, "draft_ms_per_round": ms}
             for b, scale in (("math", 1.0), ("code", 2.0))
-            for m, ms in (("ar", 0.0), ("backbone", 1.0 * scale), ("domino", 1.5 * scale),
-                          ("domino+pool(64)", 1.2 * scale if b == "math" else 2.8))]
+            for m, d, ms in (("ar", None, 0.0), ("backbone", "backbone", 1.0 * scale), ("domino", "domino", 1.5 * scale),
+                             ("domino+pool(64)", "domino", 1.2 * scale if b == "math" else 2.8))]
     assert decode_check().draft_ratios(rows) == pytest.approx({"domino": 1.5, "domino+pool(64)": 1.3})
 
 

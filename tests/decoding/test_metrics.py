@@ -8,17 +8,9 @@ import pytest
 import torch
 
 from lit_domino.decoding.engine import GenerationResult
-from lit_domino.decoding.metrics import (
-    AcceptanceLength,
-    AcceptedPerRound,
-    PositionAcceptance,
-    StagesPerVerification,
-    TauHistogram,
-    markdown_table,
-    merge_results,
-    per_prompt_tau,
-    summarize,
-)
+from lit_domino.decoding.metrics import (AcceptanceLength, AcceptedPerRound, PositionAcceptance,
+    StagesPerVerification, TauHistogram, merge_results, per_prompt_tau, summarize)
+from lit_domino.decoding.harness import markdown_table
 
 
 def result(accepted, drafted, tokens=None, decode=1.0, stages=None):

@@ -52,7 +52,7 @@ def context(target, drafter, T: int = 12, seed: int = 0):
 def fit(drafter, target, sequences: list[list[int]], steps: int = 120, lr: float = 3e-2, seed: int = 0):
     """A few hundred optimiser steps on target-greedy sequences, so the drafter accepts some drafts (a random
     drafter accepts none, which would make every τ equal to 1)."""
-    from lit_domino.objectives import LossSettings, position_weights
+    from lit_domino.models.objectives import LossSettings, position_weights
 
     ids = torch.tensor(sequences)
     feats = target.forward_features(ids, drafter.config.feature_layers)

@@ -12,7 +12,7 @@ import torch
 
 from lit_domino.interop import export_drafter
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.target import load_target
+from lit_domino.target.load import load_target
 
 ROOT = Path(__file__).resolve().parents[2]
 

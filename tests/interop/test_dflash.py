@@ -11,7 +11,8 @@ from dflash.model import DFlashDraftModel
 
 import lit_domino
 from lit_domino.interop import SIDECAR_NAME, ExportError, export_drafter
-from lit_domino.models import DrafterMismatchError, load_drafter
+from lit_domino.models import DrafterMismatchError
+from lit_domino.interop import load_drafter
 from lit_domino.testing import random_target
 from tests.interop.conftest import context
 

@@ -8,7 +8,7 @@ from dflash.model import DFlashDraftModel
 
 from lit_domino.decoding import generate
 from lit_domino.interop import export_drafter
-from lit_domino.interop.dflash_peer import cuda_sync_noop_on_cpu, dflash_official, to_dflash_model
+from lit_domino.decoding.dflash_peer import cuda_sync_noop_on_cpu, dflash_official, to_dflash_model
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import hf_greedy
 from tests.interop.conftest import fit

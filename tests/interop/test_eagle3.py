@@ -13,8 +13,9 @@ from speculators.proposals.greedy import GreedyTokenProposalConfig
 
 from lit_domino.interop import ForeignConfigError, export_drafter
 from lit_domino.interop.common import qwen3_config
-from lit_domino.models import DrafterMismatchError, load_drafter
-from lit_domino.target import Target
+from lit_domino.models import DrafterMismatchError
+from lit_domino.interop import load_drafter
+from lit_domino.target.load import Target
 from lit_domino.testing import random_target
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lit_domino.interop import ForeignConfigError, detect_format, export_drafter
-from lit_domino.models import load_drafter
+from lit_domino.interop import load_drafter
 
 
 @pytest.mark.parametrize("key,value,field", [

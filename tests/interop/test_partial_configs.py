@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from lit_domino.interop import ForeignConfigError, SIDECAR_NAME, export_drafter
-from lit_domino.models import load_drafter
+from lit_domino.interop import load_drafter
 from lit_domino.models.base import DrafterLoadError
 
 FORMATS = {"dflash": "backbone", "specforge-domino": "domino", "eagle3": "eagle"}

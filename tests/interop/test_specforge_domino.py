@@ -11,7 +11,7 @@ from specforge.modeling.draft.domino import DominoDraftModel
 
 from lit_domino.interop import ForeignConfigError, export_drafter
 from lit_domino.interop.dflash import layout_config
-from lit_domino.models import load_drafter
+from lit_domino.interop import load_drafter
 from tests.interop.conftest import lively
 
 B = 8

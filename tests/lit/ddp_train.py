@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from lit_domino import experiment
+from lit_domino.training import configs, experiment
 
 torch.set_num_threads(1)
 target_dir, out_dir, devices, batch_size = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -33,7 +33,7 @@ class Probe(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         probe = torch.ones(2, 64, dtype=torch.long)
-        from lit_domino.data.datamodule import sample_anchors
+        from lit_domino.training.datamodule import sample_anchors
 
         step = trainer.global_step - 1  # the step this batch was drawn for
         g = trainer.datamodule.anchor_generator(step, trainer.global_rank)
@@ -47,7 +47,7 @@ class Probe(L.Callback):
         (out_dir / name).write_text(json.dumps({"world_size": trainer.world_size, "steps": self.steps}))
 
 
-cfg = experiment.load_config("backbone", "smoke", overrides={
+cfg = configs.load_config("backbone", "smoke", overrides={
     "data.target": target_dir, "data.train_examples": {"math": 16}, "data.val_examples": {"math": 2},
     "data.max_new_tokens": 16, "data.batch_size": batch_size,
     # more anchor slots than labelled positions: every valid anchor is drawn, so both runs train the same blocks

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lit_domino import experiment
-from lit_domino.cli import ConfigError
+from lit_domino.training import configs, experiment
+from lit_domino.training.cli import ConfigError
 
 SCRIPT = Path(__file__).with_name("ddp_train.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,9 +76,9 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(tiny_targ
 
 
 def test_a_strategy_the_environment_cannot_run_is_a_clear_error():
-    from lit_domino.cli import check_config
+    from lit_domino.training.cli import check_config
 
-    cfg = experiment.load_config("backbone", "smoke", overrides={"trainer.strategy": "fsdp", "trainer.devices": 2,
+    cfg = configs.load_config("backbone", "smoke", overrides={"trainer.strategy": "fsdp", "trainer.devices": 2,
                                                                  "trainer.accelerator": "cpu"})
     with pytest.raises(ConfigError, match=r"trainer.strategy='fsdp'.*cannot run here.*GPU"):
         check_config(cfg)
@@ -101,7 +101,7 @@ def test_rank_zero_is_read_from_the_launchers_environment(monkeypatch):
 def test_eval_callback_decodes_on_rank_zero_only(monkeypatch):
     import types
 
-    from lit_domino import callbacks
+    from lit_domino.training import callbacks
 
     calls = []
 

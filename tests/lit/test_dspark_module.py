@@ -16,20 +16,47 @@ from .test_modules import SMALL, FixedData, target, trainer  # noqa: F401 (the f
     (dict(head_type="lstm"), "unknown DSpark head_type 'lstm'"),
     (dict(tv_weight=-1.0), "tv_weight must be a finite number >= 0"),
     (dict(confidence=False), "confidence_weight=1.0 asks for a confidence loss"),
+    (dict(sample_from_anchor="yes"), "sample_from_anchor must be true or false"),
 ])
 def test_bad_hyper_parameters_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DSparkModule(target="embedded:smoke", **kwargs)
 
 
-@pytest.mark.parametrize("head_type", ["gated", "rnn"])
-def test_dspark_module_trains_a_step_and_decodes_losslessly(tmp_path, target, head_type):  # noqa: F811
+def test_a_confidence_loss_of_a_drafter_without_the_head_fails_when_it_is_built(target):  # noqa: F811
+    """``drafter_options`` can build a drafter without the confidence head past the module's own flag: the
+    built drafter is checked before any step (and confidence_weight 0 trains it)."""
+    options = {"head": {"rank": 8, "confidence": False}}
+    with pytest.raises(ValueError, match="has no confidence head"):
+        DSparkModule(target=target, rank=8, drafter_options=options, **SMALL).build_drafter()
+    module = DSparkModule(target=target, rank=8, confidence_weight=0.0, drafter_options=options, **SMALL)
+    assert module.build_drafter().confidence is None
+
+
+@pytest.mark.parametrize("head_type,anchor", [("gated", False), ("rnn", False), ("rnn", True)])
+def test_dspark_module_trains_a_step_and_decodes_losslessly(tmp_path, target, head_type, anchor):  # noqa: F811
     torch.manual_seed(0)
-    module = DSparkModule(target=target, rank=8, head_type=head_type, **SMALL)
+    module = DSparkModule(target=target, rank=8, head_type=head_type, sample_from_anchor=anchor, **SMALL)
     layers = target.layer_ids("dspark", 2)
     data = FixedData(target, repeat=2, feature_layers=layers)
     trainer(tmp_path, max_steps=2).fit(module, datamodule=data)
     drafter, prompt = module.drafter, data.rows["input_ids"][0, :6]
     assert drafter.config.feature_layers == layers and drafter.config.head.head_type == head_type
+    assert drafter.config.sample_from_anchor is anchor
     assert drafter.head.w2.weight.abs().sum() > 0  # W2 (zero at init) moved
     assert generate(target, drafter, prompt, max_new_tokens=10).tokens == hf_greedy(target, prompt.tolist(), 10)
+
+
+def test_the_paper_preset_is_deepspecs_dspark():
+    """DeepSpec's dspark_qwen3_8b: block 7 sampled from the anchor (= our B = 8 with sample_from_anchor), 5 layers,
+    the vanilla rank-256 head with its confidence head on [H; W1 x], 0.1/0.9/1.0, γ = 4, lr 6e-4, 512 anchors."""
+    from lit_domino.training.configs import load_config
+
+    cfg = load_config("dspark", "paper", 0)
+    m, data = cfg["model"]["init_args"], cfg["data"]
+    assert (m["num_layers"], m["rank"], m["head_type"], m["sample_from_anchor"]) == (5, 256, "vanilla", True)
+    assert (m["confidence"], m["confidence_with_markov"], m["gamma"], m["lr"]) == (True, True, 4.0, 6e-4)
+    assert (m["ce_weight"], m["tv_weight"], m["confidence_weight"]) == (0.1, 0.9, 1.0)
+    assert (data["block_size"], data["num_anchors"], data["feature_rule"]) == (8, 512, "dspark")
+    module = DSparkModule(**{**m, "block_size": data["block_size"]})  # the module takes them (nothing loads yet)
+    assert module.drafter_options()["sample_from_anchor"] is True and len(module.position_weights) == 8

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lit_domino.lit import DominoModule
-from lit_domino.objectives import LambdaSchedule, curriculum_loss
+from lit_domino.models.objectives import LambdaSchedule, curriculum_loss
 from lit_domino.testing import random_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

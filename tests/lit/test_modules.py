@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_domino.decoding import generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module, SmallLMModule
-from lit_domino.objectives import LambdaSchedule
+from lit_domino.models.objectives import LambdaSchedule
 from lit_domino.testing import hf_greedy, random_target
 
 V, D, LAYERS = 64, 32, 4
@@ -155,7 +155,7 @@ def test_each_variant_overfits_a_fixed_batch(tmp_path, target, variant):
 def test_eagle_head_only_at_labels_equals_the_full_loss(target):
     """Eagle3Module applies the LM head only where a TTT step has a label: same loss, same chains."""
     from lit_domino.lit.eagle import chain_view
-    from lit_domino.objectives import ttt_loss
+    from lit_domino.models.objectives import ttt_loss
 
     module = VARIANTS["eagle3"](target)
     module.build_drafter(target.layer_ids("eagle3"))
@@ -254,7 +254,7 @@ def mlflow_uri(tmp_path_factory):
 def test_crashed_run_is_marked_failed_in_mlflow(tmp_path, target, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from lit_domino.tracking import make_mlflow_logger
+    from lit_domino.runtime.tracking import make_mlflow_logger
 
     class Boom(BackboneModule):
         def training_step(self, batch, batch_idx):
@@ -272,7 +272,7 @@ def test_crashed_run_is_marked_failed_in_mlflow(tmp_path, target, mlflow_uri):
 def test_plain_mlflow_run_marked_failed(mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from lit_domino.tracking import mlflow_run
+    from lit_domino.runtime.tracking import mlflow_run
 
     uri = mlflow_uri
     with pytest.raises(ValueError, match="bad"):
@@ -282,7 +282,7 @@ def test_plain_mlflow_run_marked_failed(mlflow_uri):
 
 
 def test_save_drafter_roundtrip(tmp_path, target):
-    from lit_domino.models.io import load_drafter
+    from lit_domino.interop import load_drafter
 
     module = BackboneModule(target=target, **SMALL)
     module.build_drafter(FEATURE_LAYERS)

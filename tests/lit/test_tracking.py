@@ -1,4 +1,4 @@
-"""lit_domino.tracking: default store, config flattening, runs marked FAILED/KILLED."""
+"""lit_domino.runtime.tracking: default store, config flattening, runs marked FAILED/KILLED."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_domino import tracking
+from lit_domino.runtime import tracking
 
 
 def test_default_tracking_uri(monkeypatch):
@@ -26,6 +26,15 @@ def test_flatten_config_drops_init_args():
     assert tracking.flatten_config(cfg) == {
         "model.class_path": "m.Domino", "model.lr": "0.1", "model.curriculum.kind": "linear",
         "data.batch_size": "4", "data.val_examples": "{}", "seed_everything": "0"}
+
+
+def test_the_runs_output_folders_are_not_params():
+    """Where a run writes (machine paths) is not a setting: left out of the params, kept in config.yaml."""
+    cfg = {"trainer": {"max_epochs": 2, "default_root_dir": "/home/u/artifacts/drafters/x"},
+           "checkpoint": {"dirpath": "/home/u/artifacts/drafters/x/checkpoints", "save_last": True},
+           "export": {"dirpath": "/home/u/artifacts/drafters/x/drafter"}}
+    assert tracking.flatten_config(cfg) == {"trainer.max_epochs": "2", "checkpoint.save_last": "True"}
+
 
 
 @pytest.mark.parametrize("exc, status", [(RuntimeError("x"), "FAILED"), (KeyboardInterrupt(), "KILLED")])

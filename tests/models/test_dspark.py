@@ -8,7 +8,7 @@ import torch
 from lit_domino.models import DSparkConfig, build_drafter, drafter_config
 from lit_domino.models.base import DrafterMismatchError
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, distill_terms, position_weights
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, distill_terms, position_weights
 from lit_domino.testing import random_target
 
 B = 6
@@ -20,10 +20,10 @@ def target():
     return random_target(vocab_size=256, hidden_size=64, num_layers=4, seed=0)
 
 
-def _drafter(target, head_type="vanilla", seed=1, **head):
+def _drafter(target, head_type="vanilla", seed=1, sample_from_anchor=False, **head):
     torch.manual_seed(seed)
-    d = build_drafter(drafter_config("dspark", target, block_size=B, head=dict(rank=16, head_type=head_type, **head)),
-                      target).train()
+    d = build_drafter(drafter_config("dspark", target, block_size=B, sample_from_anchor=sample_from_anchor,
+                                     head=dict(rank=16, head_type=head_type, **head)), target).train()
     torch.nn.init.normal_(d.head.w2.weight, std=0.3)  # a visible bias
     return d
 
@@ -73,10 +73,10 @@ def test_target_hidden_gives_the_targets_logits(target):
                                atol=1e-4)
 
 
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_type,anchor", [(h, False) for h in HEAD_TYPES] + [("rnn", True)])
 @pytest.mark.parametrize("chunk", [None, 5])
-def test_lean_loss_equals_full_logits_loss(target, head_type, chunk):
-    d = _drafter(target, head_type)
+def test_lean_loss_equals_full_logits_loss(target, head_type, anchor, chunk):
+    d = _drafter(target, head_type, sample_from_anchor=anchor)
     batch = _batch(target)
     settings = LossSettings(position_weights(B, 4.0), chunk_size=chunk)
     results = []
@@ -126,18 +126,18 @@ def test_without_confidence_head(target):
     assert out.confidence is None and float(logs["loss_conf"]) == 0.0 and torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
-def test_decode_rollout_equals_teacher_forcing_on_the_true_tokens(target, head_type):
+@pytest.mark.parametrize("head_type,anchor", [(h, False) for h in HEAD_TYPES] + [(h, True) for h in HEAD_TYPES])
+def test_decode_rollout_equals_teacher_forcing_on_the_true_tokens(target, head_type, anchor):
     """The session's head (``MarkovHead.draft``) fed its own picks gives the teacher-forced corrected logits
     whenever the picks are the true tokens: check on the greedy picks themselves as the block's tokens."""
-    d = _drafter(target, head_type).eval()
+    d = _drafter(target, head_type, sample_from_anchor=anchor).eval()
     torch.nn.init.normal_(d.head.w2.weight, std=2.0)
     ids, feats, *_ = _batch(target, b=1)
     a = 20
     with torch.no_grad():
         hidden = d.forward_train(ids, feats, torch.tensor([[a]]), torch.tensor([[True]]), with_logits=True).hidden
         H = hidden[0, 0]  # [B, d]
-        tokens, logits = d.head.draft(H, d.compute_logits(H[1:]), ids[0, a:a + 1])
+        tokens, logits = d.head.draft(H, d.compute_logits(H[1:]), ids[0, a:a + 1], anchor_slot=not anchor)
         seq = ids.clone()
         seq[0, a + 1: a + B] = tokens  # the block's true tokens are now the picks
         out = d.forward_train(seq, feats, torch.tensor([[a]]), torch.tensor([[True]]), with_logits=True)
@@ -151,3 +151,27 @@ def test_fresh_drafter_equals_its_backbone(target):
     out = d.forward_train(*_batch(target))
     torch.testing.assert_close(out.final_logits, out.logits)
     assert isinstance(d.config, DSparkConfig)
+
+
+def test_sample_from_anchor_maps_deepspecs_slots_onto_the_suites_labels(target):
+    """DeepSpec's block of B-1 slots ``[x_a, MASK × (B-2)]`` at ``a .. a+B-2``, slot j predicting ``x_{a+j+1}``
+    from ``x_{a+j}``: the suite's index k = j+1 holds slot j (its label ``x_{a+k}``), index 0 predicts nothing."""
+    d = _drafter(target, "vanilla", sample_from_anchor=True).eval()
+    ids, feats, *_ = _batch(target, b=1)
+    a = 20
+    with torch.no_grad():
+        out = d.forward_train(ids, feats, torch.tensor([[a]]), torch.tensor([[True]]), with_logits=True)
+        slots = torch.full((B - 1,), d.config.mask_token_id)
+        slots[0] = ids[0, a]
+        ctx = d.fuse(feats[:, :a])
+        H = d.block_hidden(d.embed_tokens(slots)[None], torch.arange(a, a + B - 1), ctx, torch.arange(a))[0]
+        prev = ids[0, a:a + B - 1]  # slot j's previous token x_{a+j}
+        want = d.compute_logits(H) + d.head.w2(d.head.w1(prev))
+    assert out.labels[0, 0].tolist() == [-100] + ids[0, a + 1:a + B].tolist()
+    torch.testing.assert_close(out.final_logits[0, 0, 1:], want, **TOL)
+    assert float(out.hidden[0, 0, 0].abs().sum()) == 0.0  # index 0: no query row of its own
+
+
+def test_sample_from_anchor_must_be_a_bool(target):
+    with pytest.raises(ValueError, match="sample_from_anchor must be true or false"):
+        drafter_config("dspark", target, sample_from_anchor="yes")

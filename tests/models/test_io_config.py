@@ -16,9 +16,9 @@ from lit_domino.models import (
     drafter_class,
     drafter_config,
     kinds,
-    load_drafter,
     registry,
 )
+from lit_domino.interop import load_drafter
 from lit_domino.testing import random_target
 
 
@@ -48,7 +48,7 @@ def test_config_validation(target, kind, overrides, match):
 
 
 def test_registry_names_every_method_once():
-    assert kinds() == ("backbone", "domino", "dspark", "eagle3", "small_lm")
+    assert kinds() == ("backbone", "domino", "dspark", "dflash2", "eagle3", "small_lm")
     assert [drafter_class(k).kind for k in kinds()] == list(kinds())
     assert drafter_class("domino") is DominoDrafter and drafter_class("domino").config_class is DominoConfig
     with pytest.raises(ValueError, match="unknown drafter kind 'medusa'; choose one of backbone, domino"):
@@ -192,9 +192,9 @@ def test_load_errors_name_the_path(target, tmp_path):
 
 
 def test_lazy_package_export():
-    import lit_domino.models as m
+    import lit_domino
 
-    assert m.load_drafter is load_drafter
+    assert lit_domino.load_drafter is load_drafter
 
 
 # ---------------------------------------------------------------- small LM

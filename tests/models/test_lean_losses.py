@@ -9,7 +9,7 @@ from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.eagle import ttt_flex_mask, ttt_mask
 from lit_domino.models.backbone import block_attention_mask, block_flex_mask
 from lit_domino.models.loop import loop_forward
-from lit_domino.objectives import IGNORE_INDEX, LossSettings, chunked_ce, position_weights, ttt_loss
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, chunked_ce, position_weights, ttt_loss
 from lit_domino.testing import random_target
 
 B = 6
@@ -288,7 +288,7 @@ def test_target_features_skip_the_lm_head(target):
 
 
 def test_compute_settings_are_not_in_a_drafters_cache_key():
-    from lit_domino.experiment import training_key
+    from lit_domino.training.experiment import training_key
 
     cfg = {"data": {"target": "embedded:smoke"}, "seed_everything": 0, "trainer": {},
            "model": {"class_path": "x", "init_args": {"lr": 1e-3, "loss_chunk_size": 1024, "attention": "auto",

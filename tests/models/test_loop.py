@@ -15,7 +15,16 @@ from lit_domino.testing import random_target
 
 B = 5  # block size: K = 4 tokens per stage
 K = B - 1
-KINDS = ("backbone", "domino", "eagle3")
+KINDS = ("backbone", "domino", "eagle3", "dspark", "dspark_anchor")  # dspark_anchor: DeepSpec's sample_from_anchor
+
+
+def kind_of(name: str) -> str:
+    return "dspark" if name.startswith("dspark") else name
+
+
+def block_rows(name: str) -> int:
+    """Query rows of one block: B, or K where the anchor slot predicts (sample_from_anchor)."""
+    return K if name == "dspark_anchor" else B
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
@@ -33,15 +42,20 @@ def target():
 @pytest.fixture(scope="module")
 def drafters(target):
     out = {}
-    for i, kind in enumerate(KINDS):
+    for i, name in enumerate(KINDS):
         torch.manual_seed(10 + i)
+        kind = kind_of(name)
         extra = dict(head=dict(rank=8, gru_hidden=16)) if kind == "domino" else {}
+        if kind == "dspark":  # the rnn head: its state runs over the stage's rows
+            extra = dict(head=dict(rank=8, head_type="rnn"), sample_from_anchor=name == "dspark_anchor")
         cfg = drafter_config(kind, target, block_size=B, num_layers=1 if kind == "eagle3" else 2, **extra)
         d = build_drafter(cfg, target)
-        if kind == "domino":  # W_up starts at zero: give the head a real correction
-            with torch.no_grad():
+        with torch.no_grad():  # W_up / W2 start at zero: give the head a real correction
+            if kind == "domino":
                 d.head.up.weight.normal_(0.0, 0.5)
-        out[kind] = d.eval()
+            if kind == "dspark":
+                d.head.w2.weight.normal_(0.0, 0.5)
+        out[name] = d.eval()
     return out
 
 
@@ -82,7 +96,7 @@ def test_training_forward_equals_the_session_stage_by_stage(target, drafters, ki
         assert out.block_tokens[0, 1, 0] == seq[0, a + s * K]
 
 
-@pytest.mark.parametrize("kind", ["backbone", "domino"])
+@pytest.mark.parametrize("kind", ["backbone", "domino", "dspark_anchor"])
 def test_stage_one_is_ordinary_training(target, drafters, kind):
     d = drafters[kind]
     ids = torch.randint(3, 90, (2, 20), generator=torch.Generator().manual_seed(2))
@@ -199,16 +213,42 @@ def test_later_stages_reuse_the_cached_context(target, drafters, kind, monkeypat
     s.extend(ids[:prefix], feats[:prefix])
     first = s.draft(ids[prefix], K)
     n1 = sum(rows)
-    assert n1 == (prefix + B if kind != "eagle3" else prefix - 1 + K)  # the prefix once (EAGLE: steps 1..a-1)
+    R = block_rows(kind)
+    assert n1 == (prefix + R if kind != "eagle3" else prefix - 1 + K)  # the prefix once (EAGLE: steps 1..a-1)
     rows.clear()
     second = s.draft(first.tokens[-1], K)
-    assert sum(rows) == (K + B if kind != "eagle3" else K)
+    assert sum(rows) == (K + R if kind != "eagle3" else K)
     rows.clear()
     s.draft(second.tokens[-1], K)
-    assert sum(rows) == (K + B if kind != "eagle3" else K)
+    assert sum(rows) == (K + R if kind != "eagle3" else K)
     # after verification (3 tokens accepted): only the newly committed positions are computed
     s.crop(prefix)
     s.extend(ids[prefix:prefix + 3], feats[prefix:prefix + 3])
     rows.clear()
     s.draft(ids[prefix + 3], K)
-    assert sum(rows) == (3 + B if kind != "eagle3" else 3 + K)
+    assert sum(rows) == (3 + R if kind != "eagle3" else 3 + K)
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dspark_anchor"])
+def test_dspark_stages_distil_the_targets_distribution_there(target, drafters, kind):
+    """Stage s of a DSpark unroll carries the target's distribution at ``a_s + k - 1`` (what predicted its label
+    ``x_{a_s+k}``), and its loss is DeepSpec's objective on it (finite, gradients reach the Markov head)."""
+    from lit_domino.models.objectives import LossSettings, position_weights
+
+    d = drafters[kind]
+    ids = torch.randint(3, 90, (1, 30), generator=torch.Generator().manual_seed(6))
+    feats = target.forward_features(ids, d.config.feature_layers)
+    with torch.no_grad():
+        want = target.model(input_ids=ids).logits[0]  # [T, V]
+    outs = loop_forward(d.train(), ids, feats, torch.tensor([[4]]), torch.ones(1, 1, dtype=torch.bool), 3,
+                        with_logits=False)
+    for s, out in enumerate(outs):
+        a_s = 4 + s * K
+        torch.testing.assert_close(d.compute_logits(out.target_hidden[0, 0, 1:]), want[a_s:a_s + K], rtol=1e-4,
+                                   atol=1e-4, msg=f"stage {s + 1}")
+    loss, parts = d.block_loss(outs[-1], LossSettings(position_weights(B, 4.0)))
+    loss.backward()
+    assert torch.isfinite(loss) and float(parts["loss_tv"]) > 0
+    assert d.head.w2.weight.grad.abs().sum() > 0 and d.head.joint.weight.grad.abs().sum() > 0
+    d.zero_grad()
+    d.eval()

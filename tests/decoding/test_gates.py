@@ -1,0 +1,278 @@
+"""The acceptance-predictor gates (conf, cost, stage truncation): lossless at T = 0 (token identity) and T > 0
+(chi-square on (x1, x2)), what they draft, and their refusals before decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lit_domino.decoding import DLoopConfig, generate
+from lit_domino.decoding.acceptance import (AcceptanceHead, AcceptancePredictor, Calibration, NoAcceptancePredictor,
+                                           attach, drafter_key, load_predictor, predictor_of)
+from lit_domino.decoding.cost_model import CostModel, CostModelError, cost_key, resolve
+from lit_domino.decoding.gates import round_policy
+from lit_domino.models import build_drafter, drafter_config
+from lit_domino.testing import OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square, sampled_pairs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(num_layers=1, head=dict(rank=8, gru_hidden=16))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return lively_target(128, seed=0)
+
+
+def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
+    """A random drafter of ``kind`` with an add-on head of random weights (confidences spread over (0, 1))."""
+    torch.manual_seed(seed)
+    kw = SMALL if kind != "backbone" else dict(num_layers=1)
+    if kind == "dspark":
+        kw = dict(num_layers=1, head=dict(rank=8))
+    d = build_drafter(drafter_config(kind, target, block_size=block_size, **kw), target)
+    if kind == "dspark":
+        spread_own_head(target, d, scale)
+        pred = AcceptancePredictor("", None, Calibration([1.5] * positions, [0.6] * positions))
+        return attach(d, pred, check=False)
+    head = spread_head(target, d, scale)
+    cal = Calibration([0.8 + 0.1 * j for j in range(positions)], [0.7 - 0.02 * j for j in range(positions)])
+    return attach(d, AcceptancePredictor(drafter_key(d), head, cal))
+
+
+def sample_inputs(target, d):
+    """The predictor inputs (H, previous tokens) of stages drafted after six contexts."""
+    Hs, prevs = [], []
+    for n in range(3, 9):
+        ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13][:n]) % target.vocab_size
+        s = d.new_session()
+        s.extend(ids[:-1], target.forward_features(ids[None], d.config.feature_layers)[0, :-1])
+        st = s.draft(ids[-1:], d.config.block_size - 1)
+        Hs.append(s.stages[-1].hidden[1:]), prevs.append(torch.cat([ids[-1:], st.tokens[:-1]]))
+    return torch.cat(Hs), torch.cat(prevs)
+
+
+def spread_head(target, d, scale=1.5, centre=1.5):
+    """An add-on head of random weights whose logits on sample stages have mean ``centre`` and std ``scale``
+    (random drafters' hidden states differ in scale by kind)."""
+    head = AcceptanceHead(d.config.hidden_size, d.embed.weight.shape[1])
+    H, prev = sample_inputs(target, d)
+    with torch.no_grad():
+        torch.nn.init.normal_(head.proj.weight)
+        x = head.inputs(d, H, prev)
+        head.proj.weight.mul_(scale / head(x).std().clamp_min(1e-6))
+        head.proj.bias.fill_(centre - float(head(x).mean()))
+    return head
+
+
+def spread_own_head(target, d, scale=1.5, centre=1.5):
+    """DSpark's own confidence head given random weights, spread as :func:`spread_head`'s."""
+    H, prev = sample_inputs(target, d)
+    with torch.no_grad():
+        torch.nn.init.normal_(d.confidence.weight)
+        d.confidence.weight.mul_(scale / d.own_confidence_logits(H, prev).std().clamp_min(1e-6))
+        d.confidence.bias.add_(centre - float(d.own_confidence_logits(H, prev).mean()))
+
+
+def cheap_cost(target, drafter, block_size):
+    """A cost model where drafting is cheap against verifying: the cost gate drafts more while survival is high."""
+    K = block_size - 1
+    widths = [1, 2, K + 1, 2 * K + 1, 3 * K + 1]
+    return CostModel(widths, [1e-3 * (1 + 0.001 * w) for w in widths], 1e-5, 1e-5, 0.0,
+                     cost_key(target, drafter, block_size))
+
+
+GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trunc@0.4", "-1:3+trunc@0.3", "cost:3",
+         "cost:3+trunc@0.2"]
+
+
+@pytest.mark.parametrize("kind", ["backbone", "domino", "dspark"])
+def test_gates_are_lossless_greedy(target, kind, tmp_path):
+    d = with_predictor(target, kind)
+    path = cheap_cost(target, d, 6).save(tmp_path / "cost.json")
+    stages_seen, drafted, accepted = set(), set(), set()
+    for i, p in enumerate(([5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42])):
+        expected = hf_greedy(target, p, 24)
+        mixed = OracleMix(d, p + hf_greedy(target, p, 24 + 16), seed=i)  # accepted drafts, partial and none
+        for spec in GATES:
+            dl = DLoopConfig.parse(spec)
+            if dl.gate == "cost":
+                dl = DLoopConfig(gate="cost", max_stages=dl.max_stages, truncate=dl.truncate, cost_model=str(path))
+            for drafter in (d, mixed):
+                res = generate(target, drafter, torch.tensor([p]), max_new_tokens=24, dloop=dl)
+                assert res.tokens == expected, (kind, spec, p)
+                stages_seen.update(res.stages_per_round), drafted.update(res.drafted_per_round)
+                accepted.update(res.accepted_per_round)
+    assert {1, 2} <= stages_seen  # the gates both stopped and opened
+    assert any(n % 5 for n in drafted)  # truncation cut stages (K = 5)
+    assert len(accepted) > 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,spec", [("domino", "conf@0.55:3+trunc@0.4"), ("backbone", "trunc@0.5"),
+                                       ("backbone", "conf@0.5:3+trunc@0.45"), ("dspark", "conf@0.4:2+trunc@0.4"),
+                                       ("domino", "cost:3+trunc@0.3")])
+def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
+    """T > 0: chi-square on (x1, x2) with q far from p, while the gate cuts stages and (mostly) opens more."""
+    target = chi_square_target()
+    torch.manual_seed(0)
+    kw = dict(num_layers=1, head=dict(rank=8, gru_hidden=8)) if kind == "domino" else \
+        dict(num_layers=1, head=dict(rank=4)) if kind == "dspark" else dict(num_layers=1)
+    d = build_drafter(drafter_config(kind, target, block_size=3, **kw), target)
+    with torch.no_grad():  # a confident, wrong-ish draft: q far from p, so rejections matter
+        if kind == "domino":
+            d.head.up.weight.mul_(50.0)
+        if kind == "dspark":
+            torch.nn.init.normal_(d.head.w2.weight, std=3.0)
+    cal = Calibration([1.0] * 6, [0.5] * 6)
+    if kind == "dspark":
+        spread_own_head(target, d, 1.0, 1.5)
+        attach(d, AcceptancePredictor("", None, cal), check=False)
+    else:
+        attach(d, AcceptancePredictor(drafter_key(d), spread_head(target, d, 1.0, 1.5), cal))
+    prompt = [3, 5, 2, 6]
+    dl = DLoopConfig.parse(spec)
+    if dl.gate == "cost":  # verifying more is nearly free here: the gate opens while the survival is high
+        path = str(cheap_cost(target, d, 3).save(tmp_path / "cost.json"))
+        dl = DLoopConfig(gate="cost", max_stages=dl.max_stages, truncate=dl.truncate, cost_model=path)
+    drafted = set()
+    for seed in range(40):
+        drafted.update(generate(target, d, torch.tensor([prompt]), max_new_tokens=3, seed=seed, temperature=1.0,
+                                dloop=dl).drafted_per_round)
+    assert len(drafted) >= 2, drafted  # the gate changed what was drafted from round to round
+    counts, accepted = sampled_pairs(target, d, prompt, 2000, temperature=1.0, dloop=dl)
+    assert {0, 1} <= accepted
+    ok, stat = passes_chi_square(counts, exact_joint(target, prompt))
+    assert ok, stat
+
+
+def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(target):
+    d = with_predictor(target, "backbone", block_size=8)
+    pred = predictor_of(d)
+    session = d.new_session()
+    ids = torch.tensor([5, 6, 7, 8])
+    session.extend(ids, target.forward_features(ids[None], d.config.feature_layers)[0])
+    st = session.draft(torch.tensor([9]), 7)
+    c = pred.confidences(d, session.stages[-1].hidden, torch.tensor([9]), st.tokens)
+    # c_j reads H_j and the token before j: changing d_j leaves c_1..c_j unchanged
+    other = st.tokens.clone()
+    other[3] = (other[3] + 1) % 128
+    c2 = pred.confidences(d, session.stages[-1].hidden, torch.tensor([9]), other)
+    torch.testing.assert_close(c[:4], c2[:4])
+    assert not torch.equal(c[4], c2[4])
+    S = torch.cumprod(c, 0)
+    p = float((S[2] + S[3]) / 2) if S[2] > S[3] else float(S[3])
+    session.crop(4)
+    policy = round_policy(DLoopConfig(max_stages=1, truncate=min(max(p, 1e-6), 1.0)), target, d, 8)
+    stages = policy.draft(session, torch.tensor([9]), lambda m: 7 - m, 0.0, None)
+    assert stages[0].tokens.numel() == max(1, int((S >= policy.dloop.truncate).sum()))
+    assert torch.equal(stages[0].tokens, st.tokens[: stages[0].tokens.numel()])
+
+
+def test_cost_gate_drafts_more_when_verify_is_what_costs(target, tmp_path):
+    d = with_predictor(target, "backbone")
+    cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
+    dear = CostModel([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6)).save(tmp_path / "d.json")
+    p = [5, 6, 7, 8]
+    many = generate(target, d, torch.tensor([p]), max_new_tokens=24,
+                    dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
+    few = generate(target, d, torch.tensor([p]), max_new_tokens=24,
+                   dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
+    assert max(many.stages_per_round) > 1 and set(few.stages_per_round) == {1}
+
+
+def test_parse_and_labels_of_predictor_gates():
+    assert DLoopConfig.parse("conf@0.6:3") == DLoopConfig(0.6, 3, "conf")
+    assert DLoopConfig.parse("cost:4") == DLoopConfig(gate="cost", max_stages=4)
+    assert DLoopConfig.parse("cost") == DLoopConfig(gate="cost")
+    assert DLoopConfig.parse("trunc@0.3") == DLoopConfig(max_stages=1, truncate=0.3)
+    assert DLoopConfig.parse("conf@0.6:3+trunc@0.3") == DLoopConfig(0.6, 3, "conf", truncate=0.3)
+    assert DLoopConfig.parse("-0.5:2+trunc@0.3") == DLoopConfig(-0.5, 2, truncate=0.3)
+    for spec in ("conf@0.6:3", "cost:4", "trunc@0.3", "conf@0.6:3+trunc@0.3", "-0.5:2+trunc@0.3", "-0.5:3"):
+        assert DLoopConfig.parse(spec).label() == spec
+    assert DLoopConfig(gate="conf").threshold == 0.5 and DLoopConfig().threshold == -0.5
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(gate="conf", threshold=0.0), r"in \(0, 1\]"),
+    (dict(gate="conf", threshold=1.5), r"in \(0, 1\]"),
+    (dict(gate="conf", threshold=-0.5), r"in \(0, 1\]"),
+    (dict(truncate=0.0), r"truncate .* in \(0, 1\]"),
+    (dict(truncate=2.0), r"truncate"),
+    (dict(gate="cost", threshold=0.5), "no threshold"),
+    (dict(gate="median"), "gate must be one of"),
+])
+def test_bad_predictor_gate_configs_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DLoopConfig(**kwargs)
+    with pytest.raises(ValueError):
+        DLoopConfig.parse("conf@1.5:3")
+    with pytest.raises(ValueError, match="cannot parse"):
+        DLoopConfig.parse("conf@0.5:3+cut@0.2")
+
+
+def test_a_predictor_gate_without_a_head_is_refused_before_decoding(target):
+    torch.manual_seed(0)
+    d = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
+    for spec in ("conf@0.5:3", "trunc@0.5", "cost:3"):
+        with pytest.raises(NoAcceptancePredictor, match="no confidence head"):
+            generate(target, d, torch.tensor([[5, 6, 7]]), max_new_tokens=4, dloop=DLoopConfig.parse(spec))
+    nohead = build_drafter(drafter_config("dspark", target, block_size=6, num_layers=1,
+                                          head=dict(rank=8, confidence=False)), target)
+    with pytest.raises(NoAcceptancePredictor, match="no confidence head"):
+        generate(target, nohead, torch.tensor([[5, 6, 7]]), max_new_tokens=4, dloop=DLoopConfig.parse("trunc@0.5"))
+    # DSpark's own head is uncalibrated: conf works, cost needs the calibration's forecasts
+    own = build_drafter(drafter_config("dspark", target, block_size=6, num_layers=1, head=dict(rank=8)), target)
+    generate(target, own, torch.tensor([[5, 6, 7]]), max_new_tokens=4, dloop=DLoopConfig.parse("conf@0.5:2"))
+    with pytest.raises(NoAcceptancePredictor, match="calibrated"):
+        generate(target, own, torch.tensor([[5, 6, 7]]), max_new_tokens=4, dloop=DLoopConfig.parse("cost:2"))
+
+
+def test_a_predictor_of_another_drafter_is_refused(target):
+    d = with_predictor(target, "backbone")
+    torch.manual_seed(1)
+    other = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
+    with pytest.raises(NoAcceptancePredictor, match="another drafter"):
+        attach(other, predictor_of(d))
+    key = drafter_key(d)
+    assert drafter_key(d) == key and d.__dict__["_drafter_key"][1] == key  # memoised
+    with torch.no_grad():  # a fine-tuned drafter is another drafter
+        next(d.parameters()).add_(0.01)
+    assert drafter_key(d) != key
+    with pytest.raises(NoAcceptancePredictor, match="another drafter"):
+        attach(d, predictor_of(d))
+
+
+def test_predictor_round_trips(target, tmp_path):
+    d = with_predictor(target, "domino")
+    pred = predictor_of(d)
+    back = load_predictor(pred.save(tmp_path / "p"))
+    assert back.drafter_key == pred.drafter_key and back.calibration == pred.calibration
+    torch.testing.assert_close(back.head.proj.weight, pred.head.proj.weight)
+    (tmp_path / "p" / "acceptance.json").write_text("{")
+    with pytest.raises(ValueError, match="cannot be read"):
+        load_predictor(tmp_path / "p")
+
+
+def test_cost_model_cache_is_keyed_and_checked(target, tmp_path):
+    d = with_predictor(target, "backbone", block_size=4)
+    with pytest.raises(CostModelError, match="cost_model='cached'"):
+        resolve(target, d, 4, "cached", root=tmp_path)
+    logs = []
+    cm = resolve(target, d, 4, None, max_stages=2, root=tmp_path, log=logs.append)
+    assert logs and "measured" in logs[0] and cm.widths == [1, 2, 4, 7] and cm.draft_first_s > 0
+    assert all(v > 0 for v in cm.verify_s)
+    files = list((tmp_path / "cost_models").glob("*.json"))
+    assert len(files) == 1
+    # a file measured for another device is refused by name; a stale cache entry is re-measured
+    data = json.loads(files[0].read_text())
+    data["key"]["device_name"] = "some other GPU"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    with pytest.raises(CostModelError, match="device_name"):
+        resolve(target, d, 4, str(other), root=tmp_path)
+    with pytest.raises(CostModelError, match="does not exist"):
+        resolve(target, d, 4, str(tmp_path / "missing.json"), root=tmp_path)
+    assert resolve(target, d, 4, str(files[0])).key == cm.key

@@ -1,0 +1,350 @@
+"""Tree rounds (``generate(..., tree=TreeConfig(...))``): lossless at T = 0 and T > 0 for every builder and
+parallel drafter, the chain through the tree path equal to the chain engine, the builders' maths, KV compaction,
+the cost rule, and the requests refused before decoding."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import DynamicCache, StaticCache
+
+import lit_domino.decoding.tree as tree_mod
+from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate, measure_verify_cost
+from lit_domino.decoding.kv import compact_cache
+from lit_domino.decoding.tree import DraftTree, TreeError, best_first
+from lit_domino.models import build_drafter, drafter_config
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, lively_target, passes_chi_square,
+                                sampled_pairs)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 128
+PARALLEL = ("backbone", "domino", "dspark")
+BUILDS = [(k, b) for k in PARALLEL for b in ("chain", "ddtree", "path") if not (k == "backbone" and b == "path")]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return lively_target(VOCAB, max_positions=96)
+
+
+def drafter_of(target, kind, block_size=6, seed=0, **extra):
+    torch.manual_seed(seed)
+    over = dict(num_layers=1, head=dict(rank=16, gru_hidden=32)) if kind == "domino" else dict(num_layers=1)
+    if kind == "dspark":
+        over["head"] = dict(rank=16, head_type="rnn")
+    over.update(extra)
+    drafter = build_drafter(drafter_config(kind, target, block_size=block_size, **over), target)
+    with torch.no_grad():  # a head that matters: the path builder's branches differ from the marginals'
+        for name, p in drafter.named_parameters():
+            if name.startswith("head.") and any(w in name for w in ("up.", "w1.", "w2.", "joint.")):
+                p.normal_(0, 0.5)
+    return drafter
+
+
+def greedy(target, prompt, n):
+    return generate(target, None, torch.tensor([prompt]), max_new_tokens=n).tokens
+
+
+def oracle_trees(monkeypatch, reference: list[int], seed: int = 0, p: float = 0.75):
+    """Real trees with the target's greedy continuation planted on a random branch: from the root, a random
+    child (any rank) takes the reference token (swapped with a sibling holding it), then one of its children,
+    and so on with probability ``p``; so the walk accepts paths through every rank and depth, and compaction moves
+    nodes that are not a prefix of the forward's order."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def plant(tree, start):
+        u, d = 0, 1
+        while start + d < len(reference):
+            kids = [i for i, par in enumerate(tree.parents) if par == u]
+            if not kids or (d > 1 and torch.rand((), generator=rng) > p):
+                break
+            pick = kids[int(torch.randint(len(kids), (), generator=rng))]
+            want = reference[start + d]
+            for i in kids:  # siblings stay distinct
+                if tree.tokens[i] == want:
+                    tree.tokens[i] = tree.tokens[pick]
+            tree.tokens[pick] = want
+            u, d = pick + 1, d + 1
+        return tree
+
+    def planted(real, at):  # ``at``: where the session is among the builder's arguments
+        return lambda *a, **k: plant(real(*a, **k), a[at].length)
+
+    monkeypatch.setattr(tree_mod, "build_tree", planted(tree_mod.build_tree, 1))
+    monkeypatch.setattr(tree_mod, "build_dloop_tree", planted(tree_mod.build_dloop_tree, 2))  # DLoop's rounds
+
+
+def prompt_of(seed, length=6):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB - 1, (length,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("static,dloop", [(False, None), (True, None), (False, DLoopConfig(float("-inf"), 3)),
+                                          (True, DLoopConfig(float("-inf"), 2))], ids=["dynamic", "static",
+                                                                                       "dloop", "static-dloop"])
+@pytest.mark.parametrize("kind,builder", BUILDS)
+def test_tree_rounds_are_lossless_greedy(target, monkeypatch, kind, builder, static, dloop):
+    """Token identity with the target's greedy decoding, with branches through every rank accepted, in the
+    middle and at the end of the context (the last rounds verify smaller trees), both caches, DLoop off and on
+    (chain stages while the gate is open, the last stage a tree)."""
+    drafter = drafter_of(target, kind)
+    ranks, accepted = set(), set()
+    for seed, (length, n) in enumerate([(6, 30), (40, 96 - 40)]):  # the second fills the context exactly
+        prompt = prompt_of(seed, length)
+        ref = greedy(target, prompt, n)
+        oracle_trees(monkeypatch, prompt + ref, seed=seed)
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=n, static_cache=static, dloop=dloop,
+                       tree=TreeConfig(builder, budget=24 if builder != "chain" else 5, top_k=2))
+        if dloop is not None:
+            assert max(res.drafted_per_round) > (24 if builder != "chain" else 5)  # chain stages + the tree
+        assert res.tokens == ref, (kind, builder, seed)
+        ranks.update(res.accepted_ranks), accepted.update(res.accepted_per_round)
+    assert max(accepted) >= 3
+    if builder != "chain":
+        assert {0, 1} <= ranks  # accepted siblings of both ranks: compaction moved nodes
+
+
+@pytest.mark.parametrize("kind", PARALLEL)
+def test_real_trees_without_planting_are_lossless(target, kind):
+    """The real builders alone (random drafters rarely match: mostly one-token rounds) at T = 0, and a sampled
+    decode that is reproducible."""
+    drafter = drafter_of(target, kind)
+    prompt = prompt_of(7)
+    ref = greedy(target, prompt, 20)
+    for builder in drafter.tree_builders:
+        tree = TreeConfig(builder, budget=10, top_k=4)
+        assert generate(target, drafter, torch.tensor([prompt]), max_new_tokens=20, tree=tree).tokens == ref
+        a, b = (generate(target, drafter, torch.tensor([prompt]), max_new_tokens=12, tree=tree, temperature=0.8,
+                         seed=3).tokens for _ in range(2))
+        assert a == b
+
+
+@pytest.mark.parametrize("dloop", [None, DLoopConfig(-22.15, 3)], ids=["chain", "dloop"])  # gate: open half the time
+def test_the_chain_through_the_tree_path_is_the_chain_engine(target, dloop):
+    """builder='chain' with budget B - 1: the tokens, the rounds and τ of the chain engine (with DLoop: its
+    stages, the same gate), with real acceptances of every length (an oracle mix of a real Domino session), both
+    caches."""
+    drafter = drafter_of(target, "domino", block_size=6)
+    seen = set()
+    for seed in range(3):
+        prompt = prompt_of(20 + seed)
+        ref = greedy(target, prompt, 60)
+        for static in (False, True):
+            mix = OracleMix(drafter, prompt + ref, seed=seed, p=0.8)
+            chain = generate(target, mix, torch.tensor([prompt]), max_new_tokens=40, static_cache=static,
+                             dloop=dloop)
+            mix = OracleMix(drafter, prompt + ref, seed=seed, p=0.8)
+            mix.tree_builders, mix.kind = ("chain",), "domino"
+            via = generate(target, mix, torch.tensor([prompt]), max_new_tokens=40, static_cache=static,
+                           dloop=dloop, tree=TreeConfig("chain", budget=5))
+            assert via.stages_per_round == chain.stages_per_round
+            seen.update(chain.stages_per_round)
+            assert via.tokens == chain.tokens == ref[:40]
+            assert via.accepted_per_round == chain.accepted_per_round and via.tau == chain.tau
+            assert max(chain.accepted_per_round) >= 3
+    assert dloop is None or len(seen) >= 2  # the gate both opened and closed
+
+
+@pytest.mark.parametrize("kind,extra", [("domino", {}), ("dspark", {}), ("dspark", {"sample_from_anchor": True})])
+def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind, extra):
+    """top_k = 1: the path builder expands one node per depth, each from its parent's head state: the session's
+    own greedy draft, token for token (the per-node recurrence is the head's; DSpark's rnn state in both anchor
+    conventions)."""
+    drafter = drafter_of(target, kind, block_size=8, **extra)
+    session = drafter.new_session()
+    prompt = torch.tensor(prompt_of(3, 9))
+    feats = torch.randn(9, drafter.config.num_features * drafter.config.hidden_size)
+    if kind == "dspark":
+        feats = torch.cat([feats, torch.randn(9, drafter.config.hidden_size)], -1)
+    session.extend(prompt, feats)
+    anchor = torch.tensor([11])
+    with torch.inference_mode():
+        chain = session.draft(anchor, 7).tokens.tolist()
+        session.crop(9)
+        tree = tree_mod.build_tree(TreeConfig("path", budget=7, top_k=1), session, anchor, 7, 7, 0.0, None)
+    assert tree.tokens == chain and tree.parents == list(range(7)) and tree.ranks == [0] * 7
+
+
+def test_domino_path_head_conditions_each_node_on_its_own_path(target):
+    """A branch's logits are the Domino head's rollout fed that branch's tokens (DominoHead.rollout, the
+    training-time form): every node of a path tree, at every depth."""
+    drafter = drafter_of(target, "domino", block_size=5)
+    session = drafter.new_session()
+    session.extend(torch.tensor(prompt_of(4, 7)), torch.randn(7, drafter.config.num_features * 32))
+    anchor = torch.tensor([9])
+    with torch.inference_mode():
+        tree = tree_mod.build_tree(TreeConfig("path", budget=12, top_k=3), session, anchor, 4, 12, 0.0, None)
+        hidden = session.stages[-1].hidden
+        head = drafter.head
+        H = hidden[1:][None]
+        base = drafter.compute_logits(H)
+        for i in range(len(tree)):
+            if not any(p == i + 1 for p in tree.parents):
+                continue  # a leaf: its children's logits were never needed
+            path, u = [], i + 1
+            while u:
+                path.append(tree.tokens[u - 1]), (u := tree.parents[u - 1])
+            path.reverse()
+            step = head.rollout(H, base, drafter.embed_tokens(anchor), drafter.embed_tokens)
+            logits = step(None)
+            for tok in path:
+                logits = step(torch.tensor([tok]))
+            kids = sorted((tree.tokens[j] for j, p in enumerate(tree.parents) if p == i + 1))
+            top = logits[0].topk(3).indices.tolist()
+            assert set(kids) <= set(top), (i, kids, top)
+    assert max(tree.depths) >= 2 and max(tree.ranks) > 0
+
+
+def test_best_first_is_the_n_most_likely_prefixes():
+    """DDTree's heap against brute force: the n prefixes of highest cumulative log-probability, parents first."""
+    g = torch.Generator().manual_seed(0)
+    for K, k, n in [(3, 3, 7), (4, 2, 9), (5, 4, 30)]:
+        values = torch.log_softmax(torch.randn(K, 8, generator=g), -1).topk(k).values.tolist()
+        got = best_first(values, n)
+        prefixes = [ranks for d in range(1, K + 1) for ranks in itertools.product(range(k), repeat=d)]
+        scores = sorted((sum(values[j][r] for j, r in enumerate(p)) for p in prefixes), reverse=True)
+        assert [s for *_, s in got] == pytest.approx(scores[:n])
+        assert all(par < i + 1 for i, (_, par, _, _) in enumerate(got))
+    assert [(d, p, r) for d, p, r, _ in best_first([[-0.1], [-0.2], [-0.3]], 5)] == [(0, 0, 0), (1, 1, 0), (2, 2, 0)]
+
+
+def test_tree_mask_sees_the_context_the_ancestors_and_itself():
+    tree = DraftTree(tokens=[5, 6, 7, 8], parents=[0, 0, 1, 3], depths=[1, 1, 2, 3], ranks=[0, 1, 0, 0])
+    ids, pos, mask = tree_mod.tree_inputs(tree, torch.tensor([4]), start=3, kv_len=10, dtype=torch.float32)
+    assert ids.tolist() == [4, 5, 6, 7, 8] and pos.tolist() == [[3, 4, 4, 5, 6]]
+    seen = (mask[0, 0] == 0).int().tolist()
+    assert seen == [[1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+                    [1, 1, 1, 1, 1, 0, 0, 0, 0, 0],
+                    [1, 1, 1, 1, 0, 1, 0, 0, 0, 0],
+                    [1, 1, 1, 1, 1, 0, 1, 0, 0, 0],
+                    [1, 1, 1, 1, 1, 0, 1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_compact_cache_moves_the_accepted_slots_forward(target, static):
+    model = target.model
+    cache = StaticCache(config=model.config, max_cache_len=16) if static else DynamicCache(config=model.config)
+    model(input_ids=torch.arange(3, 13)[None], cache=cache, use_cache=True)
+    before = [layer.keys[:, :, :10].clone() for layer in cache.layers]
+    compact_cache(cache, [5, 7, 9], 4)
+    for layer, old in zip(cache.layers, before):
+        assert torch.equal(layer.keys[:, :, 4:7], old[:, :, [5, 7, 9]])
+        assert torch.equal(layer.keys[:, :, :4], old[:, :, :4])
+
+
+@pytest.mark.slow
+def test_tree_sampling_is_distributed_as_the_target():
+    """T > 0: the target samples at every node and the walk follows its sample: chi-square on (x1, x2) for
+    DDTree on a backbone, the path tree on a Domino drafter (trees covering most of V = 8) and DLoop's chain
+    stage + a DSpark path tree."""
+    target = chi_square_target()
+    prompt = [3, 5, 2, 6]
+    law = exact_joint(target, prompt)
+    for kind, builder, dloop in (("backbone", "ddtree", None), ("domino", "path", None),
+                                 ("dspark", "path", DLoopConfig(float("-inf"), 2))):
+        torch.manual_seed(0)
+        over = dict(head=dict(rank=8, gru_hidden=8)) if kind == "domino" else {}
+        drafter = build_drafter(drafter_config(kind, target, block_size=3, num_layers=1, **over), target)
+        counts, accepted = sampled_pairs(target, drafter, prompt, 1200, temperature=1.0, dloop=dloop,
+                                         tree=TreeConfig(builder, budget=12, top_k=4))
+        assert {0, 1, 2} & accepted and max(accepted) >= 1
+        ok, stat = passes_chi_square(counts, law)
+        assert ok, (kind, builder, stat)
+
+
+def test_cost_rule_grows_while_throughput_rises():
+    flat = VerifyCost((1, 64), (1.0, 1.0))
+    steep = VerifyCost((1, 2, 4), (1.0, 2.0, 4.0))
+    gains = [0.9, 0.5, 0.3, 0.1, 0.05]
+    assert flat.best_nodes(gains, cap=4) == 4  # free nodes: grow to the cap
+    assert steep.best_nodes(gains, cap=5) == 1  # doubling the cost for +0.5 tokens does not pay
+    assert VerifyCost((1, 8), (1.0, 1.4)).best_nodes(gains, cap=5, draft_s=1.0) == 4  # rates .95 1.17 1.28 1.29 1.28
+    assert steep.seconds_at(3) == pytest.approx(3.0) and steep.seconds_at(8) == pytest.approx(8.0)
+    with pytest.raises(ValueError):
+        VerifyCost((4, 2), (1.0, 2.0))
+
+
+def test_cost_aware_trees_are_lossless_and_verify_fewer_nodes(target, monkeypatch):
+    curve = measure_verify_cost(target, widths=(1, 4, 16), context=16, repeats=1, verbose=False)
+    assert list(curve.seconds) == sorted(curve.seconds) and curve is measure_verify_cost(
+        target, widths=(1, 4, 16), context=16, repeats=1)
+    drafter = drafter_of(target, "domino")
+    prompt = prompt_of(11)
+    ref = greedy(target, prompt, 24)
+    steep = VerifyCost((1, 2), (1e-3, 1e-2))  # nodes beyond the first cost 9 ms each: never worth it
+    for builder in ("ddtree", "path", "chain"):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=24,
+                       tree=TreeConfig(builder, budget=16, cost=steep))
+        assert res.tokens == ref and set(res.drafted_per_round[:-1]) == {1}  # the last: 1 token left, no draft
+        full = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=24,
+                        tree=TreeConfig(builder, budget=16, cost=VerifyCost((1, 64), (1.0, 1.0))))
+        assert full.tokens == ref and max(full.drafted_per_round) == (16 if builder != "chain" else 5)
+
+
+def test_bad_tree_requests_fail_before_decoding(target, monkeypatch):
+    prompt = torch.tensor([prompt_of(1)])
+    backbone, domino = drafter_of(target, "backbone"), drafter_of(target, "domino")
+    calls = []
+    monkeypatch.setattr(tree_mod, "tree_speculative", lambda *a, **k: calls.append(1))
+    for budget in (0, -3, 2.5, True):
+        with pytest.raises(TreeError, match="budget must be an integer >= 1"):
+            TreeConfig("ddtree", budget=budget)
+    with pytest.raises(TreeError, match="builder must be one of"):
+        TreeConfig("beam")
+    with pytest.raises(TreeError, match="above what the context leaves"):
+        generate(target, domino, torch.tensor([prompt_of(1, 80)]), max_new_tokens=4, tree=TreeConfig(budget=20))
+    with pytest.raises(TreeError, match="'path' tree builder needs a causal head"):
+        generate(target, backbone, prompt, max_new_tokens=4, tree=TreeConfig("path"))
+    for kind in ("small_lm", "eagle3"):
+        torch.manual_seed(0)
+        ar = build_drafter(drafter_config(kind, target, block_size=4, num_layers=1), target)
+        with pytest.raises(TreeError, match="drafts token by token"):
+            generate(target, ar, prompt, max_new_tokens=4, tree=TreeConfig("chain"))
+    with pytest.raises(TreeError, match="needs a drafter"):
+        generate(target, None, prompt, max_new_tokens=4, tree=TreeConfig())
+    with pytest.raises(TreeError, match="must be a TreeConfig"):
+        generate(target, domino, prompt, max_new_tokens=4, tree="ddtree")
+    monkeypatch.setattr(target.model.config, "_attn_implementation", "flash_attention_2")
+    with pytest.raises(TreeError, match="4-D attention mask"):
+        generate(target, domino, prompt, max_new_tokens=4, tree=TreeConfig())
+    assert not calls
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind):
+    """Brute force: every path of top-3 children, 3 deep, scored by the head run on that path alone; the builder's
+    12 nodes are the 12 best, each with its own cumulative score."""
+    drafter = drafter_of(target, kind, block_size=4)
+    session = drafter.new_session()
+    width = drafter.config.num_features * 32 + (32 if kind == "dspark" else 0)
+    session.extend(torch.tensor(prompt_of(5, 7)), torch.randn(7, width))
+    anchor = torch.tensor([13])
+    with torch.inference_mode():
+        tree = tree_mod.build_tree(TreeConfig("path", budget=12, top_k=3), session, anchor, 3, 12, 0.0, None)
+        head = session.path_head(session.stages[-1].hidden, anchor)
+        scores = {}
+
+        def expand(state, d, path, score):
+            if d == 3:
+                return
+            logits, inherited = head.step(d, state)
+            v, ids = torch.log_softmax(logits.float(), -1)[0].topk(3)
+            for r in range(3):
+                tok = ids[r : r + 1]
+                scores[path + (int(tok),)] = score + float(v[r])
+                expand(head.child(inherited, torch.zeros(1, dtype=torch.long), tok), d + 1, path + (int(tok),),
+                       score + float(v[r]))
+
+        expand(head.start(), 0, (), 0.0)
+    paths = []
+    for i in range(len(tree)):
+        path, u = [], i + 1
+        while u:
+            path.append(tree.tokens[u - 1]), (u := tree.parents[u - 1])
+        paths.append(tuple(reversed(path)))
+    best = sorted(scores.values(), reverse=True)[:12]
+    assert sorted((scores[p] for p in paths), reverse=True) == pytest.approx(best, abs=1e-5)
+    assert len(set(paths)) == 12

@@ -1,0 +1,99 @@
+"""Acceptance predictors: rounds and labels, the add-on head, sequential calibration, AUC / ECE, the cached
+artifact keyed by the drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_domino.decoding.acceptance import attach, drafter_key, predictor_of
+from lit_domino.models import build_drafter, drafter_config
+from lit_domino.testing import hf_greedy, lively_target
+from lit_domino.training.acceptance import (AcceptanceSettings, acceptance_predictor, auc, calibrated,
+                                            calibration_report, collect_rounds, ece, fit_calibration, prefix_weights,
+                                            train_head)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return lively_target(128, seed=0)
+
+
+def drafter(target, kind="backbone", seed=0):
+    torch.manual_seed(seed)
+    kw = dict(num_layers=1) if kind == "backbone" else dict(num_layers=1, head=dict(rank=8))
+    return build_drafter(drafter_config(kind, target, block_size=5, **kw), target)
+
+
+def test_auc_and_ece_on_known_inputs():
+    y = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    assert auc(torch.tensor([0.1, 0.2, 0.8, 0.9]), y) == 1.0
+    assert auc(torch.tensor([0.9, 0.8, 0.2, 0.1]), y) == 0.0
+    assert auc(torch.tensor([0.5, 0.5, 0.5, 0.5]), y) == 0.5
+    assert ece(torch.full((4,), 0.5), y) == pytest.approx(0.0)
+    assert ece(torch.full((4,), 0.9), y) == pytest.approx(0.4)
+    assert ece(torch.full((4,), 0.9), y, w=torch.tensor([0.0, 0.0, 1.0, 1.0])) == pytest.approx(0.1)
+
+
+def test_sequential_temperatures_recover_the_truth():
+    """Position 1 acceptance ~ sigmoid(z / 2), position 2 ~ sigmoid(z / 0.5) on the rounds that survived 1."""
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    z = torch.randn(n, 2, generator=g, dtype=torch.float64) * 3
+    y1 = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(z[:, 0] / 2)).double()
+    y2 = (torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(z[:, 1] / 0.5)).double() * y1
+    y = torch.stack([y1, y2], 1)
+    torch.testing.assert_close(prefix_weights(y)[:, 1], y1)
+    cal = fit_calibration(z, y, "hard", offsets=False)
+    assert cal.temperatures[0] == pytest.approx(2.0, rel=0.08)
+    assert cal.temperatures[1] == pytest.approx(0.5, rel=0.08)
+    rep = calibration_report(z, y, y, cal)
+    assert rep["positions"][0]["ece_after"] < 0.02 and rep["positions"][0]["ece_before"] > 0.05
+    # the product of calibrated confidences is the survival probability
+    assert rep["positions"][1]["survival_ece_after"] < 0.02
+    assert calibrated(z, cal).shape == z.shape
+    platt = fit_calibration(z + 1.0, y, "hard", offsets=True)  # a shifted head: the offset undoes it
+    assert platt.offsets[0] == pytest.approx(-0.5, abs=0.08)
+
+
+def test_rounds_labels_and_the_head(target):
+    d = drafter(target)
+    prompts = [[5, 6, 7, 8], [9, 3, 4, 10, 11]]
+    seqs = [(p + hf_greedy(target, p, 24), len(p)) for p in prompts]
+    s = AcceptanceSettings(stages=2, anchors_per_sequence=4, steps=50)
+    data = collect_rounds(target, d, seqs, s)
+    K = d.config.block_size - 1
+    assert data["H"].shape[1:] == (2 * K, d.config.hidden_size) and data["hard"].shape == data["soft"].shape
+    assert ((data["soft"] >= -1e-6) & (data["soft"] <= 1 + 1e-6)).all()
+    assert set(data["hard"].unique().tolist()) <= {0.0, 1.0}
+    # prev: the round's anchor, then each draft
+    seq, plen = seqs[0]
+    assert int(data["prev"][0, 0]) == seq[plen]
+    head = train_head(d, data, s)
+    z = head(head.inputs(d, data["H"], data["prev"])).detach()
+    assert z.shape == data["hard"].shape and torch.isfinite(z).all()
+    with pytest.raises(ValueError, match="label must be one of"):
+        AcceptanceSettings(label="fuzzy")
+    assert AcceptanceSettings().label == "hard" and AcceptanceSettings(temperature=1.0).label == "soft"
+
+
+@pytest.mark.slow
+def test_predictor_artifact_is_cached_and_keyed_by_the_drafter(target, tmp_path):
+    d = drafter(target)
+    prompts = [[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41], [1, 2, 3], [60, 61, 62], [7, 7, 8]]
+    s = AcceptanceSettings(stages=2, anchors_per_sequence=6, steps=50, max_new_tokens=24)
+    pred, path = acceptance_predictor(target, d, prompts, s, root=tmp_path)
+    assert (path / "reliability.png").stat().st_size > 0 and (path / "report.md").is_file()
+    assert pred.drafter_key == drafter_key(d) and len(pred.calibration.temperatures) == 2 * 4
+    again, path2 = acceptance_predictor(target, d, prompts, s, root=tmp_path)
+    assert path2 == path and again.calibration == pred.calibration
+    attach(d, again)
+    assert predictor_of(d) is again
+    other = drafter(target, seed=1)  # another drafter: another artifact
+    _, path3 = acceptance_predictor(target, other, prompts, s, root=tmp_path)
+    assert path3 != path
+    # DSpark: its own head, calibrated, no add-on weights
+    own, _ = acceptance_predictor(target, drafter(target, "dspark"), prompts, s, root=tmp_path)
+    assert own.head is None and own.calibration is not None

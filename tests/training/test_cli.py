@@ -1,0 +1,205 @@
+"""experiments/train.py (lit_domino.training.cli): every variant x preset composes and parses, the paper preset builds,
+a CLI fit logs, exports and resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "experiments" / "configs"
+VARIANTS = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "base")
+PRESETS = ["smoke", "default", "paper"]
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("lit_domino_train_cli", ROOT / "experiments" / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _train_module()
+
+
+def _args(variant: str, preset: str, target_dir, tmp_path, *extra, tracking=False) -> list[str]:
+    return ["--variant", variant, "--preset", preset, "--data.target", str(target_dir), "--trainer.accelerator", "cpu",
+                   "--trainer.default_root_dir", str(tmp_path), "--tracking.enabled", str(tracking).lower(), *extra]
+
+
+def test_every_method_has_a_variant_and_every_preset_a_file():
+    """Behaviour, not a pinned list: each registered drafter method is trainable from some variant file, and
+    the presets the commands offer are exactly the preset files."""
+    from lit_domino.models.registry import drafter_class, kinds
+    from lit_domino.training.configs import PRESETS, compose, module_class
+
+    trained = {module_class(compose(v, "smoke")).drafter_class for v in VARIANTS}
+    assert {drafter_class(k) for k in kinds()} <= trained
+    assert set(PRESETS) == {p.stem for p in (CONFIGS / "presets").glob("*.yaml")} >= {"smoke", "default", "paper"}
+
+
+def test_variant_files_hold_only_their_deltas():
+    """Configs as deltas: a variant file is its module and what differs; the ablations a few lines."""
+    import yaml
+
+    for v in VARIANTS:
+        data = yaml.safe_load((CONFIGS / f"{v}.yaml").read_text())
+        assert set(data) <= {"extends", "model", "data", "tracking", "trainer"}, v
+        # a method may have its own training length (EAGLE-3: 1 epoch on the default preset); every other
+        # trainer and checkpoint setting is the base's or a preset's
+        assert set(data.get("trainer", {})) <= {"max_epochs"} and "checkpoint" not in data, v
+    lines = [l for l in (CONFIGS / "domino_ttt.yaml").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert len(lines) <= 8 and "extends: domino" in lines
+
+
+def test_preset_method_sections_reach_only_their_method():
+    from lit_domino.training.configs import load_config
+
+    assert load_config("domino", "smoke")["model"]["init_args"]["rank"] == 32
+    assert load_config("domino_ttt", "smoke")["model"]["init_args"]["gru_hidden"] == 64
+    assert load_config("eagle3", "smoke")["model"]["init_args"]["ttt_steps"] == 3
+    assert "rank" not in load_config("backbone", "smoke")["model"]["init_args"]
+    assert "ttt_steps" not in load_config("domino", "smoke")["model"]["init_args"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_config_parses(train, tiny_target_dir, tmp_path, variant, preset):
+    cli = train.main(_args(variant, preset, tiny_target_dir, tmp_path), run=False)
+    model, data = cli.model, cli.datamodule
+    assert model.hparams.target == str(tiny_target_dir) == data.hparams.target  # linked
+    assert model.hparams.block_size == data.hparams.block_size
+    assert data.hparams.seed == 0
+    if "domino" in variant:
+        kind = "none" if "nocurriculum" in variant else "linear"
+        assert model.curriculum.kind == kind
+        assert model.hparams.causal_inputs == ("training_time_test" if "ttt" in variant else "teacher_forced")
+    if variant == "eagle3":
+        assert data.hparams.feature_rule == "eagle3"
+    cb = cli.trainer.checkpoint_callback
+    assert cb.save_last and Path(cb.dirpath) == tmp_path / "checkpoints"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_paper_preset_builds_with_a_tiny_stand_in(train, tiny_target_dir, tmp_path, variant):
+    cli = train.main(_args(variant, "paper", tiny_target_dir, tmp_path), run=False)
+    model, data = cli.model, cli.datamodule
+    assert data.hparams.num_anchors == 512 and data.hparams.features == "online"
+    assert cli.trainer.max_epochs == 6 and cli.trainer.precision == "bf16-mixed"
+    assert cli.trainer.gradient_clip_val == 1.0
+    drafter = model.build_drafter(data.feature_layers)
+    cfg = drafter.config
+    if variant in ("dspark", "dflash2"):  # DeepSpec's / speculators' recipes: 7 drafts a block, gamma 4, 5 layers
+        assert model.hparams.lr == 6e-4 and model.hparams.gamma == 4.0
+        assert (cfg.block_size, cfg.num_layers) == (8, 5)
+        return
+    assert model.hparams.lr == 6e-4 and model.hparams.gamma == 7.0
+    assert cfg.block_size == 16
+    if "domino" in variant:
+        assert (cfg.head.rank, cfg.head.gru_hidden) == (256, 1024)
+    if variant != "eagle3":
+        assert cfg.num_layers == 5
+    assert model.target is data.load_target()  # one memoised target
+    assert model.position_weights[1] == 1.0 and torch.isclose(model.position_weights[8], torch.tensor(1 / torch.e))
+
+
+def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.interop import load_drafter
+    from lit_domino.runtime.tracking import default_tracking_uri
+
+    uri = default_tracking_uri()  # $MLFLOW_TRACKING_URI: the tests' session store (conftest)
+    assert uri.startswith("sqlite:///") and str(ROOT) not in uri
+    common = ["--data.train_examples", "{math: 6, code: 2}", "--data.val_examples", "{math: 2}",
+              "--data.max_new_tokens", "12", "--data.batch_size", "4", "--data.num_anchors", "3",
+              "--data.feature_layers", "[1, 3]", "--trainer.log_every_n_steps", "1",
+              "--trainer.enable_progress_bar", "false", "--tracking.experiment", "cli-test"]
+    args = _args("domino", "smoke", tiny_target_dir, tmp_path / "run", *common, tracking=True)
+    cli = train.main(["fit", *args, "--trainer.max_epochs", "1"])
+    run_id = cli.trainer.logger.run_id
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["variant"] == "domino" and run.data.tags["preset"] == "smoke"
+    assert run.data.tags["seed"] == "0" and run.data.tags["mlflow.runName"] == "domino-smoke-s0"
+    assert run.data.params["model.rank"] == "32" and run.data.params["data.block_size"] == "8"
+    # one name per setting (not Lightning's hparams beside them: rank, curriculum/kind), no output folder
+    assert "rank" not in run.data.params and not [k for k in run.data.params if "/" in k]
+    assert "checkpoint.dirpath" not in run.data.params and "trainer.default_root_dir" not in run.data.params
+    assert "config.yaml" in {a.path for a in client.list_artifacts(run_id)}
+    assert "train/loss_final" in run.data.metrics and "val/tau_sim" in run.data.metrics
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    drafter = load_drafter(tmp_path / "run" / "drafter", target=cli.model.target)
+    for k, v in cli.model.drafter.state_dict().items():
+        assert torch.equal(v, drafter.state_dict()[k])
+    # load_from_checkpoint rebuilds the module without Lightning's trainer (target from the recorded spec)
+    from lit_domino.lit import load_module
+
+    restored = load_module(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert type(restored).__name__ == "DominoModule" and restored.hparams.feature_layers == [1, 3]
+    for k, v in cli.model.drafter.state_dict().items():
+        assert torch.equal(v, restored.drafter.state_dict()[k])
+    # continue the finished training for another epoch: it resumes at the saved step, in a new run that
+    # supersedes the finished one (a completed run is never reopened; its history stays as it was)
+    from lit_domino.runtime.tracking import SUPERSEDED_BY_TAG, SUPERSEDES_TAG
+
+    steps = cli.trainer.global_step
+    history = [m.step for m in client.get_metric_history(run_id, "train/loss")]
+    cli2 = train.main(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    new_id = cli2.trainer.logger.run_id
+    assert new_id != run_id and cli2.trainer.global_step == 2 * steps
+    assert client.get_run(run_id).data.tags[SUPERSEDED_BY_TAG] == new_id
+    assert client.get_run(new_id).data.tags[SUPERSEDES_TAG] == run_id
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == history
+    assert min(m.step for m in client.get_metric_history(new_id, "train/loss")) >= steps - 1
+    assert client.get_run(new_id).info.status == "FINISHED"
+
+
+def test_cli_crash_before_training_is_recorded_failed(train, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.target.load import TargetError
+    from lit_domino.runtime.tracking import default_tracking_uri
+
+    args = _args("backbone", "smoke", tmp_path / "no-such-target", tmp_path / "run", "--tracking.experiment",
+                 "cli-crash", "--tracking.run_name", "crash", tracking=True)
+    with pytest.raises(SystemExit) as exit_:  # one line, rc 2 (a TargetError: the user can fix it)
+        train.main(["fit", *args])
+    assert exit_.value.code == 2 and "train: error: target directory" in capsys.readouterr().err
+    with pytest.raises(TargetError, match="does not exist"):  # --debug keeps the error itself
+        train.main(["fit", *args, "--tracking.run_name", "crash-debug", "--debug"])
+    client = MlflowClient(default_tracking_uri())
+    runs = client.search_runs([client.get_experiment_by_name("cli-crash").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"] and runs[0].data.tags["variant"] == "backbone"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--set", "model.rnak=8"], "train: error: unknown config key model.rnak; did you mean model.rank?"),
+    (["--set", "model.lr=abc"], "train: error: model.lr: expected a float, got 'abc'"),
+    (["--set", "methods.domino.rnak=8"], "train: error: methods.domino.rnak: variant domino (domino) has no model key "
+                                         "'rnak' (did you mean methods.domino.rank?)"),
+    (["--set", "data.target=embedded:nosuch"], "train: error: data.target: unknown embedded target 'nosuch'"),
+    (["--preset", "nosuch"], "train: error: unknown preset 'nosuch'"),
+])
+def test_a_bad_set_is_one_line(train, tmp_path, capsys, extra, message):
+    """``train.py fit ... --set model.rnak=8`` printed 105 lines (the parser's usage), the one that mattered at 103."""
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["fit", "--variant", "domino", "--preset", "smoke", "--trainer.default_root_dir", str(tmp_path),
+                    *extra], run=False)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_set_reaches_the_presets_method_section_and_checks_keys_without_building_the_trainer(train, tiny_target_dir,
+                                                                                            tmp_path):
+    cli = train.main(_args("domino", "smoke", tiny_target_dir, tmp_path, "--set", "methods.domino.rank=8"), run=False)
+    assert cli.model.hparams.rank == 8 and cli.model.hparams.gru_hidden == 64
+    # the paper preset's Trainer wants a GPU: the --set check parses it but leaves it to --trainer.accelerator cpu
+    cli = train.main(_args("domino", "paper", tiny_target_dir, tmp_path, "--set", "model.rank=16"), run=False)
+    assert cli.model.hparams.rank == 16 and cli.trainer.accelerator.__class__.__name__ == "CPUAccelerator"
