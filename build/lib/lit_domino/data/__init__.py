@@ -1,0 +1,1 @@
+"""Data: embedded corpora, benchmark prompt sets, regenerated training data, the DataModule."""

@@ -1,0 +1,268 @@
+"""Acceptance predictors: a calibrated probability c_j that the target accepts drafted position j.
+
+Shapes: K drafted positions of a stage, d width.
+
+A predictor reads, for each drafted position j of a parallel drafter's stage, the block's hidden state H_j (the
+session's ``stages[-1].hidden[j]``) and the token before j (the stage's anchor for j = 1, else d_{j-1}), never
+d_j itself: a gate that cuts at j then decides from the tokens before j only, which keeps decoding exact.
+
+* **own head** (DSpark): the drafter's confidence head, ``drafter.own_confidence_logits(H, prev)``, the method
+  interface a drafter with a head of its own implements (None: it has none);
+* **add-on head** (:class:`AcceptanceHead`; backbone-only, Domino, any drafter whose session keeps the stage's
+  block hidden states, DFlash 2 included): ``z_j = w · [H_j ; E[x_{j-1}]] + b`` with E the target's frozen
+  embedding, trained on the frozen drafter (:mod:`lit_domino.training.acceptance`).
+
+Calibration (:class:`Calibration`): per round position j (stages concatenated), a temperature τ_j, so that
+``c_j = sigmoid(z_j / τ_j)`` is the acceptance probability of position j *given* that 1..j-1 were accepted;
+fitted sequentially on held-out rounds (position j on the rounds that survived to j), so the product
+``S_j = c_1 ··· c_j`` is the probability that the first j drafts survive. ``mean_confidence[j]`` (the mean
+calibrated c_j on the held-out rounds that reached j) is the cost gate's forecast of a stage not drafted yet.
+
+A predictor travels with its drafter (:func:`attach`, :func:`predictor_of`) and is saved as its own artifact
+(:meth:`AcceptancePredictor.save`, :func:`load_predictor`), keyed by the drafter's weights (:func:`drafter_key`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lit_domino.runtime.command import UsageError
+
+PREDICTOR_FILE = "acceptance.json"
+HEAD_FILE = "head.safetensors"
+LABELS = ("soft", "hard")
+"""Training labels: ``soft`` c*_j = 1 - ½‖q_j - p_j‖₁ (the acceptance probability at T > 0), ``hard`` 1 when the
+drafter's pick equals the target's (T = 0)."""
+
+
+class NoAcceptancePredictor(UsageError):
+    """A gate that needs acceptance probabilities, on a drafter without a predictor (or one for another drafter)."""
+
+
+# --------------------------------------------------------------------------- the drafter's key
+
+
+def drafter_key(drafter) -> str:
+    """A SHA-256 (16 hex digits) of the drafter's kind, config and own weights: a predictor, a cost model or a
+    calibration built for one drafter is never applied to another (retrained, fine-tuned) one. Memoised on the
+    drafter until its config or a weight changes (an optimizer step or a load bumps a tensor's version): the cost
+    gate asks for it at every ``generate`` call."""
+    cfg = json.dumps(drafter.config.to_dict(), sort_keys=True, default=str)
+    tensors = [*drafter.named_parameters(), *drafter.named_buffers()]  # the live tensors (state_dict detaches)
+    state = (cfg, tuple((name, id(t), t._version, t.dtype, str(t.device)) for name, t in tensors))
+    memo = drafter.__dict__.get("_drafter_key")
+    if memo is not None and memo[0] == state:
+        return memo[1]
+    h = hashlib.sha256(cfg.encode())
+    for name, t in sorted(drafter.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    key = h.hexdigest()[:16]
+    drafter.__dict__["_drafter_key"] = (state, key)  # outside nn.Module's attributes: never saved with it
+    return key
+
+
+def stage_inputs(hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tensor):
+    """A stage's predictor inputs: block hidden states ``hidden`` [K+1, d] (slot 0 = the anchor's), the anchor
+    [1] and the drafted tokens [K] -> (H [K, d] of slots 1..K, previous tokens [K] = [anchor, d_1 .. d_{K-1}])."""
+    K = tokens.numel()
+    prev = torch.cat([anchor.reshape(1).to(tokens.device), tokens.reshape(-1)[:-1]])
+    return hidden[1: K + 1], prev
+
+
+def supports_predictor(drafter) -> bool:
+    """Whether ``drafter``'s sessions keep each stage's block hidden states (the parallel drafters)."""
+    from lit_domino.models.backbone import ParallelSession
+
+    cls = getattr(drafter, "session_class", None)
+    return isinstance(cls, type) and issubclass(cls, ParallelSession)
+
+
+# --------------------------------------------------------------------------- heads
+
+
+class AcceptanceHead(nn.Module):
+    """The add-on confidence head: one linear layer on ``[H_j ; E[x_{j-1}]]`` -> a logit."""
+
+    def __init__(self, hidden_size: int, embed_size: int):
+        super().__init__()
+        self.hidden_size, self.embed_size = int(hidden_size), int(embed_size)
+        self.proj = nn.Linear(self.hidden_size + self.embed_size, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def inputs(self, drafter, H: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """[..., K, d] hidden states and [..., K] previous tokens -> [..., K, d + d_e] (float32)."""
+        return torch.cat([H.float(), drafter.embed_tokens(prev).float()], dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.to(self.proj.weight.dtype)).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class Calibration:
+    """Per round position temperatures and the held-out mean calibrated confidence (see the module docstring)."""
+
+    temperatures: list[float]
+    """τ_j for round positions j = 1, 2, ... (stages concatenated); later positions reuse the last one."""
+    mean_confidence: list[float]
+    """Mean calibrated c_j on the held-out rounds that reached j (the cost gate's forecast)."""
+    label: str = "hard"
+    """What the survival was fitted to: ``hard`` acceptance events (T = 0) or ``soft`` c* (T > 0)."""
+    offsets: list[float] | None = None
+    """Per position offsets b_j (``c_j = sigmoid(z_j / τ_j + b_j)``, Platt scaling); None: temperature scaling only.
+    A head trained on every position of a round learns one bias for all of them, and a temperature alone cannot
+    move a position's mean (smoke backbone, j = 1: ECE 10.4 % before, 12.5 % after temperature scaling)."""
+
+    def __post_init__(self):
+        if not self.temperatures or any(not (math.isfinite(t) and t > 0) for t in self.temperatures):
+            raise ValueError(f"calibration temperatures must be finite and > 0, got {self.temperatures}")
+        if len(self.mean_confidence) != len(self.temperatures):
+            raise ValueError("calibration: one mean confidence per temperature")
+        if self.offsets is not None and (len(self.offsets) != len(self.temperatures)
+                                         or not all(math.isfinite(b) for b in self.offsets)):
+            raise ValueError("calibration: one finite offset per temperature")
+
+    def apply(self, z: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Calibrated logits of raw logits z [..., n] at round positions start+1 .. start+n."""
+        n = z.shape[-1]
+        out = z / self.at(self.temperatures, start, n).to(z.device, z.dtype)
+        if self.offsets is not None:
+            out = out + self.at(self.offsets, start, n).to(z.device, z.dtype)
+        return out
+
+    def at(self, values: list[float], start: int, n: int) -> torch.Tensor:
+        """``values`` at round positions start+1 .. start+n (0-based offsets start..; the last one repeats)."""
+        last = len(values) - 1
+        return torch.tensor([values[min(start + i, last)] for i in range(n)], dtype=torch.float32)
+
+
+
+
+@dataclass
+class AcceptancePredictor:
+    """A drafter's acceptance predictor: its own head or an add-on one, and a calibration."""
+
+    drafter_key: str
+    """:func:`drafter_key` of the drafter it was built for (checked by :func:`attach`)."""
+    head: AcceptanceHead | None = None
+    """The add-on head; None = the drafter's own (``own_confidence_logits``)."""
+    calibration: Calibration | None = None
+    """None: uncalibrated (τ = 1; the ``cost`` gate needs a calibration's mean confidences)."""
+    meta: dict = field(default_factory=dict)
+    """How it was built (labels, steps, data sizes, held-out metrics): for tables and the artifact's JSON."""
+
+    def logits(self, drafter, H: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """Raw confidence logits z [..., K] (float32) of positions with hidden states H and previous tokens prev."""
+        if self.head is None:
+            z = drafter.own_confidence_logits(H, prev)
+            if z is None:
+                raise NoAcceptancePredictor(f"the {drafter.kind} drafter has no confidence head of its own")
+            return z.float()
+        if self.head.proj.weight.device != H.device:
+            self.head.to(H.device)
+        return self.head(self.head.inputs(drafter, H, prev))
+
+    @torch.no_grad()
+    def confidences(self, drafter, hidden, anchor, tokens, offset: int = 0) -> torch.Tensor:
+        """Calibrated c_j [K] (CPU float32) of one stage at round positions offset+1 .. offset+K."""
+        H, prev = stage_inputs(hidden, anchor, tokens)
+        z = self.logits(drafter, H, prev).reshape(-1).float().cpu()
+        if self.calibration is not None:
+            z = self.calibration.apply(z, offset)
+        return torch.sigmoid(z)
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        info = {"format": 1, "drafter_key": self.drafter_key, "kind": "own" if self.head is None else "addon",
+                "calibration": None if self.calibration is None else asdict(self.calibration), "meta": self.meta}
+        if self.head is not None:
+            info["head"] = {"hidden_size": self.head.hidden_size, "embed_size": self.head.embed_size}
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
+                      str(directory / HEAD_FILE))
+        (directory / PREDICTOR_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
+        return directory
+
+
+def load_predictor(directory: str | Path) -> AcceptancePredictor:
+    """A predictor saved by :meth:`AcceptancePredictor.save` (clear errors for a missing or corrupt one)."""
+    directory = Path(directory)
+    path = directory / PREDICTOR_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no acceptance predictor ({PREDICTOR_FILE} is missing)")
+    try:
+        info = json.loads(path.read_text())
+        head = None
+        if info["kind"] == "addon":
+            head = AcceptanceHead(info["head"]["hidden_size"], info["head"]["embed_size"])
+            head.load_state_dict(load_file(str(directory / HEAD_FILE)))
+        cal = info.get("calibration")
+        return AcceptancePredictor(info["drafter_key"], head, None if cal is None else Calibration(**cal),
+                                   dict(info.get("meta") or {}))
+    except (KeyError, TypeError, ValueError, RuntimeError, OSError) as err:
+        raise ValueError(f"the acceptance predictor in {directory} cannot be read ({type(err).__name__}: {err}); "
+                         "delete it to rebuild") from err
+
+
+# --------------------------------------------------------------------------- attaching to a drafter
+
+_ATTR = "_acceptance_predictor"
+
+
+def attach(drafter, predictor: AcceptancePredictor, check: bool = True):
+    """Give ``drafter`` its predictor (kept outside its parameters and state dict: never saved with it); with
+    ``check``, refuse one built for another drafter. Returns the drafter."""
+    if check and predictor.drafter_key != drafter_key(drafter):
+        raise NoAcceptancePredictor(
+            f"this acceptance predictor was built for another drafter (key {predictor.drafter_key}, this "
+            f"{drafter.kind} drafter's is {drafter_key(drafter)}): retrain it on this drafter")
+    if predictor.head is not None and not supports_predictor(drafter):
+        raise NoAcceptancePredictor(f"an add-on acceptance head needs a parallel drafter's block hidden states; "
+                                    f"the {drafter.kind} drafter drafts token by token")
+    drafter.__dict__[_ATTR] = predictor
+    return drafter
+
+
+def own_predictor(drafter) -> AcceptancePredictor | None:
+    """An uncalibrated predictor from the drafter's own head (DSpark), None when it has none."""
+    own = getattr(drafter, "own_confidence_logits", None)
+    if own is None or not getattr(drafter, "has_confidence_head", False):
+        return None
+    return AcceptancePredictor(drafter_key="", head=None, calibration=None, meta={"source": "own head"})
+
+
+def predictor_of(drafter) -> AcceptancePredictor | None:
+    """The drafter's attached predictor, else its own head's (uncalibrated), else None."""
+    if drafter is None:
+        return None
+    return getattr(drafter, _ATTR, None) or own_predictor(drafter)
+
+
+def require_predictor(drafter, why: str, calibrated: bool = False) -> AcceptancePredictor:
+    """The predictor a gate needs (``why`` names the gate), or :class:`NoAcceptancePredictor` before decoding."""
+    pred = predictor_of(drafter)
+    kind = getattr(drafter, "kind", type(drafter).__name__)
+    if pred is None:
+        raise NoAcceptancePredictor(
+            f"{why} needs acceptance probabilities, and this {kind} drafter has no confidence head: train an add-on "
+            "head on it (lit_domino.training.acceptance.acceptance_predictor) and attach it "
+            "(lit_domino.decoding.acceptance.attach), or use a log-probability gate (sum, mean, scaled, last)")
+    if pred.head is None and not supports_predictor(drafter):
+        raise NoAcceptancePredictor(f"{why}: the {kind} drafter's sessions keep no block hidden states")
+    if calibrated and pred.calibration is None:
+        raise NoAcceptancePredictor(
+            f"{why} needs a calibrated predictor (its per-position mean confidence forecasts the next stage); this "
+            f"{kind} drafter's is uncalibrated: build a calibrated one (lit_domino.training.acceptance.acceptance_predictor)")
+    return pred

@@ -1,0 +1,125 @@
+"""The verify-cost curve C_v(n) of a target and CaDDTree's rule for a tree's node budget.
+
+C_v(n) is the time of one target forward over ``n + 1`` tokens (the anchor and n tree nodes) on top of a
+KV cache, measured on the running machine and kept per target model, dtype and device for the process.
+CaDDTree grows a tree while the expected accepted tokens per second rise: with the nodes in best-first
+order and ``g_i = exp(path log q_i)`` the draft's probability that node i is reached,
+``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included), and the rule keeps growing while
+``E(n) / (C_draft + C_v(n))`` does not fall; ``budget`` caps it.
+
+Interface (to be shared with DLoop's cost model): :class:`VerifyCost` (``seconds(n)``, ``best_nodes``) and
+:func:`measure_verify_cost` (one curve per target, dtype and device).
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+"""Tree sizes n whose verify time is measured (between them C_v is linear)."""
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """A measured verify-cost curve and the draft cost it competes with."""
+
+    widths: tuple[int, ...]
+    """Tree sizes n (nodes beyond the anchor), increasing."""
+    seconds: tuple[float, ...]
+    """C_v(n) in seconds per target forward over n + 1 tokens, one per width, non-decreasing."""
+    draft_s: float = 0.0
+    """C_draft: seconds of drafting per round (the tree rounds replace it by the draft time they measure)."""
+
+    def __post_init__(self):
+        if not self.widths or len(self.widths) != len(self.seconds):
+            raise ValueError(f"VerifyCost needs one time per width, got {len(self.widths)} widths and "
+                             f"{len(self.seconds)} times")
+        if list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 1:
+            raise ValueError(f"VerifyCost widths must be increasing positive node counts, got {self.widths}")
+        if any(not s > 0 for s in self.seconds):
+            raise ValueError(f"VerifyCost times must be positive, got {self.seconds}")
+
+    def seconds_at(self, n: int) -> float:
+        """C_v(n): linear between the measured widths, linear beyond the last two, flat below the first."""
+        w, s = self.widths, self.seconds
+        if n <= w[0] or len(w) == 1:
+            return s[0] if n <= w[0] else s[0] * n / w[0]
+        j = min(bisect.bisect_left(w, n), len(w) - 1)
+        i = j - 1
+        return s[i] + (s[j] - s[i]) * (n - w[i]) / (w[j] - w[i])
+
+    def best_nodes(self, gains: list[float], cap: int, draft_s: float | None = None) -> int:
+        """CaDDTree's rule: how many of the nodes (best-first order, ``gains[i]`` = the draft's probability of
+        reaching node i+1) to verify. Grows from 1 while ``E(n) / (C_draft + C_v(n))`` does not fall; at most
+        ``cap`` and ``len(gains)``; at least 1."""
+        top = min(cap, len(gains))
+        if top <= 1:
+            return max(top, 1)
+        draft = self.draft_s if draft_s is None else draft_s
+        expected, n = 1.0 + gains[0], 1
+        rate = expected / (draft + self.seconds_at(1))
+        while n < top:
+            nxt = expected + gains[n]
+            r = nxt / (draft + self.seconds_at(n + 1))
+            if r < rate:
+                break
+            expected, rate, n = nxt, r, n + 1
+        return n
+
+    def describe(self) -> str:
+        return "C_v(n): " + ", ".join(f"{w}: {1e3 * s:.2f} ms" for w, s in zip(self.widths, self.seconds))
+
+
+_CURVES: dict[tuple, VerifyCost] = {}
+
+
+@torch.inference_mode()
+def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, context: int = 64, repeats: int = 3,
+                        verbose: bool = True) -> VerifyCost:
+    """C_v(n) of ``target`` on this machine: the best of ``repeats`` forwards over n + 1 tokens with a
+    hidden-state read, on a DynamicCache holding ``context`` positions, for each n in ``widths``; kept per target
+    model, dtype and device (printed once when measured). Times are made non-decreasing (a larger forward never
+    costs less; a lucky sample would otherwise invite a larger tree)."""
+    from transformers import DynamicCache
+
+    from lit_domino.decoding.kv import crop_cache
+
+    key = (id(target.model), target.model.dtype, str(target.device), tuple(widths), int(context))
+    if key in _CURVES:
+        return _CURVES[key]
+    model, dev = target.model, target.device
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.vocab_size
+    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(dev)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+    times = []
+    for n in widths:
+        ids = torch.randint(0, vocab, (1, n + 1), generator=gen).to(dev)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first is a warm-up
+            _sync(dev)
+            t0 = time.perf_counter()
+            model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
+            _sync(dev)
+            best = min(best, time.perf_counter() - t0)
+            crop_cache(cache, context)
+        times.append(best)
+    for i in range(1, len(times)):
+        times[i] = max(times[i], times[i - 1])
+    curve = VerifyCost(tuple(int(w) for w in widths), tuple(times))
+    _CURVES[key] = curve
+    if verbose:
+        print(f"verify cost of {getattr(target, 'name', 'the target')} ({target.model.dtype}, {dev}): "
+              f"{curve.describe()}", file=sys.stderr)
+    return curve
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()

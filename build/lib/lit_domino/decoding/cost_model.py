@@ -1,0 +1,242 @@
+"""A decode-time cost model measured on the running machine: what a round costs, to weigh drafting more.
+
+``round_time(stages, verified)`` = ``draft_first + (stages - 1) · draft_next + verify(verified) + other``:
+
+* ``verify(w)``: one target forward of w tokens on a KV cache (the anchor and w - 1 drafts), measured at a
+  few widths and interpolated linearly (extrapolated from the last two beyond them);
+* ``draft_first`` / ``draft_next``: a first stage (the committed tokens' features fused, the block drafted) and a
+  DLoop stage (drafted on the previous stage's hidden states) of ``block_size - 1`` tokens;
+* ``other``: the round's rollback and bookkeeping (the target cache's crop and the session's extend).
+
+Measured once per target, dtype, device and drafter (:func:`resolve`), cached under the artifact root
+(``cost_models/``) as JSON with the key it was measured under, printed when measured. A cache whose key
+differs from the running setup (another target, dtype, device, drafter, thread count) is re-measured; an
+explicit file measured elsewhere is refused. Shared by every gate or tree that needs to price a verify width.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from lit_domino.runtime import cache
+from lit_domino.runtime.command import UsageError
+
+COST_FORMAT = 1
+
+
+class CostModelError(UsageError):
+    """A cost model that cannot be used here: missing with no way to measure it, or measured elsewhere."""
+
+
+@dataclass
+class CostModel:
+    """Seconds per round part on one machine (see the module docstring)."""
+
+    widths: list[int]
+    """Verify widths measured (tokens per target forward), increasing."""
+    verify_s: list[float]
+    """Median seconds of one target forward at each width."""
+    draft_first_s: float
+    """Median seconds of a round's first stage (block_size - 1 tokens)."""
+    draft_next_s: float
+    """Median seconds of one more DLoop stage."""
+    other_s: float = 0.0
+    """Median seconds of a round's rollback (target cache crop, session crop and extend)."""
+    key: dict = field(default_factory=dict)
+    """What it was measured for (:func:`cost_key`)."""
+
+    def verify(self, width: int) -> float:
+        """Interpolated seconds of a target forward of ``width`` tokens."""
+        w, v = self.widths, self.verify_s
+        if len(w) == 1:
+            return v[0]
+        i = next((k for k in range(1, len(w)) if width <= w[k]), len(w) - 1)
+        a, b = w[i - 1], w[i]
+        return max(0.0, v[i - 1] + (v[i] - v[i - 1]) * (width - a) / (b - a))
+
+    def round_time(self, stages: int, verified: int) -> float:
+        """Seconds of a round of ``stages`` stages whose verify forward sees ``verified`` tokens."""
+        if stages <= 0:
+            return self.verify(verified) + self.other_s
+        return self.draft_first_s + (stages - 1) * self.draft_next_s + self.verify(verified) + self.other_s
+
+    def describe(self) -> str:
+        ver = ", ".join(f"{w}: {1e3 * s:.2f}" for w, s in zip(self.widths, self.verify_s))
+        return (f"cost model ({self.key.get('target', '?')}, {self.key.get('dtype', '?')}, "
+                f"{self.key.get('device_name', '?')}): draft {1e3 * self.draft_first_s:.2f} ms first stage, "
+                f"{1e3 * self.draft_next_s:.2f} ms per further stage; verify ms by width {{{ver}}}; "
+                f"other {1e3 * self.other_s:.2f} ms")
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text_atomic(path, json.dumps({"format": COST_FORMAT, **asdict(self)}, indent=1, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            if data.pop("format", None) != COST_FORMAT:
+                raise ValueError("unknown format")
+            model = cls(**data)
+        except FileNotFoundError:
+            raise
+        except (TypeError, ValueError, OSError) as err:
+            raise CostModelError(f"the cost model {path} cannot be read ({err}); delete it to re-measure") from None
+        if len(model.widths) != len(model.verify_s) or not model.widths:
+            raise CostModelError(f"the cost model {path} is inconsistent (widths vs verify times)")
+        return model
+
+
+def device_name(device: torch.device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type}:{torch.get_num_threads()}threads"
+
+
+def cost_key(target, drafter, block_size: int) -> dict:
+    """What a cost model depends on: the target (fingerprint, dtype), the device (its name, the thread count on
+    a CPU), the drafter (:func:`~lit_domino.decoding.acceptance.drafter_key`) and the block size."""
+    from lit_domino.decoding.acceptance import drafter_key
+
+    fp = target.fingerprint()
+    return {"target": str(getattr(target, "name", "?")), "target_fingerprint": cache.config_hash(fp),
+            "dtype": str(target.model.dtype).replace("torch.", ""), "device": str(torch.device(target.device).type),
+            "device_name": device_name(target.device), "drafter": drafter_key(drafter), "block_size": int(block_size)}
+
+
+def _median_time(fn, repeats: int, sync) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int = 7, context: int = 48,
+            seed: int = 0) -> CostModel:
+    """Measure a :class:`CostModel` on this machine with the real target and drafter (eager, dynamic cache):
+    a ``context``-token random prompt, each part timed ``repeats`` times after one warm-up (the median)."""
+    from lit_domino.decoding.engine import _TargetRunner, feature_layers
+    from lit_domino.target.load import select_features
+
+    drafter.bind_target(target)
+    dev = torch.device(target.device)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    K = block_size - 1
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, target.vocab_size, (context,), generator=g).to(dev)
+    layers = feature_layers(drafter)
+    widths = sorted({1, 2, K + 1, *(s * K + 1 for s in range(2, max_stages + 1))})
+    runner = _TargetRunner(target, context + max_stages * K + 2, False, False)
+    out = runner.prefill(prompt, layers is not None)
+    feats = select_features(out.hidden_states, layers)[0] if layers is not None else None
+    verify = []
+    for w in widths:
+        ids = prompt[:w] if w <= context else torch.randint(0, target.vocab_size, (w,), generator=g).to(dev)
+
+        def step(ids=ids):
+            runner.forward(ids, layers is not None)
+            runner.crop(context)
+
+        step()
+        verify.append(_median_time(step, repeats, sync))
+    was = drafter.training
+    drafter.eval()
+    try:
+        session = drafter.new_session()
+        session.extend(prompt[:-1], None if feats is None else feats[:-1])
+        anchor = prompt[-1:]
+        last = (prompt[-1:], None if feats is None else feats[-1:])
+
+        def first():
+            session.crop(context - 2)
+            session.extend(*last)  # a round's committed token, whose features the first stage fuses
+            session.draft(anchor, K)
+
+        def nxt():  # the same first stage, then one more (its difference from first() is the DLoop stage)
+            first()
+            session.draft(session.stages[-1].tokens[-1:], K)
+
+        first()
+        draft_first = _median_time(first, repeats, sync)
+        nxt()
+        draft_next = max(0.0, _median_time(nxt, repeats, sync) - draft_first)
+
+        def other():
+            runner.forward(prompt[:2], False)
+            runner.crop(context)
+            session.crop(context - 2)
+            session.extend(*last)
+
+        other()
+        other_s = max(0.0, _median_time(other, repeats, sync) - verify[widths.index(2)])
+    finally:
+        drafter.train(was)
+    return CostModel(widths, verify, draft_first, draft_next, other_s, cost_key(target, drafter, block_size))
+
+
+_MEMO: dict[str, CostModel] = {}
+
+
+def cache_path(key: dict, root: Path | None = None) -> Path:
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["target"])
+    return (root or cache.cache_root()) / "cost_models" / f"{name}-{cache.config_hash(key)}.json"
+
+
+def resolve(target, drafter, block_size: int, source: str | None = None, max_stages: int = 4,
+            root: Path | None = None, log=None) -> CostModel:
+    """The cost model for this target, drafter, dtype and device: ``source`` None = this process's, else the
+    artifact cache's, else measured now (cached and printed); ``"cached"`` = the cache only; a path = that file,
+    refused when measured for another setup (:class:`CostModelError`)."""
+    key = cost_key(target, drafter, block_size)
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if source not in (None, "cached"):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise CostModelError(f"the cost model {path} does not exist (DLoopConfig.cost_model)")
+        model = CostModel.load(path)
+        diff = sorted(k for k in key if model.key.get(k) != key[k])
+        if diff:
+            raise CostModelError(f"the cost model {path} was measured for another setup ({', '.join(diff)} differ: "
+                                 f"{ {k: model.key.get(k) for k in diff} } vs { {k: key[k] for k in diff} }); "
+                                 "measure one here (DLoopConfig(gate='cost') without cost_model)")
+        return model
+    tag = cache.config_hash(key)
+    if tag in _MEMO:
+        return _MEMO[tag]
+    path = cache_path(key, root)
+    model = None
+    if path.is_file():
+        try:
+            model = CostModel.load(path)
+            if model.key != key:  # a cache from another target or device under a colliding name: re-measure
+                log(f"cost model {path} was measured for another setup; re-measuring")
+                model = None
+        except CostModelError as err:
+            log(f"{err}; re-measuring")
+            model = None
+    if model is None:
+        if source == "cached":
+            raise CostModelError(f"no cost model was measured for this setup ({key['target']}, {key['dtype']}, "
+                                 f"{key['device_name']}, drafter {key['drafter']}, B = {block_size}) and "
+                                 "cost_model='cached' forbids measuring one: run once without it")
+        model = measure(target, drafter, block_size, max_stages=max_stages)
+        model.save(path)
+        log(f"measured {model.describe()} -> {path}")
+    _MEMO[tag] = model
+    return model

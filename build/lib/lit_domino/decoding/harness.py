@@ -1,0 +1,262 @@
+"""The benchmark harness: :func:`benchmark` decodes prompt sets with several drafters and settings
+(temperatures, DLoop gates, candidate pools, repeats) interleaved in one process, and reports each method's
+:func:`~lit_domino.decoding.metrics.summarize` row (``tau``, ``speedup`` vs our AR baseline on the same
+prompts, ``speedup_vs_hf_generate``); :func:`markdown_table` renders rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from lit_domino.decoding import hf_peers
+from lit_domino.decoding.dloop import DLoopConfig, dloop_label
+from lit_domino.decoding.engine import GenerationResult, check_compile, generate
+from lit_domino.decoding.metric_names import MethodKey
+from lit_domino.decoding.metrics import merge_results, summarize
+from lit_domino.models.sessions import check_pool_size
+
+def _prompt_ids(item) -> list[int] | None:
+    if isinstance(item, torch.Tensor):
+        return item.reshape(-1).tolist()
+    if isinstance(item, (list, tuple)) and all(isinstance(t, int) for t in item):
+        return list(item)
+    return None
+
+
+def run_prompt(target, decode: Callable, item, *, max_new_tokens: int, budget: int = 0) -> GenerationResult:
+    """Decode one prompt: token ids, or an object with ``.turns`` (user messages answered in order).
+
+    Multi-turn prompts are rendered with the target's chat template; each answer (decoded
+    text) joins the conversation before the next turn. A turn's ``max_new_tokens`` is cut
+    to fit ``target.max_positions`` (minus the draft ``budget``); turns that no longer fit
+    are skipped.
+    """
+    ids = _prompt_ids(item)
+    limit = int(getattr(target.model.config, "max_position_embeddings", 10**9))
+    if ids is not None:
+        return decode(torch.tensor([ids]), max(1, min(max_new_tokens, limit - len(ids) - budget)))
+    turns = getattr(item, "turns", None)
+    if not turns:
+        raise ValueError(f"a benchmark prompt must be token ids or have .turns, got {type(item).__name__}")
+    if target.tokenizer is None:
+        raise ValueError("multi-turn/text prompts need a target with a tokenizer")
+    messages, results = [], []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        ids = target.chat_ids(messages)
+        n = min(max_new_tokens, limit - len(ids) - budget)
+        if n < 1:
+            break
+        res = decode(torch.tensor([ids]), n)
+        results.append(res)
+        messages.append({"role": "assistant",
+                         "content": target.tokenizer.decode(res.tokens, skip_special_tokens=True)})
+    if not results:
+        raise ValueError(f"prompt {getattr(item, 'uid', '?')!r} does not fit in max_positions {limit}")
+    return merge_results(results)
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def benchmark(
+    target,
+    drafters: Mapping[str | MethodKey, object],
+    prompts: dict[str, Sequence],
+    *,
+    max_new_tokens: int = 256,
+    temperatures: Sequence[float] = (0.0,),
+    dloops: Sequence[DLoopConfig | None] = (None,),
+    pool_sizes: Sequence[int | None] | Mapping[str, Sequence[int | None]] = (None,),
+    block_size: int | None = None,
+    static_cache: bool = False,
+    compile: bool = False,
+    record_stages: bool = False,
+    peers: Sequence[str] = (),
+    assistant_model=None,
+    prompt_lookup_num_tokens: int = 10,
+    hf_baseline: bool = True,
+    seed: int = 0,
+    warmup: bool = True,
+    progress: bool = True,
+    external: Mapping[str, Callable] | None = None,
+    repeats: int = 1,
+) -> list[dict]:
+    """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
+
+    ``prompts``: benchmark name → prompts (token-id lists/tensors, or objects with
+    ``.turns``). ``drafters``: name (a :class:`MethodKey`, or a string: ``MethodKey(name)``) → drafter.
+    ``peers``: any of ``"prompt_lookup"``, ``"assisted"`` (needs
+    ``assistant_model``, a small Hugging Face LM). Returns one row per
+    (benchmark, temperature, method) with :func:`summarize`'s metrics plus
+    ``benchmark``, ``key`` (a drafter row's :meth:`MethodKey.as_dict`, its decode settings included; None for
+    the others), ``method`` (the key's label), ``kind`` (``ar``/``hf``/``drafter``), ``drafter`` (the label of
+    the drafter's own key),
+    ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
+    (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
+    (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full
+    vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR baseline and
+    every drafter alike (``compile``: a CUDA or CPU target; its untimed warm-up decodes every prompt in full,
+    so every graph is compiled before the timed decodes). ``record_stages``: drafter rows carry
+    ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
+    ``hf_generate`` rows come first. Everything runs in this process, one method after
+    another on each prompt in turn (interleaved, so drifting background load hits every
+    method alike), after one untimed warm-up decode per method. ``external``: label →
+    ``decode(ids [1, T], max_new_tokens, temperature, seed) -> GenerationResult``, other
+    projects' decoding loops (e.g. ``dflash_generate``), rows of kind ``peer`` after the drafters.
+    ``repeats`` R: every prompt is decoded R times per method, the method order reversed on every other
+    repeat (whoever runs first or after whom is no longer one method's luck); a result's times are the mean
+    of its R decodes, whose tokens must agree (they do: decoding is deterministic per seed).
+    """
+    check_repeats(repeats)
+    unknown = set(peers) - {"prompt_lookup", "assisted"}
+    if unknown:
+        raise ValueError(f"unknown peers {sorted(unknown)}; choose from prompt_lookup, assisted")
+    if "assisted" in peers and assistant_model is None:
+        raise ValueError("the 'assisted' peer needs assistant_model (a small Hugging Face causal LM)")
+    if not prompts or any(len(v) == 0 for v in prompts.values()):
+        raise ValueError("benchmark needs at least one non-empty prompt set")
+    check_compile(compile, target.device)
+    if isinstance(pool_sizes, Mapping):
+        unknown = sorted(MethodKey.of(k).label() for k in set(pool_sizes) - set(drafters))
+        if unknown:
+            raise ValueError(f"pool_sizes names drafters {unknown} that are not in drafters "
+                             f"{sorted(MethodKey.of(k).label() for k in drafters)}")
+        pools_of = {name: list(pool_sizes.get(name) or [None]) for name in drafters}
+    else:
+        pools_of = {name: list(pool_sizes) or [None] for name in drafters}
+    for P in {P for pools in pools_of.values() for P in pools}:
+        check_pool_size(P, target.vocab_size)
+    budget = 0
+    for name, d in drafters.items():
+        if d is None:
+            raise ValueError(f"drafter {name!r} is None (the AR baseline always runs; do not pass it)")
+        bs = block_size or int(d.config.block_size)
+        budget = max(budget, max((dl.max_stages if dl else 1) for dl in dloops) * (bs - 1))
+
+    def ours(drafter, temperature, dloop, i, pool_size=None):
+        return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
+                                       block_size=block_size if drafter is not None else None,
+                                       dloop=dloop if drafter is not None else None, seed=seed + i,
+                                       pool_size=pool_size, static_cache=static_cache, compile=compile,
+                                       record_stages=record_stages and drafter is not None)
+
+    def peer(fn, temperature, i, **kw):
+        return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)
+
+    methods: list[tuple[str, str, object, float, DLoopConfig | None, Callable]] = []
+    keys: dict[str, MethodKey] = {}  # method label -> its key (the label is rendered from it, never parsed)
+    for temperature in temperatures:
+        methods.append(("ar", "ar", None, temperature, None, lambda i, t=temperature: ours(None, t, None, i)))
+        if hf_baseline:
+            methods.append(("hf_generate", "hf", None, temperature, None,
+                            lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
+        for name, drafter in drafters.items():
+            takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
+            for pool_size in (pools_of[name] if takes_pool else [None]):
+                for dloop in dloops:
+                    key = replace(MethodKey.of(name), pool=pool_size, gate=None if dloop is None else dloop.label())
+                    label = key.label()
+                    keys[label] = key
+                    methods.append((label, "drafter", name, temperature, dloop,
+                                    lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size: ours(d, t, dl, i, P)))
+        for label, fn in (external or {}).items():
+            methods.append((label, "peer", None, temperature, None,
+                            lambda i, f=fn, t=temperature: (lambda ids, n: f(ids, n, t, seed + i))))
+        if "prompt_lookup" in peers:
+            methods.append(("hf_prompt_lookup", "hf", None, temperature, None,
+                            lambda i, t=temperature: peer(hf_peers.hf_prompt_lookup, t, i,
+                                                          prompt_lookup_num_tokens=prompt_lookup_num_tokens)))
+        if "assisted" in peers:
+            methods.append(("hf_assisted", "hf", None, temperature, None,
+                            lambda i, t=temperature: peer(lambda tg, ids, **kw: hf_peers.hf_assisted(
+                                tg, assistant_model, ids, **kw), t, i)))
+
+    rows = []
+    bar = _progress(repeats * len(methods) * sum(len(v) for v in prompts.values()), progress, "benchmark")
+    for bench, items in prompts.items():
+        if warmup:  # untimed: lazy initialisation, allocator growth; compiled: every graph the timed decodes use
+            #            (each prompt's verify widths and cache capacity), so no compilation is timed
+            for *_, make in methods:
+                for item in (items if compile else items[:1]):
+                    run_prompt(target, make(0), item, max_new_tokens=max_new_tokens if compile else
+                               min(8, max_new_tokens), budget=budget)
+        outputs: list[list[GenerationResult]] = [[] for _ in methods]
+        for i, item in enumerate(items):  # methods interleaved per prompt: background load hits all alike
+            decodes: list[list[GenerationResult]] = [[] for _ in methods]
+            for rep in range(repeats):
+                order = list(range(len(methods)))[:: -1 if rep % 2 else 1]
+                for j in order:
+                    label, _, _, temperature, _, make = methods[j]
+                    decodes[j].append(run_prompt(target, make(i), item, max_new_tokens=max_new_tokens,
+                                                 budget=budget))
+                    if bar is not None:
+                        bar.set_postfix_str(f"{bench} {label} T={temperature:g}")
+                        bar.update(1)
+            for (label, *_), out, runs_i in zip(methods, outputs, decodes):
+                out.append(mean_times(runs_i, f"{label} on {bench} prompt {i}"))
+        runs = [(*m[:5], out) for m, out in zip(methods, outputs)]
+        base = {t: res for label, _, _, t, _, res in runs if label == "ar"}
+        hf = {t: res for label, _, _, t, _, res in runs if label == "hf_generate"}
+        for label, kind, dname, temperature, dloop, results in runs:
+            row = summarize(results, base.get(temperature), hf.get(temperature))
+            if temperature > 0:  # sampled outputs differ from the baseline's by design
+                row["match_baseline"] = float("nan")
+            bs = (block_size or int(drafters[dname].config.block_size)) if kind == "drafter" else None
+            key = keys.get(label) if kind == "drafter" else None
+            row = {"benchmark": bench, "key": key.as_dict() if key else None, "method": label, "kind": kind,
+                   "drafter": key.base().label() if key else None, "temperature": float(temperature),
+                   "dloop": dloop_label(dloop), "pool_size": key.pool if key else None, "block_size": bs, **row}
+            if kind == "hf":  # generate() reports no rounds
+                row.update(tau=float("nan"), tau_per_round=float("nan"), accepted_per_round=float("nan"),
+                           stages_per_round=float("nan"))
+            rows.append(row)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def check_repeats(repeats) -> int:
+    """``repeats``: decodes per prompt and method, a positive integer (studies check it when they plan)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer (decodes per prompt and method), got {repeats!r}")
+    return repeats
+
+
+def mean_times(results: Sequence[GenerationResult], what: str = "a prompt") -> GenerationResult:
+    """Repeated decodes of one prompt → the first, its times the mean of all (the tokens must agree)."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    if any(r.tokens != first.tokens for r in results[1:]):
+        raise RuntimeError(f"repeated decodes of {what} gave different tokens: decoding is not deterministic")
+    out = copy.copy(first)
+    for name in ("draft_time_s", "verify_time_s", "other_time_s", "decode_time_s", "prefill_time_s"):
+        setattr(out, name, sum(getattr(r, name) for r in results) / len(results))
+    if first.decode_time_s > 0:  # the same tokens (a multi-turn result's turn count included): tpot scales
+        out.tpot_ms = first.tpot_ms * out.decode_time_s / first.decode_time_s
+    return out
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table of benchmark rows (floats to 3 significant decimals, NaN as '–')."""
+    columns = list(columns or ["benchmark", "method", "temperature", "tau", "accepted_per_round", "speedup",
+                               "speedup_vs_hf_generate", "tpot_ms", "match_baseline"])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "–" if math.isnan(v) else f"{v:.3f}"
+        return "–" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)

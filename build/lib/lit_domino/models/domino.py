@@ -1,0 +1,457 @@
+"""Domino: the DFlash backbone plus a lightweight causal correction of its logits.
+
+Shapes: b batch, A anchors, B block size, K = B-1 drafted positions, N rows (blocks),
+d width, d_s GRU state, r rank, V vocabulary.
+
+``ΔL_i = W_up · SiLU(W_down · [H_i ; S_{i-1}])`` where H_i is the backbone hidden
+state at block position i and S_{i-1} is a 1-layer GRU state (no bias) that has
+consumed the frozen target embeddings of ``x_a, x_{a+1} .. x_{a+i-1}``.
+Final logits ``L_i = L_base_i + ΔL_i`` for i >= 1; position 0 gets ΔL = 0.
+``W_up`` starts at zero, so a fresh Domino drafter equals its backbone.
+
+The equation has two forms, both here on :class:`DominoHead`: :meth:`~DominoHead.delta`
+when every S is known at once (teacher forcing: one ``nn.GRU`` pass over the true
+tokens), and :meth:`~DominoHead.rollout` when each S depends on the previous pick
+(training-time test), and :meth:`~DominoHead.draft`, the same recurrence written for
+decoding (over :class:`DecodeTables`, the weights laid out for it; its loop, :func:`draft_block`, is a pure
+function that ``compile`` compiles).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
+from lit_domino.models.layers import init_weights
+from lit_domino.models.registry import register
+from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
+from lit_domino.models.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
+
+CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
+"""How the GRU is fed in training: the true tokens (one parallel pass) or the draft's own argmax picks."""
+
+
+@dataclass
+class DominoHeadConfig:
+    """The Domino head on top of the backbone."""
+
+    rank: int = 256
+    """Rank r of the low-rank logit correction (W_down: d + d_s -> r, W_up: r -> V). Default 256, the paper's."""
+
+    gru_hidden: int = 1024
+    """GRU state size d_s. Default 1024, the paper's for an 8B target."""
+
+
+@dataclass
+class DominoConfig(BackboneConfig):
+    """The backbone's config plus its head."""
+
+    head: DominoHeadConfig = field(default_factory=DominoHeadConfig)
+    """The causal correction head (rank r, GRU width d_s)."""
+
+    def validate(self) -> "DominoConfig":
+        super().validate()
+        if self.head.rank <= 0:
+            raise ValueError(f"rank must be > 0 (the Domino correction's rank r), got {self.head.rank}")
+        if self.head.gru_hidden <= 0:
+            raise ValueError(f"gru_hidden must be > 0 (the Domino GRU state size d_s), got {self.head.gru_hidden}")
+        return self
+
+    @classmethod
+    def from_legacy(cls, legacy: dict) -> dict:
+        head = {k: legacy[k] for k in ("rank", "gru_hidden") if k in legacy}
+        return {"head": head} if head else {}
+
+
+
+def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """GRU update (``nn.GRU``'s equations, gate order r, z, n) from the input/hidden projections
+    gi, gh [..., 3*d_s] and state h [..., d_s]. Written in five kernels: the decode loop runs it once
+    per drafted token, where each op costs ~4 µs of dispatch on a CPU."""
+    d = h.shape[-1]
+    (i_rz, i_n), (h_rz, h_n) = gi.split([2 * d, d], -1), gh.split([2 * d, d], -1)
+    r, z = torch.sigmoid(i_rz + h_rz).split(d, -1)  # reset and update gates at once
+    n = torch.tanh(torch.addcmul(i_n, r, h_n))  # i_n + r * h_n
+    return torch.lerp(n, h, z)  # (1 - z) * n + z * h
+
+
+def corrected_logits(z: torch.Tensor, w_up_t: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+    """``W_up · SiLU(z)`` for z [..., r] and ``w_up_t`` [r, V or P], W_upᵀ or some of its columns; with ``base``,
+    ``base + ΔL`` in one kernel and the base's dtype (the equation's output side, which every form shares)."""
+    a = F.silu(z)
+    if base is None:
+        return a @ w_up_t
+    if a.dtype != base.dtype:
+        a, w_up_t = a.to(base.dtype), w_up_t.to(base.dtype)
+    return torch.addmm(base, a, w_up_t)
+
+
+def draft_block(H: torch.Tensor, base: torch.Tensor, anchor_gi: torch.Tensor, w_down_h: torch.Tensor,
+                w_down_s: torch.Tensor, w_hh: torch.Tensor, gi: torch.Tensor, ups_t: torch.Tensor,
+                ids: torch.Tensor | None, noise: torch.Tensor | None, temperature: float):
+    """:meth:`DominoHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles;
+    dynamo does not trace into an ``nn.GRU`` module) -> (picks [K] into each row, logits [K, P]).
+
+    H [K, d], base [K, P] (P = V without a pool), ``anchor_gi`` [1, 3d_s] the GRU input projection of x_a;
+    :class:`DecodeTables`' ``w_down_h`` [d, r], ``w_down_s`` [d_s, r], W_hh [3d_s, d_s] and ``gi`` [V, 3d_s]
+    (passed as they are, so a CUDA graph reads them in place). ``ups_t``: W_upᵀ [r, V] shared by every
+    position, or with a pool each position's columns [K, r, P], whose token ids are ``ids`` [K, P] (None
+    without a pool). ``noise`` [K, P] (T > 0, the exponential race's ``-log E``) or None (greedy). A position
+    costs six ops: W_down's S-part, ``base + W_up·SiLU(z)`` (:func:`corrected_logits`: two), the pick, the
+    pick's row of the input-projection table (with a pool, first its token id: a seventh) and one fused
+    ``gru_cell``. Nothing V-sized runs per position with a pool."""
+    K = H.shape[0]
+    h_part = (H @ w_down_h).unsqueeze(1).unbind(0)  # K x [1, r] W_down's H-part, every position at once
+    bases = base.unsqueeze(1).unbind(0)  # K x [1, P]
+    ups_t = ups_t.unbind(0) if ups_t.dim() == 3 else [ups_t] * K  # K x [r, P]
+    pool_ids = None if ids is None else ids.unbind(0)  # K x [P] the pool's token ids
+    noises = None if noise is None else noise.unsqueeze(1).unbind(0)
+    # gru_cell with an empty input: its input projection is then just b_ih, the table row [1, 3d_s] passed there
+    no_x, no_w = H.new_empty(1, 0), w_hh.new_empty(w_hh.shape[0], 0)
+    s = torch.gru_cell(no_x, H.new_zeros(1, w_hh.shape[1]), no_w, w_hh, anchor_gi)  # S_0: consumed x_a
+    picks, rows = [], []
+    for i in range(K):
+        L = corrected_logits(torch.addmm(h_part[i], s, w_down_s), ups_t[i], bases[i])  # [1, P] L_base + ΔL
+        j = (L if noises is None else L.float() / temperature + noises[i]).argmax(-1)  # [1] index into the pool
+        picks.append(j), rows.append(L)
+        if i < K - 1:
+            token = j if pool_ids is None else pool_ids[i].index_select(0, j)  # [1] the pick's token id
+            s = torch.gru_cell(no_x, s, no_w, w_hh, gi.index_select(0, token))  # consumed the pick
+    return torch.cat(picks), torch.cat(rows)
+
+
+@dataclass
+class DecodeTables:
+    """The Domino head's weights laid out for decoding (:meth:`DominoHead.decode_tables`): the GRU's input
+    projection of every vocabulary entry (the official Domino rollout's table, as issue #14 describes it;
+    SpecForge's ``DominoDraftModel`` runs its ``nn.GRU`` on embeddings instead), so feeding a pick is a row lookup."""
+
+    gi: torch.Tensor
+    """[V, 3d_s] ``embedding · W_ihᵀ``: the GRU input projection of each token. At paper scale (V = 151k,
+    d_s = 1024, bf16) 0.9 GB, in exchange for not reading W_ih (25 MB) at every drafted position."""
+    w_down_h: torch.Tensor
+    """[d, r] W_down's H-part, transposed."""
+    w_down_s: torch.Tensor
+    """[d_s, r] W_down's S-part, transposed."""
+    w_up_t: torch.Tensor
+    """[r, V] W_upᵀ, contiguous (a CPU BLAS reads it ~1.5x faster than the transposed view of W_up)."""
+
+
+class DominoHead(nn.Module):
+    """GRU over previous tokens + low-rank logit correction."""
+
+    def __init__(self, hidden_size: int, gru_hidden: int, rank: int, vocab_size: int):
+        super().__init__()
+        self.hidden_size, self.gru_hidden = hidden_size, gru_hidden
+        self.gru = nn.GRU(hidden_size, gru_hidden, num_layers=1, bias=False, batch_first=True)  # d -> d_s
+        self.down = nn.Linear(hidden_size + gru_hidden, rank, bias=False)  # W_down: d + d_s -> r
+        self.up = nn.Linear(rank, vocab_size, bias=False)  # W_up: r -> V
+        self.apply(init_weights)
+        self.reset_up()
+
+    def reset_up(self) -> None:
+        """Zero ``W_up``: the correction vanishes, the drafter equals backbone-only."""
+        nn.init.zeros_(self.up.weight)
+
+    def __getstate__(self):
+        """Copies and pickles leave the decode tables behind (0.9 GB at paper scale): they are rebuilt on use."""
+        state = dict(super().__getstate__())
+        state.pop("_decode_tables", None)
+        return state
+
+    def correction(self, z: torch.Tensor) -> torch.Tensor:
+        """The equation's output side, which every form shares (:func:`corrected_logits`): ``ΔL = W_up · SiLU(z)``
+        for the rank-r pre-activation ``z = W_down · [H ; S]`` [..., r] -> [..., V]."""
+        return corrected_logits(z, self.up.weight.T)
+
+    def delta(self, H: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+        """The parallel form: H [..., d], S [..., d_s] (every state known) -> ΔL [..., V]."""
+        return self.correction(self.down(torch.cat([H, S], dim=-1)))
+
+    def rollout(self, H: torch.Tensor, base: torch.Tensor, anchor_emb: torch.Tensor,
+                embed: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor | None], torch.Tensor]:
+        """The sequential form: ``next_logits(prev)`` over block positions 1..K, one call per position.
+
+        H [N, K, d] backbone hidden states, base [N, K, V] their logits, anchor_emb [N, d] the embedding
+        of each block's anchor x_a; ``embed(ids [N]) -> [N, d]``. Call ``next_logits(None)`` for position 1,
+        then ``next_logits(pick)`` with the token picked at the previous position: it updates S with the
+        pick and returns the final logits ``L_base + ΔL`` [N, V] of the next position.
+
+        Everything that does not depend on the previous pick is computed for the whole block up front;
+        each position then costs one state matmul, the rank-r correction and one GRU update.
+        """
+        d, d_s, r = H.shape[-1], self.gru_hidden, self.down.weight.shape[0]
+        w_down = self.down.weight  # [r, d + d_s]
+        h_part = H @ w_down[:, :d].T  # [N, K, r] W_down's H-part, every position at once
+        w_state = torch.cat([w_down[:, d:].T, self.gru.weight_hh_l0.T], dim=1)  # [d_s, r + 3d_s]: S's two uses
+        w_ih = self.gru.weight_ih_l0.T  # [d, 3d_s]
+        s = H.new_zeros(H.shape[0], d_s)  # [N, d_s]
+        s = gru_gates(anchor_emb @ w_ih, s @ w_state[:, r:], s)  # S_0: consumed x_a
+        state = {"s": s, "i": 0, "s_hh": None}
+
+        def next_logits(prev: torch.Tensor | None) -> torch.Tensor:
+            i = state["i"]
+            if prev is not None:  # S_i: consumed the pick at position i
+                state["s"] = gru_gates(embed(prev) @ w_ih, state["s_hh"], state["s"])
+            s_down, state["s_hh"] = (state["s"] @ w_state).split([r, 3 * d_s], -1)  # [N, r], [N, 3d_s]
+            state["i"] = i + 1
+            return base[:, i] + self.correction(h_part[:, i] + s_down).to(base.dtype)  # [N, V] base + ΔL
+
+        return next_logits
+
+    @torch.no_grad()
+    def decode_tables(self, embed_weight: torch.Tensor) -> DecodeTables:
+        """:class:`DecodeTables` for the target embedding ``embed_weight`` [V, d], built once and rebuilt when any
+        weight they come from changes (an optimizer step or ``load_state_dict`` bumps a tensor's version)."""
+        sources = (embed_weight, self.gru.weight_ih_l0, self.down.weight, self.up.weight)
+        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+        cached = self.__dict__.get("_decode_tables")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        d = self.hidden_size
+        w_ih, w_down = self.gru.weight_ih_l0, self.down.weight
+        tables = DecodeTables(
+            gi=(embed_weight.to(w_ih.dtype) @ w_ih.T).contiguous(),
+            w_down_h=w_down[:, :d].T.contiguous(),
+            w_down_s=w_down[:, d:].T.contiguous(),
+            w_up_t=self.up.weight.T.contiguous())
+        if embed_weight.is_cuda:  # CUDA graphs read the tables in place instead of copying them in at every replay
+            for table in vars(tables).values():
+                torch._dynamo.mark_static_address(table)
+        self.__dict__["_decode_tables"] = (key, tables)  # not a buffer: never in a state dict, a copy or a pickle
+        return tables
+
+    @torch.no_grad()
+    def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,
+              pool_size: int | None = None, temperature: float = 0.0,
+              generator: torch.Generator | None = None, block_fn: Callable = draft_block) -> "HeadDraft":
+        """The decode-time rollout of one block: positions 1..K in turn, each pick fed to the GRU.
+
+        H [K, d] backbone hidden states, base [K, V] their logits, anchor [1] the id of x_a, ``embed_weight``
+        [V, d] the target's embedding. Position i's pick is ``argmax(L_i / T + G_i)``: G = 0 at T = 0; at T > 0
+        Gumbel noise ``-log E``, E ~ Exp(1) drawn once for the block (the exponential race: an exact sample of
+        softmax(L_i / T), and one code path for greedy and sampling). ``pool_size`` P: the correction, the pick
+        and q live on the top-P tokens of each position's base logits; None (or P = V) is the exact
+        full-vocabulary head.
+
+        Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
+        everything that does not depend on the previous pick is computed up front, once per block (W_down's
+        H-part, the pool's W_up rows) or once per weights (:meth:`decode_tables`: the GRU input projection of
+        every token, the table the issue describes in the official Domino rollout), and a position costs six
+        ops, seven with a pool (:func:`draft_block`; ``block_fn``: that loop or its compiled form).
+        """
+        K = H.shape[0]
+        t = self.decode_tables(embed_weight)
+        ids = None
+        if pool_size is not None and pool_size < base.shape[-1]:
+            base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
+            # W_up's rows of the pool's tokens, [K, r, P]; the input-projection rows are looked up per pick
+            ups_t = self.up.weight.index_select(0, ids.reshape(-1)).view(K, pool_size, -1).transpose(1, 2)
+        else:
+            ups_t = t.w_up_t  # the whole table, shared by every position
+        noise = None if is_greedy(temperature) else \
+            -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
+        picks, logits = block_fn(H, base, t.gi.index_select(0, anchor), t.w_down_h, t.w_down_s,
+                                 self.gru.weight_hh_l0, t.gi, ups_t, ids, noise, float(temperature))
+        tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
+        return HeadDraft(tokens, picks, logits, ids)
+
+
+_COMPILED_DRAFT_BLOCK: dict[str, Callable] = {}
+
+
+def compiled_draft_block(device) -> Callable:
+    """:func:`draft_block` under ``torch.compile`` (:func:`compile_for`), one per mode: a pure function, so
+    every drafter shares it (one graph per K, pool size and temperature)."""
+    mode = compile_mode(device)
+    if mode not in _COMPILED_DRAFT_BLOCK:
+        _COMPILED_DRAFT_BLOCK[mode] = compile_for(draft_block, device)
+    return _COMPILED_DRAFT_BLOCK[mode]
+
+
+@dataclass
+class HeadDraft:
+    """:meth:`DominoHead.draft`'s result for one block of K positions."""
+
+    tokens: torch.Tensor
+    """[K] the drafted token ids."""
+    picks: torch.Tensor
+    """[K] each pick's index into its row of ``logits`` (the pool index; the token id without a pool)."""
+    logits: torch.Tensor
+    """[K, P] the final logits ``L_base + ΔL`` on each position's pool (P = V without a pool)."""
+    ids: torch.Tensor | None
+    """[K, P] the pool's token ids; None without a pool."""
+
+
+class DominoPathHead:
+    """Domino's head over a tree's frontier (DARTree): one GRU state per node, every frontier node of a depth in
+    one batch. The recurrence of :func:`draft_block`, row-wise: S_0 consumed x_a; a node at depth i (block
+    position i+1) has ``L = L_base + W_up·SiLU(W_down·[H ; S_parent])``; a child's state consumed its token.
+    Always the full vocabulary (``pool_size`` shapes the chain's picks only)."""
+
+    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
+        H = hidden[1:]  # [K, d]
+        self.base = drafter.compute_logits(H)  # [K, V] the backbone's marginals
+        self.tables = t = drafter.head.decode_tables(drafter.embed.weight)
+        self.h_part = H @ t.w_down_h  # [K, r]
+        self.w_hh_t = drafter.head.gru.weight_hh_l0.T  # [d_s, 3d_s]
+        self.anchor = anchor
+
+    def start(self) -> torch.Tensor:  # [1, d_s] S_0
+        gi = self.tables.gi.index_select(0, self.anchor)
+        s = gi.new_zeros(1, self.w_hh_t.shape[0])
+        return gru_gates(gi, s @ self.w_hh_t, s)
+
+    def step(self, i: int, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frontier states [F, d_s] at depth i → (their children's logits [F, V], what the children inherit)."""
+        t = self.tables
+        z = torch.addmm(self.h_part[i: i + 1], states, t.w_down_s)  # [F, r]
+        return corrected_logits(z, t.w_up_t, self.base[i: i + 1].expand(states.shape[0], -1)), states
+
+    def child(self, inherited: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The GRU states of the chosen children: parent rows ``rows`` [F'] consumed ``tokens`` [F']."""
+        s = inherited.index_select(0, rows)
+        return gru_gates(self.tables.gi.index_select(0, tokens), s @ self.w_hh_t, s)
+
+
+class DominoSession(ParallelSession):
+    """Backbone block once, then the Domino head's decode rollout over block positions 1..K.
+
+    ``pool_size`` P (a decoding option, ``generate(..., pool_size=P)``): the correction, the pick and its
+    log-probability on the top-P tokens of the base logits (q = 0 outside them); None = the full vocabulary.
+    ``static_capacity``, ``compile``: the backbone's fixed-shape (compiled) block forward (:class:`ParallelSession`);
+    ``compile`` also compiles the head's rollout loop (:func:`compiled_draft_block`).
+    """
+
+    def __init__(self, drafter, pool_size: int | None = None, static_capacity: int | None = None,
+                 compile: bool = False):
+        super().__init__(drafter, static_capacity, compile)
+        self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
+        self.head_loop = compiled_draft_block(self.device) if compile else draft_block
+
+    def path_head(self, hidden: torch.Tensor, anchor: torch.Tensor) -> DominoPathHead:
+        """The head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
+        return DominoPathHead(self.drafter, hidden, anchor)
+
+    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
+        drafter = self.drafter
+        H = hidden[1:]  # [K, d]
+        base = drafter.compute_logits(H)  # [K, V] backbone logits
+        out = drafter.head.draft(H, base, anchor, drafter.embed.weight, self.pool_size, temperature, generator,
+                                 self.head_loop)
+        return pool_stage(out.tokens, out.picks, out.logits, out.ids, temperature, base.shape[-1])
+
+
+@register("domino")
+class DominoDrafter(ParallelDrafter):
+    """DFlash backbone + Domino head; loss ``λ_t·CE(L_base) + (1−λ_t)·CE(L_final)`` (the base-anchored curriculum)."""
+
+    config_class = DominoConfig
+    session_class = DominoSession
+    draft_options = ("pool_size", "static_capacity", "compile")
+    tree_builders = ("chain", "ddtree", "path")
+    uses_curriculum = True
+
+    def __init__(self, config: DominoConfig):
+        super().__init__(config)
+        c = config
+        self.head = DominoHead(c.hidden_size, c.head.gru_hidden, c.head.rank, c.vocab_size)
+
+    def reset_head(self) -> None:
+        """Re-initialise the head with W_up = 0 (the drafter becomes backbone-only again)."""
+        self.head.apply(init_weights)
+        self.head.reset_up()
+
+    def base_view(self) -> "DominoDrafter":
+        """A copy whose correction is zeroed (W_up = 0): the backbone inside Domino, decoded alone."""
+        inner = copy.deepcopy(self)
+        inner.head.reset_up()
+        return inner
+
+    def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> BlockOutput:
+        """The head's causal state ``out.head_state`` and, when the forward materialised the base logits,
+        ``out.final_logits`` = ``out.logits + ΔL`` [b, A, B, V] (ΔL = 0 at k = 0).
+
+        The GRU starts fresh at each block's anchor ``out.block_tokens[..., 0]`` (as a session's
+        stage does). ``teacher_forced``: GRU inputs are the true tokens ``x_a .. x_{a+B-2}``, one
+        parallel GRU pass. ``training_time_test``: the GRU input after position i is the argmax of the
+        final logits at i (no gradient through the pick). With materialised logits that is the head's
+        rollout; on the lean path the picks come from a no-grad rollout chunk by chunk, then one GRU pass
+        over ``x_a`` and the picks gives the same states with their gradients (the picks are constants).
+        Also applied by DLoop's loop-aware training to the blocks of later stages.
+        """
+        if causal_inputs not in CAUSAL_INPUTS:
+            raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
+        b, A, B, d = out.hidden.shape
+        K = B - 1
+        H = out.hidden[:, :, 1:].reshape(b * A, K, d)  # [b*A, K, d] H_1 .. H_{B-1}
+        if causal_inputs == "training_time_test" and out.logits is not None:
+            base = out.logits[:, :, 1:].reshape(b * A, K, -1)  # [b*A, K, V]
+            step = self.head.rollout(H, base, self.embed_tokens(out.block_tokens[:, :, 0].reshape(-1)),
+                                     self.embed_tokens)
+            rows, prev = [], None
+            for _ in range(K):
+                rows.append(step(prev))  # [b*A, V]
+                prev = rows[-1].detach().argmax(-1)
+            final = torch.stack(rows, dim=1).view(b, A, K, -1).to(out.logits.dtype)
+            out.final_logits = torch.cat([out.logits[:, :, :1], final], dim=2)  # [b, A, B, V]
+            return out
+        if causal_inputs == "teacher_forced":
+            inputs = out.block_tokens[:, :, :K].reshape(b * A, K)  # x_a .. x_{a+B-2}
+        else:
+            inputs = self.ttt_inputs(H, out.block_tokens[:, :, 0].reshape(-1))  # x_a, picks 1..K-1
+        S, _ = self.head.gru(self.embed_tokens(inputs))  # [b*A, K, d_s]: S_0 .. S_{B-2}
+        S = S.view(b, A, K, -1)
+        out.head_state = torch.cat([S.new_zeros(b, A, 1, S.shape[-1]), S], dim=2)  # [b, A, B, d_s]
+        if out.logits is not None:
+            delta = self.head.delta(out.hidden[:, :, 1:], S).to(out.logits.dtype)  # [b, A, K, V]
+            out.final_logits = torch.cat([out.logits[:, :, :1], out.logits[:, :, 1:] + delta], dim=2)
+        return out
+
+    @torch.no_grad()
+    def ttt_inputs(self, H: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Training-time test's GRU inputs ``[N, K]`` = ``[x_a, pick_1 .. pick_{K-1}]``: the rollout's argmax
+        picks for blocks H [N, K, d] with anchor tokens [N], ``train_options.chunk_size`` positions at a time
+        (only one chunk's ``[n, K, V]`` logits alive)."""
+        N, K, _ = H.shape
+        chunk = self.train_options.chunk_size
+        per = N if chunk is None else max(1, chunk // K)  # blocks per chunk
+        picks = []
+        for c in range(0, N, per):
+            Hc = H[c: c + per]
+            step = self.head.rollout(Hc, self.compute_logits(Hc), self.embed_tokens(anchors[c: c + per]),
+                                     self.embed_tokens)
+            prev, cols = None, []
+            for _ in range(K - 1):  # the pick at position K feeds nothing
+                prev = step(prev).argmax(-1)
+                cols.append(prev)
+            picks.append(torch.stack([anchors[c: c + per], *cols], dim=1))  # [n, K]
+        return torch.cat(picks)
+
+    def row_inputs(self, out: BlockOutput) -> list[torch.Tensor]:
+        if out.head_state is None:
+            raise ValueError("a Domino BlockOutput without head_state: run it through add_head")
+        return [out.hidden, out.head_state]
+
+    def row_logits(self, h: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of (H, S) → (base, final) logits: ``L = [H ; c]·[W_lmᵀ ; W_upᵀ]``, ``c = SiLU(W_down·[H;S])``."""
+        base = self.compute_logits(h)
+        return base, base + self.head.delta(h, s).to(base.dtype)
+
+    def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
+        """The curriculum loss at ``settings.lam`` → (loss, {loss_base, loss_final}); from the materialised
+        logits when the forward made them, else both terms in one chunked pass over the labelled positions."""
+        if out.final_logits is not None:
+            loss, loss_base, loss_final = curriculum_loss(out.logits, out.final_logits, out.labels,
+                                                          settings.position_weights, settings.lam)
+        else:
+            loss, loss_base, loss_final = lean_curriculum_loss(self.row_logits, self.row_inputs(out), out.labels,
+                                                               settings.position_weights, settings.lam,
+                                                               settings.chunk_size)
+        return loss, {"loss_base": loss_base.detach(), "loss_final": loss_final.detach()}

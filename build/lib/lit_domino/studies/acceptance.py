@@ -1,0 +1,217 @@
+"""The acceptance-predictor study: a calibrated confidence for every parallel drafter, and how well it predicts.
+
+Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, any parallel method
+registered later): the add-on head trained on the frozen drafter (DSpark: its own head), calibrated per position
+on held-out rounds (:mod:`lit_domino.training.acceptance`), each cached as its own artifact keyed by the
+drafter. Prompts: each embedded benchmark's items after the ones the DLoop study evaluates on (disjoint).
+
+Writes ``results/acceptance/calibration-<preset>.md|json`` (AUC and ECE before and after, per position, of the
+conditional c_j and of the survival S_j) and one reliability diagram per drafter, and logs them to MLflow
+(experiment ``acceptance-<preset>``, one ``calibration-<preset>`` run).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from lit_domino.training.acceptance import MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, prompt_ids
+from lit_domino.data.benchmarks import load_benchmark
+from lit_domino.decoding.acceptance import own_predictor, supports_predictor
+from lit_domino.training.configs import load_config
+from lit_domino.training.experiment import train_variant
+from lit_domino.interop import load_drafter
+from lit_domino.runtime.paths import project_root
+from lit_domino.runtime.jsonio import write_json
+from lit_domino.runtime.threads import pinned_threads
+from lit_domino.studies.common import log_metrics
+
+DOMAINS = ("embedded-math", "embedded-code", "embedded-chat")
+SKIP = 16
+"""Each benchmark's first items are the DLoop study's and the ablation's eval prompts: the predictor's data starts
+after them."""
+PRESET_SETTINGS = {
+    "smoke": dict(prompts=32, settings=dict(max_new_tokens=64, anchors_per_sequence=24, stages=2)),
+    "default": dict(prompts=40, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
+    "paper": dict(prompts=64, settings=dict(max_new_tokens=256, anchors_per_sequence=16, stages=3)),
+}
+
+
+def study_prompts(target, per_domain: int) -> list[list[int]]:
+    out = []
+    for name in DOMAINS:
+        items = load_benchmark(name, SKIP + per_domain)[SKIP:]
+        out += prompt_ids(target, items)
+    return out
+
+
+def calibration_table(reports: dict[str, dict]) -> str:
+    """One row per drafter × position: AUC, ECE before → after of c_j and of the survival S_j."""
+    lines = ["| drafter | j | rounds reaching j | accept | AUC | ECE c_j before | after | τ_j | ECE S_j before | after |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, rep in reports.items():
+        p = rep["pooled"]
+        lines.append(f"| **{name}** | all | {p['rounds']} | – | {p['auc']:.3f} | {100 * p['ece_before']:.1f} % | "
+                     f"{100 * p['ece_after']:.1f} % | – | {100 * p['survival_ece_before']:.1f} % | "  # j <= J
+                     f"{100 * p['survival_ece_after']:.1f} % |")
+        for r in rep["positions"]:
+            if r["rounds"] < MIN_REPORT_ROUNDS:
+                continue
+            lines.append(f"| {name} | {r['position']} | {r['rounds']} | {r['accept']:.2f} | {r['auc']:.3f} | "
+                         f"{100 * r['ece_before']:.1f} % | {100 * r['ece_after']:.1f} % | {r['temperature']:.2f} | "
+                         f"{100 * r['survival_ece_before']:.1f} % | {100 * r['survival_ece_after']:.1f} % |")
+    return "\n".join(lines)
+
+
+def study_pool_size(preset: str):
+    """The candidate pool Domino's kinds decode with in the studies (``studies/ablation.yaml``): the predictor is
+    built as the drafter decodes."""
+    from lit_domino.studies.tables import decode_pool_size
+
+    return decode_pool_size(preset)
+
+
+def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), label: str | None = None,
+                         out_dir: Path | None = None, mlflow_enabled: bool = True, progress: bool = True,
+                         threads: int | None = 1) -> dict:
+    """Build (or reuse) every drafter's predictor, then the tables, diagrams and MLflow run (module docstring)."""
+    import json
+
+    from lit_domino.target.load import load_target
+
+    if preset not in PRESET_SETTINGS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESET_SETTINGS)}")
+    t0 = time.time()
+    spec = PRESET_SETTINGS[preset]
+    out_dir = Path(out_dir or project_root() / "results" / "acceptance")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfgs = {kind: load_config(kind, preset, 0, {}) for kind in drafters}
+    target = load_target(next(iter(cfgs.values()))["data"]["target"])
+    prompts = study_prompts(target, spec["prompts"])
+    reports, files, predictors = {}, [], {}
+    with pinned_threads(threads):
+        for kind, cfg in cfgs.items():
+            trained = train_variant(cfg, experiment=f"acceptance-{preset}", table="acceptance", progress=progress)
+            drafter = load_drafter(trained.drafter_dir, target=target)
+            if not supports_predictor(drafter):
+                print(f"[acceptance] {kind}: drafts token by token, no acceptance predictor", flush=True)
+                continue
+            pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
+            variants = [(kind, True)] + ([(f"{kind} (add-on head)", False)] if own_predictor(drafter) else [])
+            for name, own in variants:
+                settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool, own_head=own)
+                print(f"[acceptance {time.time() - t0:5.0f}s] {name}: predictor ({settings})", flush=True)
+                tag = name.split(" ")[0] + ("" if own else "-addon")
+                pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{tag}-{preset}")
+                reports[name] = json.loads((path / "report.json").read_text())
+                png = out_dir / f"reliability-{tag}-{preset}.png"
+                shutil.copyfile(path / "reliability.png", png)
+                files.append(png)
+                predictors[name] = path
+    md = calibration_table(reports)
+    (out_dir / f"calibration-{preset}.md").write_text(md + "\n")
+    write_json({"reports": reports, "artifacts": {k: str(v) for k, v in predictors.items()}, "label": label},
+               out_dir / f"calibration-{preset}.json")
+    files += [out_dir / f"calibration-{preset}.md", out_dir / f"calibration-{preset}.json"]
+    run_id = None
+    if mlflow_enabled:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
+
+        with mlflow_run(f"acceptance-{preset}", f"calibration-{preset}", tags={"table": "acceptance"}) as run:
+            mlflow.log_params({"drafters": ",".join(reports), "label": str(label or "auto"), "prompts": len(prompts)})
+            metrics = {}
+            for kind, rep in reports.items():
+                for k, v in rep["pooled"].items():
+                    metrics[f"{kind.replace(' (add-on head)', '_addon')}.{k}"] = v
+                for r in rep["positions"]:
+                    for k in ("auc", "ece_before", "ece_after", "survival_ece_after", "accept"):
+                        metrics[f"{kind.replace(' (add-on head)', '_addon')}.pos{r['position']:02d}.{k}"] = r[k]
+            log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, metrics)
+            for f in files:
+                mlflow.log_artifact(str(f), "calibration")
+            run_id = run.info.run_id
+    print(f"\n## Acceptance predictors ({preset}; label {label}; held-out test rounds)\n\n{md}\n")
+    print(f"written to {out_dir} in {time.time() - t0:.0f} s" + (f"; MLflow run {run_id}" if run_id else ""))
+    return {"reports": reports, "artifacts": predictors, "markdown": md, "run_id": run_id}
+
+
+def attach_predictors(target, drafters: dict, preset: str, label: str | None = None) -> dict:
+    """Attach the cached (or newly built) predictor to every drafter in ``drafters`` (name -> drafter) that can
+    have one (the DLoop study's predictor gates); returns name -> artifact path."""
+    from lit_domino.decoding.acceptance import attach
+
+    spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
+    prompts = study_prompts(target, spec["prompts"])
+    out = {}
+    for name, drafter in drafters.items():
+        if not supports_predictor(drafter):
+            continue
+        pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
+        settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool)
+        pred, path = acceptance_predictor(target, drafter, prompts, settings,
+                                          name=f"{name.replace('/', '-')}-{preset}")
+        attach(drafter, pred)
+        out[name] = path
+    return out
+
+
+GATE_SPECS = ("off", "-0.5:3", "conf@0.5:3", "conf@0.3:3", "cost:3", "trunc@0.3", "conf@0.5:3+trunc@0.3")
+"""The gate study's settings: DLoop off, the papers' Σ log q gate (the reference), and the predictor gates."""
+
+
+def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), gates=GATE_SPECS,
+                   prompts_per_domain: int = 3, max_new_tokens: int = 64, repeats: int = 1,
+                   out_dir: Path | None = None, threads: int | None = 1) -> dict:
+    """Every drafter (its cached predictor attached) x gate, decoded with :func:`~lit_domino.decoding.metrics.benchmark`
+    on the eval prompts (the DLoop study's: each domain's first items) against our AR baseline, all interleaved:
+    τ, stages per round, draft and verify ms per round, speedup, lossless match -> Markdown + JSON in
+    ``results/acceptance/gates-<preset>``. A small-scale look at the gates, not the full DLoop study."""
+    from lit_domino.decoding.dloop import DLoopConfig
+    from lit_domino.decoding.harness import benchmark
+    from lit_domino.target.load import load_target
+
+    t0 = time.time()
+    out_dir = Path(out_dir or project_root() / "results" / "acceptance")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfgs = {kind: load_config(kind, preset, 0, {}) for kind in drafters}
+    target = load_target(next(iter(cfgs.values()))["data"]["target"])
+    loaded = {kind: load_drafter(train_variant(cfg, progress=False).drafter_dir, target=target)
+              for kind, cfg in cfgs.items()}
+    with pinned_threads(threads):
+        attached = attach_predictors(target, loaded, preset)
+        dloops = [DLoopConfig.parse(g) for g in gates]
+        prompts = {name: load_benchmark(name, prompts_per_domain) for name in DOMAINS}
+        pool = study_pool_size(preset)
+        rows = benchmark(target, loaded, prompts, max_new_tokens=max_new_tokens, dloops=dloops,
+                         pool_sizes={k: [pool] for k in loaded if "pool_size" in loaded[k].draft_options},
+                         hf_baseline=False, progress=False, repeats=repeats)
+    lines = ["| drafter | gate | avg τ | stages/round | draft ms/round | verify ms/round | avg speedup | Δ vs off | "
+             "lossless |", "|---|---|---|---|---|---|---|---|---|"]
+    recs = []
+    for kind in loaded:
+        off = None
+        for dl in dloops:
+            label = "off" if dl is None else dl.label()
+            cells = [r for r in rows if r.get("drafter") == kind and r.get("dloop") == label]
+            mean = lambda key: (sum(c[key] for c in cells) / len(cells)) if cells and all(
+                isinstance(c.get(key), (int, float)) for c in cells) else float("nan")
+            rec = {"drafter": kind, "gate": label, "tau": mean("tau"), "speedup": mean("speedup"),
+                   "stages_per_round": mean("stages_per_round"), "draft_ms": mean("draft_ms_per_round"),
+                   "verify_ms": mean("verify_ms_per_round"),
+                   "match": min((c.get("match_baseline", float("nan")) for c in cells), default=float("nan"))}
+            off = rec["speedup"] if dl is None else off
+            rec["delta_pct"] = 100 * (rec["speedup"] / off - 1) if off else float("nan")
+            recs.append(rec)
+            lines.append(f"| {kind} | {label} | {rec['tau']:.2f} | {rec['stages_per_round']:.2f} | "
+                         f"{rec['draft_ms']:.2f} | {rec['verify_ms']:.2f} | {rec['speedup']:.2f}x | {rec['delta_pct']:+.1f} % | "
+                         f"{rec['match']:.2f} |")
+    md = "\n".join(lines)
+    (out_dir / f"gates-{preset}.md").write_text(md + "\n")
+    write_json({"rows": recs, "predictors": {k: str(v) for k, v in attached.items()}}, out_dir / f"gates-{preset}.json")
+    print(f"\n## Gates ({preset}; {prompts_per_domain} prompts per domain, {max_new_tokens} tokens)\n\n{md}\n")
+    print(f"written to {out_dir} in {time.time() - t0:.0f} s")
+    return {"rows": recs, "markdown": md}

@@ -1,0 +1,513 @@
+"""Read results back from MLflow: runs as DataFrames, the papers' tables rebuilt, comparison plots.
+
+``notebooks/analysis.ipynb`` calls these functions; nothing here holds a number.
+Conventions read (those of ``lit_domino.studies.ablation`` and ``lit_domino.studies.sweep``):
+
+* a *result run* has the tag ``variant`` (plus ``preset``, ``seed``, ``table``) and the
+  metric ``tau``; per benchmark/domain ``{name}/tau``, ``{name}/speedup``,
+  ``{name}/backbone_tau``, ``{name}/acc_rate_pos_XX``; over all of them ``tau``,
+  ``speedup``, ``acc_rate_pos_XX`` (conditional acceptance of draft position XX);
+* sweep trials carry the tag ``sweep`` (left out of the ablation tables unless asked);
+* the ablation's study run (tag ``table=summary``; ``lit_domino.study_runs``, the training runs nested under it)
+  holds ``tables/rows.json``, the raw benchmark rows with each method's per-round ``tau_histogram``.
+
+The tracking URI is the argument, else ``$MLFLOW_TRACKING_URI``, else the project's
+``sqlite:///<project>/mlflow.db``. A missing or empty store gives empty frames, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from lit_domino.decoding.metric_names import MethodKey
+from lit_domino.runtime.paths import project_root
+from lit_domino.studies.tables import ablation_table, load_spec, main_table
+
+TAG_COLUMNS = ("variant", "preset", "seed", "table", "sweep")
+BASE_COLUMNS = ("run_id", "experiment", "run_name", "status", "start_time", *TAG_COLUMNS)
+SPEC = load_spec()
+"""The ablation study's table spec (row order, labels): ``experiments/configs/studies/ablation.yaml``."""
+VARIANT_ORDER = SPEC.variants
+_POS = re.compile(r"^acc_rate_pos_(\d+)$")
+_NON_DOMAINS = {"train", "val", "sweep", "importance", "optuna"}
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project>/mlflow.db``."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def _store_missing(uri: str) -> bool:
+    """A SQLite store whose file does not exist (opening it would create an empty one)."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        return path != ":memory:" and not Path(path).is_file()
+    if uri.startswith("file:") or "://" not in uri:
+        path = uri[len("file://"):] if uri.startswith("file://") else uri.removeprefix("file:")
+        return not Path(path).exists()
+    return False
+
+
+def _client(uri: str | None):
+
+    return MlflowClient(tracking_uri(uri))
+
+
+def _empty() -> pd.DataFrame:
+    return pd.DataFrame(columns=list(BASE_COLUMNS))
+
+
+def load_runs(uri: str | None = None, *, experiments: Iterable[str] | None = None, include_sweeps: bool = False,
+              statuses: Iterable[str] | None = ("FINISHED",), require_metric: str | None = "tau") -> pd.DataFrame:
+    """Every run with a ``variant`` tag (and ``require_metric``) as one row: ids, tags, latest metrics.
+
+    Columns: ``run_id, experiment, run_name, status, start_time, variant, preset, seed (int),
+    table, sweep`` then one column per metric under its MLflow name (``tau``,
+    ``embedded-math/tau``, ``acc_rate_pos_01`` ...). Sweep trials (tag ``sweep``) are left
+    out unless ``include_sweeps``; ``statuses=None`` keeps runs in any state.
+    """
+    uri = tracking_uri(uri)
+    if _store_missing(uri):
+        return _empty()
+
+    client = _client(uri)
+    exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
+    if experiments is not None:
+        wanted = set(experiments)
+        exps = [e for e in exps if e.name in wanted]
+    names = {e.experiment_id: e.name for e in exps}
+    rows = []
+    for exp_id in names:
+        token = None
+        while True:
+            page = client.search_runs([exp_id], filter_string="", max_results=1000, page_token=token)
+            for run in page:
+                tags = run.data.tags
+                if not tags.get("variant") or tags.get("sweep_role") == "study":
+                    continue
+                if tags.get("sweep") and not include_sweeps:
+                    continue
+                if statuses is not None and run.info.status not in set(statuses):
+                    continue
+                if require_metric and require_metric not in run.data.metrics:
+                    continue
+                row = {"run_id": run.info.run_id, "experiment": names[exp_id],
+                       "run_name": tags.get("mlflow.runName", run.info.run_name), "status": run.info.status,
+                       "start_time": pd.to_datetime(run.info.start_time, unit="ms") if run.info.start_time else None}
+                row.update({k: tags.get(k) for k in TAG_COLUMNS})
+                row.update(run.data.metrics)
+                rows.append(row)
+            token = page.token
+            if not token:
+                break
+    if not rows:
+        return _empty()
+    df = pd.DataFrame(rows)
+    df["seed"] = pd.to_numeric(df["seed"], errors="coerce").fillna(0).astype(int)
+    order = {v: i for i, v in enumerate(VARIANT_ORDER)}
+    df["_order"] = df["variant"].map(lambda v: order.get(v, len(order)))
+    df = df.sort_values(["preset", "_order", "variant", "seed", "start_time"], na_position="last")
+    return df.drop(columns="_order").reset_index(drop=True)
+
+
+def latest_per_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """The most recent run of each (preset, variant, seed): reruns do not count twice."""
+    if df.empty:
+        return df
+    return (df.sort_values("start_time").groupby(["preset", "variant", "seed"], dropna=False).tail(1)
+            .sort_index().reset_index(drop=True))
+
+
+def domains(df: pd.DataFrame) -> list[str]:
+    """Benchmark/domain names that have a ``{name}/tau`` column, in first-seen order."""
+    out = []
+    for col in df.columns:
+        if isinstance(col, str) and col.endswith("/tau") and col.count("/") == 1:
+            name = col[: -len("/tau")]
+            if name not in _NON_DOMAINS and name not in out and df[col].notna().any():
+                out.append(name)
+    return out
+
+
+def positions(df: pd.DataFrame, prefix: str = "") -> list[int]:
+    """Draft positions k with an ``{prefix}acc_rate_pos_{k:02d}`` column."""
+    ks = []
+    for col in df.columns:
+        if isinstance(col, str) and col.startswith(prefix):
+            m = _POS.match(col[len(prefix):])
+            if m and "/" not in col[len(prefix):]:
+                ks.append(int(m.group(1)))
+    return sorted(set(ks))
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    """Runs → ``lit_domino.studies.tables`` records ``{variant, seed, domain, tau, speedup, backbone_tau}``."""
+    out = []
+    for _, run in df.iterrows():
+        for d in domains(df):
+            tau = run.get(f"{d}/tau")
+            if tau is None or (isinstance(tau, float) and math.isnan(tau)):
+                continue
+            rec = {"variant": run["variant"], "seed": int(run["seed"]), "domain": d, "preset": run.get("preset")}
+            for metric in ("tau", "speedup", "backbone_tau"):
+                v = run.get(f"{d}/{metric}")
+                if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                    rec[metric] = float(v)
+            out.append(rec)
+    return out
+
+
+def presets(df: pd.DataFrame) -> list[str]:
+    if df.empty:
+        return []
+    return [p for p in df["preset"].dropna().unique().tolist()] + (["(none)"] if df["preset"].isna().any() else [])
+
+
+def _for_preset(df: pd.DataFrame, preset: str | None) -> pd.DataFrame:
+    if preset is None or df.empty:
+        return df
+    if preset == "(none)":
+        return df[df["preset"].isna()]
+    return df[df["preset"] == preset]
+
+
+def rebuild_tables(df: pd.DataFrame, preset: str | None = None) -> dict:
+    """The main table and the Domino ablations of ``preset`` (``lit_domino.studies.tables``, same code as the ablation).
+
+    Returns ``{"main": table, "ablations": table}`` (each with ``rows`` and ``markdown``), or {} without runs.
+    """
+    runs = latest_per_seed(_for_preset(df, preset))
+    recs = records(runs)
+    if not recs:
+        return {}
+    doms = domains(runs)
+    return {"main": main_table(recs, doms), "ablations": ablation_table(recs)}
+
+
+def _cell(v) -> str:
+    if isinstance(v, tuple) and len(v) == 2:
+        mean, spread = v
+        if mean is None or math.isnan(mean):
+            return "–"
+        return f"{mean:.3f} ± {spread:.3f}" if spread else f"{mean:.3f}"
+    return "" if v is None else str(v)
+
+
+def table_frame(table: dict) -> pd.DataFrame:
+    """A rebuilt table as a DataFrame of display strings (``mean ± spread`` over seeds)."""
+    rows = [{k: _cell(v) for k, v in row.items()} for row in table.get("rows", [])]
+    return pd.DataFrame(rows)
+
+
+def summary_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (preset, variant): runs, seeds, τ and speedup mean and std over seeds (latest run per seed)."""
+    runs = latest_per_seed(df)
+    if runs.empty:
+        return pd.DataFrame(columns=["preset", "variant", "label", "runs", "seeds", "tau_mean", "tau_std",
+                                     "speedup_mean", "speedup_std"])
+    out = []
+    for (preset, variant), g in runs.groupby(["preset", "variant"], dropna=False, sort=False):
+        row = {"preset": preset, "variant": variant, "label": SPEC.label(variant), "runs": len(g),
+               "seeds": ",".join(str(s) for s in sorted(g["seed"].unique()))}
+        for m in ("tau", "speedup"):
+            vals = g[m].dropna() if m in g else pd.Series(dtype=float)
+            row[f"{m}_mean"] = float(vals.mean()) if len(vals) else float("nan")
+            row[f"{m}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0 if len(vals) else float("nan")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def acceptance_curves(df: pd.DataFrame) -> pd.DataFrame:
+    """Long frame ``preset, variant, position, rate, std``: conditional acceptance per draft position,
+    mean over seeds (overall ``acc_rate_pos_XX``; else the mean of the per-domain ones)."""
+    runs = latest_per_seed(df)
+    rows = []
+    doms = domains(runs)
+    for _, run in runs.iterrows():
+        ks = positions(runs) or sorted({k for d in doms for k in positions(runs, f"{d}/")})
+        for k in ks:
+            v = run.get(f"acc_rate_pos_{k:02d}")
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                vals = [run.get(f"{d}/acc_rate_pos_{k:02d}") for d in doms]
+                vals = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
+                v = sum(vals) / len(vals) if vals else None
+            if v is not None:
+                rows.append({"preset": run["preset"], "variant": run["variant"], "seed": run["seed"],
+                             "position": k, "rate": float(v)})
+    if not rows:
+        return pd.DataFrame(columns=["preset", "variant", "position", "rate", "std"])
+    long = pd.DataFrame(rows)
+    agg = long.groupby(["preset", "variant", "position"], dropna=False, sort=False)["rate"]
+    out = agg.mean().to_frame("rate")
+    out["std"] = agg.std(ddof=1).fillna(0.0)
+    return out.reset_index()
+
+
+def tau_histograms(uri: str | None = None, preset: str | None = None) -> pd.DataFrame:
+    """Per-round τ counts per variant from the ablation's ``tables/rows.json`` (latest study run, tag
+    ``table=summary``; temperature 0, seeds and benchmarks summed). Columns ``preset, variant, tau, rounds``;
+    empty when no such artifact exists (then plot the per-run τ values instead)."""
+    uri = tracking_uri(uri)
+    empty = pd.DataFrame(columns=["preset", "variant", "tau", "rounds"])
+    if _store_missing(uri):
+        return empty
+
+    client = _client(uri)
+    exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not exps:
+        return empty
+    runs = client.search_runs(exps, filter_string="tags.table = 'summary' and attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time DESC"], max_results=200)
+    seen, rows = set(), []
+    for run in runs:
+        p = run.data.tags.get("preset")
+        if p in seen or (preset is not None and p != preset):
+            continue
+        try:
+            with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+                path = client.download_artifacts(run.info.run_id, "tables/rows.json", tmp)
+                data = json.loads(Path(path).read_text())
+        except Exception:
+            continue
+        seen.add(p)
+        for r in data:
+            if r.get("kind") != "drafter" or float(r.get("temperature", 0)) != 0.0:
+                continue
+            if not r.get("key"):
+                continue  # rows of a store written before rows carried their MethodKey
+            key = MethodKey.of(r["key"])
+            if key.view is not None:
+                continue
+            variant = key.drafter
+            for tau, count in enumerate(r.get("tau_histogram") or []):
+                if count:
+                    rows.append({"preset": p, "variant": variant, "tau": tau, "rounds": int(count)})
+    if not rows:
+        return empty
+    return pd.DataFrame(rows).groupby(["preset", "variant", "tau"], sort=False)["rounds"].sum().reset_index()
+
+
+class _no_progress_bar:
+    """MLflow's artifact download progress bar off (it clutters notebook output)."""
+
+    KEY = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+    def __enter__(self):
+        self.old = os.environ.get(self.KEY)
+        os.environ[self.KEY] = "false"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop(self.KEY, None)
+        else:
+            os.environ[self.KEY] = self.old
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _variants(frame: pd.DataFrame) -> list[str]:
+    present = list(dict.fromkeys(frame["variant"].tolist()))
+    order = {v: i for i, v in enumerate(VARIANT_ORDER)}
+    return sorted(present, key=lambda v: (order.get(v, len(order)), v))
+
+
+def _figure(width: float = 7.0, height: float = 4.2, ncols: int = 1):
+
+    fig = Figure(figsize=(width, height))
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, axes
+
+
+def plot_acceptance_curves(df: pd.DataFrame, preset: str | None = None, title: str | None = None):
+    """Per-position conditional acceptance, one line per variant (± std over seeds); a matplotlib Figure."""
+    curves = acceptance_curves(_for_preset(df, preset))
+    fig, (ax,) = _figure()
+    for v in _variants(curves) if not curves.empty else []:
+        c = curves[curves["variant"] == v].sort_values("position")
+        ax.errorbar(c["position"], c["rate"], yerr=c["std"], marker="o", capsize=3, label=SPEC.label(v))
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(k accepted | positions < k accepted)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title or f"per-position acceptance{f' ({preset})' if preset else ''}")
+    ax.grid(alpha=0.3)
+    if not curves.empty:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no acc_rate_pos_XX metrics", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tau_histograms(df: pd.DataFrame, hist: pd.DataFrame | None = None, preset: str | None = None):
+    """τ histograms, one panel per variant: the fraction of rounds committing τ tokens (from ``hist``,
+    see :func:`tau_histograms`), else the distribution of the runs' per-(seed, benchmark) mean τ."""
+
+    hist = _for_preset(hist, preset) if hist is not None else None
+    per_round = hist is not None and not hist.empty
+    recs = pd.DataFrame(records(latest_per_seed(_for_preset(df, preset)))) if not per_round else None
+    source = hist if per_round else recs
+    names = _variants(source) if source is not None and not source.empty else []
+    ncols = min(3, max(1, len(names)))
+    nrows = max(1, math.ceil(len(names) / ncols))
+    fig = Figure(figsize=(3.4 * ncols, 2.6 * nrows + 0.6))
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
+    for ax in axes[len(names):]:
+        ax.set_visible(len(names) == 0 and ax is axes[0])
+    if not names:
+        axes[0].text(0.5, 0.5, "no runs", ha="center", va="center", transform=axes[0].transAxes)
+    for ax, v, color in zip(axes, names, _colors(len(names))):
+        if per_round:
+            h = hist[hist["variant"] == v]
+            total = max(1, int(h["rounds"].sum()))
+            ax.bar(h["tau"], h["rounds"] / total, color=color)
+            mean = float((h["tau"] * h["rounds"]).sum() / total)
+            ax.axvline(mean, color="black", lw=1, ls="--")
+            ax.set_title(f"{SPEC.label(v)}\nmean τ/round {mean:.2f}", fontsize=9)
+        else:
+            vals = recs.loc[recs["variant"] == v, "tau"].to_numpy()
+            ax.hist(vals, bins=8, color=color)
+            ax.set_title(f"{SPEC.label(v)}\n{len(vals)} (seed, benchmark) values", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    xlabel = "τ (tokens committed per round, bonus included)" if per_round else "mean τ of a (seed, benchmark)"
+    ylabel = "fraction of rounds" if per_round else "count"
+    fig.supxlabel(xlabel, fontsize=9)
+    fig.supylabel(ylabel, fontsize=9)
+    fig.suptitle(f"τ histograms{f' ({preset})' if preset else ''}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _colors(n: int) -> list:
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def plot_speedup_bars(df: pd.DataFrame, preset: str | None = None, metric: str = "speedup"):
+    """Grouped bars: ``metric`` per variant for every benchmark and the average, error bars = std over seeds."""
+    recs = pd.DataFrame(records(latest_per_seed(_for_preset(df, preset))))
+    fig, (ax,) = _figure(width=9.0)
+    if recs.empty or metric not in recs:
+        ax.text(0.5, 0.5, f"no {metric} metrics", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    per_seed_avg = recs.groupby(["variant", "seed"])[metric].mean().reset_index().assign(domain="avg")
+    data = pd.concat([recs[["variant", "seed", "domain", metric]], per_seed_avg], ignore_index=True)
+    doms = list(dict.fromkeys(recs["domain"].tolist())) + ["avg"]
+    names = _variants(recs)
+    width = 0.8 / max(1, len(names))
+    for j, v in enumerate(names):
+        sub = data[data["variant"] == v].groupby("domain")[metric]
+        means, stds = sub.mean(), sub.std(ddof=1).fillna(0.0)
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(doms))]
+        ax.bar(xs, [means.get(d, float("nan")) for d in doms], width=width,
+               yerr=[stds.get(d, 0.0) for d in doms], capsize=2, label=SPEC.label(v))
+    ax.set_xticks(range(len(doms)), doms)
+    if metric == "speedup":
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_ylabel(f"{metric} (vs our AR baseline)" if metric == "speedup" else metric)
+    ax.set_title(f"{metric} per variant{f' ({preset})' if preset else ''}")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def sweep_trials(uri: str | None = None, study: str | None = None) -> pd.DataFrame:
+    """Finished sweep trials (tag ``sweep``): study, trial number, sampled params (``trial.*``), objective."""
+    uri = tracking_uri(uri)
+    if _store_missing(uri):
+        return pd.DataFrame()
+
+    client = _client(uri)
+    exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not exps:
+        return pd.DataFrame()
+    flt = "attributes.status = 'FINISHED'" + (f" and tags.sweep = '{study}'" if study else "")
+    rows = []
+    for run in client.search_runs(exps, filter_string=flt, max_results=5000):
+        tags = run.data.tags
+        if not tags.get("sweep") or tags.get("sweep_role") == "study" or "objective" not in run.data.metrics:
+            continue
+        row = {"study": tags["sweep"], "trial": int(tags.get("optuna.trial", -1)), "run_id": run.info.run_id,
+               "objective": run.data.metrics["objective"], "tau": run.data.metrics.get("tau"),
+               "speedup": run.data.metrics.get("speedup")}
+        for k, v in run.data.params.items():
+            if k.startswith("trial."):
+                row[k[len("trial."):]] = _parse(v)
+        rows.append(row)
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).sort_values(["study", "objective"], ascending=[True, False]).reset_index(drop=True)
+
+
+def _parse(value: str):
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def plot_sweep(trials: pd.DataFrame, x: str = "rank", study: str | None = None):
+    """Objective against one swept parameter (log x for numeric ranks), one colour per λ kind if swept."""
+    fig, (ax,) = _figure()
+    t = trials if study is None else trials[trials["study"] == study]
+    if t.empty or x not in t:
+        ax.text(0.5, 0.5, "no sweep trials", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    hue = "lambda_kind" if "lambda_kind" in t else None
+    groups = t.groupby(hue) if hue else [("trials", t)]
+    for name, g in groups:
+        ax.scatter(g[x], g["objective"], label=str(name))
+    if pd.api.types.is_numeric_dtype(t[x]) and (t[x] > 0).all():
+        ax.set_xscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel("objective")
+    ax.set_title(f"sweep {study or ''}: objective vs {x}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title=hue)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- running the notebook
+
+
+def execute_notebook(path: str | Path | None = None, out: str | Path | None = None, uri: str | None = None,
+                     timeout: int = 600):
+    """Execute ``notebooks/analysis.ipynb`` headless (nbclient) against ``uri`` (default: the usual rule)
+    and write the executed copy to ``out`` (default ``results/analysis.ipynb``); returns the notebook."""
+    import nbformat  # the dev extra (pytest's notebook test): the library itself runs without it
+    from nbclient import NotebookClient
+
+    path = Path(path or project_root() / "notebooks" / "analysis.ipynb")
+    out = Path(out or project_root() / "results" / "analysis.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri(uri)  # the kernel inherits the environment
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out)
+    return nb

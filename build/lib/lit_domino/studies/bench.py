@@ -1,0 +1,330 @@
+"""The benchmark command behind ``experiments/bench.py``: drafters x benchmarks x temperature x DLoop,
+decoded in one process against our AR baseline (and HF peers), written as Markdown + JSON and one MLflow run.
+
+Importing this module is cheap (torch, transformers and the models load inside the functions), so that
+:func:`check_options` answers bad input in well under a second, before anything heavy is imported or built.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lit_domino.runtime.command import UsageError
+from lit_domino.runtime.inputs import check_drafter_config, check_drafter_source, check_positive, check_target_spec
+
+BENCH_METRICS = ("tau", "accepted_per_round", "speedup", "tpot_ms", "speedup_vs_hf_generate", "match_baseline")
+"""The bench run's metrics per ``{benchmark}/{method}/T{temperature}`` (plus the per-position acceptance)."""
+BENCH_COLUMNS = ["benchmark", "method", "temperature", "block_size", "pool_size", "tau", "accepted_per_round",
+                 "speedup", "speedup_vs_hf_generate", "tpot_ms", "draft_ms_per_round", "verify_ms_per_round",
+                 "match_baseline"]
+HF_PEERS = ("prompt_lookup", "assisted")
+"""The Hugging Face decoding loops ``--peers`` can add (:func:`lit_domino.decoding.benchmark`'s peers)."""
+OFFICIAL_PEERS = ("dflash",)
+"""Other projects' decoding loops ``--peers`` can add: ``dflash`` = z-lab's ``dflash_generate`` on each backbone."""
+PEERS = HF_PEERS + OFFICIAL_PEERS
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def load_target_spec(spec: str, device: str, dtype: str):
+    """``random`` (a random 8-layer, 192-wide, 4096-vocabulary Qwen3) or anything :func:`load_target` takes."""
+    if spec == "random":
+        from lit_domino.testing import random_target
+
+        target = random_target(vocab_size=4096, hidden_size=192, num_layers=8, max_positions=4096)
+        target.model.generation_config.eos_token_id = None
+        return target
+    from lit_domino.target.load import load_target
+
+    return load_target(spec, dtype=dtype, device=device)
+
+
+def parse_drafters(spec: str) -> list[tuple[str, str]]:
+    """``name=path[,name=path...]`` → ``[(name, path), ...]`` (names unique; ``path`` may be ``random:<kind>``)."""
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise UsageError(f"--drafters: expected name=path, got {item!r}")
+        out.append((name.strip(), path.strip()))
+    names = [n for n, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UsageError(f"--drafters: the name(s) {', '.join(dup)} appear more than once")
+    return out
+
+
+def load_drafters(spec: str, target, device: str) -> dict:
+    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised).
+    Each drafter is cast once to the target's dtype (no per-call casts while decoding)."""
+    import torch
+
+    from lit_domino.models import build_drafter, drafter_config
+    from lit_domino.interop import load_drafter
+
+    drafters = {}
+    for name, path in parse_drafters(spec):
+        if path.startswith("random:"):
+            torch.manual_seed(0)
+            drafter = build_drafter(drafter_config(path.split(":", 1)[1], target), target)
+        else:
+            drafter = load_drafter(path, target=target, map_location=device)
+        drafters[name] = drafter.to(device=device, dtype=target.dtype).eval()
+    return drafters
+
+
+def load_prompts(spec: str, target, seed: int) -> dict:
+    """``name[:n],...`` of :mod:`lit_domino.data.benchmarks`, or ``random:N`` (N random 32-token prompts)."""
+    import torch
+
+    from lit_domino.data.benchmarks import load_benchmark, parse_benchmark_list
+
+    prompts = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        if item.startswith("random:"):
+            n = _random_prompts(item)
+            g = torch.Generator().manual_seed(seed)
+            prompts[item] = [torch.randint(3, target.vocab_size - 1, (32,), generator=g).tolist() for _ in range(n)]
+            continue
+        for name, n in parse_benchmark_list(item):
+            prompts[name if n is None else f"{name}:{n}"] = load_benchmark(name, n, seed=seed)
+    if not prompts:
+        raise UsageError("--benchmarks is empty")
+    return prompts
+
+
+def _random_prompts(item: str) -> int:
+    try:
+        n = int(item.split(":", 1)[1])
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"--benchmarks: random:N takes a prompt count N >= 1, got {item!r}")
+    return n
+
+
+def assistant_model(peers: str, assistant: str | None, drafters: dict, device: str):
+    """The HF model of the ``assisted`` peer: a small-LM drafter's ``.lm`` (by name) or an HF model directory."""
+    if "assisted" not in peers:
+        return None
+    if not assistant:
+        raise UsageError("--peers assisted needs --assistant (a small_lm drafter name or an HF model directory)")
+    if assistant in drafters:
+        lm = drafters[assistant].hf_model()
+        if lm is None:
+            raise UsageError(f"--assistant {assistant!r} is not a standalone LM drafter (e.g. small_lm)")
+        return lm
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(assistant).to(device).eval()
+
+
+def official_peers(peers: list[str], drafters: dict, target) -> dict:
+    """``{"<name>@dflash_generate": decode}`` for each backbone drafter when ``dflash`` is among ``peers``:
+    the official DFlash loop decoding our backbone (converted in memory, as the ``dflash`` export writes it)."""
+    if "dflash" not in peers:
+        return {}
+    from lit_domino.decoding.dflash_peer import dflash_official, to_dflash_model
+
+    backbones = {name: d for name, d in drafters.items() if d.kind == "backbone"}
+    if not backbones:
+        raise UsageError("--peers dflash decodes a backbone drafter with dflash_generate: pass one in --drafters "
+                         "(kind 'backbone')")
+    out = {}
+    for name, drafter in backbones.items():
+        model = to_dflash_model(drafter)
+        out[f"{name}@dflash_generate"] = (lambda ids, n, t, seed, m=model:
+                                          dflash_official(target, m, ids, max_new_tokens=n, temperature=t, seed=seed))
+    return out
+
+
+def parse_pool_sizes(spec: str) -> list[int | None]:
+    """``full,16,64`` -> ``[None, 16, 64]``: the Domino candidate pools to run (``full`` = the whole vocabulary)."""
+    sizes = []
+    for item in filter(None, (s.strip().lower() for s in str(spec).split(","))):
+        if item in ("full", "none", "all"):
+            sizes.append(None)
+            continue
+        try:
+            size = int(item)
+        except ValueError:
+            raise UsageError(f"--pool-sizes: expected 'full' or an integer, got {item!r}") from None
+        if size < 1:
+            raise UsageError(f"--pool-sizes: a candidate pool holds at least 1 token, got {size}")
+        sizes.append(size)
+    return sizes or [None]
+
+
+def parse_peers(spec: str) -> list[str]:
+    """``prompt_lookup,assisted,dflash`` → the list; an unknown peer is refused listing :data:`PEERS`."""
+    peers = [s.strip() for s in str(spec or "").split(",") if s.strip()]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise UsageError(f"--peers: unknown peer(s) {', '.join(map(repr, unknown))}; choose from {', '.join(PEERS)}")
+    return peers
+
+
+def parse_temperatures(spec: str) -> list[float]:
+    """``0,0.7`` → ``[0.0, 0.7]`` (finite, >= 0)."""
+    out = []
+    for item in filter(None, (s.strip() for s in str(spec).split(","))):
+        try:
+            t = float(item)
+        except ValueError:
+            raise UsageError(f"--temperatures: expected numbers, got {item!r}") from None
+        if not math.isfinite(t) or t < 0:
+            raise UsageError(f"--temperatures: a temperature is a finite number >= 0, got {item!r}")
+        out.append(t)
+    if not out:
+        raise UsageError("--temperatures is empty")
+    return out
+
+
+def check_options(args: Mapping) -> None:
+    """Every check of the command's options that needs neither torch nor a model: run before anything loads.
+
+    Drafter paths exist and hold a drafter config, peers and pools are known, numbers are in range."""
+    check_target_spec(args.get("target"))
+    names = set()
+    for name, path in parse_drafters(args.get("drafters") or ""):
+        names.add(name)
+        if path.startswith("random:"):
+            if not path.split(":", 1)[1]:
+                raise UsageError(f"--drafters {name}={path}: random:<kind> needs a drafter kind")
+            continue
+        local = check_drafter_source(path, f"--drafters {name}")
+        if local is not None:
+            check_drafter_config(local, f"--drafters {name}")
+    peers = parse_peers(args.get("peers") or "")
+    if "assisted" in peers:
+        assistant = args.get("assistant")
+        if not assistant:
+            raise UsageError("--peers assisted needs --assistant (a small_lm drafter name or an HF model directory)")
+        if assistant not in names:
+            check_target_spec(assistant, "--assistant")
+    parse_pool_sizes(args.get("pool_sizes") or "full")
+    parse_temperatures(args.get("temperatures") or "0")
+    for item in filter(None, (s.strip() for s in str(args.get("benchmarks") or "").split(","))):
+        if item.startswith("random:"):
+            _random_prompts(item)
+    if not str(args.get("benchmarks") or "").strip():
+        raise UsageError("--benchmarks is empty")
+    check_positive(args.get("max_new_tokens"), "--max-new-tokens")
+    check_positive(args.get("repeats"), "--repeats")
+    check_positive(args.get("threads"), "--threads")
+    check_positive(args.get("block_size"), "--block-size", 2)
+    check_positive(args.get("prompt_lookup_tokens"), "--prompt-lookup-tokens")
+    if args.get("dtype") not in DTYPES:
+        raise UsageError(f"--dtype: expected one of {', '.join(DTYPES)}, got {args.get('dtype')!r}")
+    parse_dloops(args.get("dloop") or "off")
+
+
+def parse_dloops(spec: str) -> list:
+    """``off,-0.5:3`` → ``[None, DLoopConfig(-0.5, 3)]`` (``DLoopConfig.parse``'s specs; its module is torch-free)."""
+    from lit_domino.decoding import DLoopConfig
+
+    return [_usage("--dloop", DLoopConfig.parse, s) for s in str(spec).split(",") if s.strip()] or [None]
+
+
+def check_predictors(dloops: list, drafters: dict) -> None:
+    """The predictor gates (conf, cost, +trunc) need every drafter to have an acceptance predictor: refused by name
+    before any decoding (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`, a usage error)."""
+    from lit_domino.decoding.acceptance import require_predictor
+
+    for dl in dloops:
+        if dl is not None and dl.needs_predictor:
+            for name, drafter in drafters.items():
+                if drafter is not None:
+                    require_predictor(drafter, f"--dloop {dl.label()} (drafter {name})", calibrated=dl.gate == "cost")
+
+
+def run_bench(options: Mapping | Any) -> list[dict]:
+    """The benchmark command: decode, write ``<out>/bench-<time>.md`` + ``.json``, log one MLflow run.
+
+    ``options``: the options of ``experiments/bench.py`` (an ``argparse.Namespace`` or a dict with the same
+    names); they are the run's params and the JSON's ``args``. Returns the benchmark rows.
+    """
+    args = dict(options if isinstance(options, Mapping) else vars(options))
+    check_options(args)  # paths, peers, pools, numbers: before torch is even imported
+    import torch
+
+    from lit_domino.data.benchmarks import parse_benchmark_list
+    from lit_domino.decoding import benchmark
+    from lit_domino.decoding.engine import check_compile
+    from lit_domino.models.registry import kinds
+    from lit_domino.models.sessions import check_pool_size
+    from lit_domino.runtime.threads import pinned_threads
+
+    # the checks that need the libraries, still before any model is loaded or built
+    dloops = parse_dloops(args["dloop"])
+    _usage("--compile", check_compile, bool(args.get("compile")), args["device"])
+    for name, path in parse_drafters(args.get("drafters") or ""):
+        if path.startswith("random:") and path.split(":", 1)[1] not in kinds():
+            raise UsageError(f"--drafters {name}={path}: unknown drafter kind; choose from {', '.join(kinds())}")
+    for item in filter(None, (s.strip() for s in args["benchmarks"].split(","))):
+        if not item.startswith("random:"):
+            _usage("--benchmarks", parse_benchmark_list, item)
+    temperatures = parse_temperatures(args["temperatures"])
+    pool_sizes = parse_pool_sizes(args.get("pool_sizes") or "full")
+    peers = parse_peers(args["peers"])
+    with pinned_threads(args["threads"] or None):
+        target = load_target_spec(args["target"], args["device"], args["dtype"])
+        drafters = load_drafters(args["drafters"], target, args["device"])
+        check_predictors(dloops, drafters)
+        external = official_peers(peers, drafters, target)
+        peers = [p for p in peers if p not in OFFICIAL_PEERS]
+        prompts = load_prompts(args["benchmarks"], target, args["seed"])
+        for size in pool_sizes:  # V is known now
+            _usage("--pool-sizes", check_pool_size, size, target.vocab_size)
+        rows = benchmark(target, drafters, prompts, max_new_tokens=args["max_new_tokens"], temperatures=temperatures,
+                         dloops=dloops, pool_sizes=pool_sizes, block_size=args["block_size"], peers=peers,
+                         static_cache=bool(args.get("static_cache")), compile=bool(args.get("compile")),
+                         assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
+                         prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
+                         seed=args["seed"], progress=not args["no_progress"], external=external,
+                         repeats=int(args.get("repeats") or 1))
+        threads = torch.get_num_threads()
+    from lit_domino.decoding.harness import markdown_table
+    from lit_domino.runtime.jsonio import write_json
+
+    table = markdown_table(rows, BENCH_COLUMNS)
+    out = Path(args["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    md_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
+    header = (f"# Speculative decoding benchmark\n\ntarget `{args['target']}`, max_new_tokens {args['max_new_tokens']}, "
+              f"torch threads {threads}. speedup = mean TPOT of our AR baseline / mean TPOT "
+              "(prefill excluded, same process, same prompts); tau includes the bonus token and is the papers' mean "
+              "over prompts of each prompt's τ, while accepted_per_round pools all rounds (short prompts that stop "
+              "at EOS after a few long rounds weigh more in tau: the two need not differ by 1).\n\n")
+    md_path.write_text(header + table + "\n")
+    write_json({"args": args, "rows": rows}, json_path, indent=2)
+    print(table)
+    print(f"\nwrote {md_path} and {json_path}")
+    if not args["no_mlflow"]:
+        print(f"MLflow run {_log_bench(args, rows, md_path, json_path)}")
+    return rows
+
+
+def _usage(flag: str, check, *args, **kwargs):
+    """``check(*args, **kwargs)``, its ValueError (bad user input to a library check) a :class:`UsageError`."""
+    try:
+        return check(*args, **kwargs)
+    except UsageError:
+        raise
+    except ValueError as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
+def _log_bench(args: dict, rows: list[dict], md_path: Path, json_path: Path) -> str:
+    """The bench's MLflow run: options as params, ``{benchmark}/{method}/T{t}/{key}`` metrics, both files."""
+    from lit_domino.decoding.metric_names import POSITIONS, row_metrics
+    from lit_domino.studies.common import log_command_run
+
+    metrics = row_metrics(rows, BENCH_METRICS + (POSITIONS,),
+                          by=lambda r: (r["benchmark"], r["method"], f"T{r['temperature']:g}"))
+    return log_command_run(args["experiment"], f"bench-{time.strftime('%Y%m%d-%H%M%S')}",
+                           {"table": "bench", "target": args["target"]}, args, metrics, [md_path, json_path])

@@ -1,0 +1,104 @@
+"""What the studies share: measured benchmark rows cached in the artifact cache (:func:`cached_rows`, kind
+``evals``) and MLflow logging for the measuring commands (:func:`log_command_run`, :func:`log_metrics`,
+:func:`mlflow_name`). Rows → metric names live with the harness (``lit_domino.decoding.harness``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lit_domino.runtime import cache  # torch and MLflow are imported where used: the commands import this module
+from lit_domino.runtime.jsonio import _plain, finite, write_json
+
+# --------------------------------------------------------------------------- cached evaluation
+
+ROWS_FILE = "rows.json"
+NONFINITE_FILE = "nonfinite.json"
+"""Where the NaN/±inf of the cached rows were (rows.json itself holds ``null`` there)."""
+
+
+def _nonfinite(obj, path=()) -> Iterator[list]:
+    """``[path, "nan" | "inf" | "-inf"]`` of every non-finite float in plain JSON data."""
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            yield [list(path), str(obj)]
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _nonfinite(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _nonfinite(v, (*path, i))
+
+
+def _restore_nonfinite(obj, holes: list) -> None:
+    """Put the floats :func:`_nonfinite` listed back into ``obj`` (in place)."""
+    for path, value in holes:
+        node = obj
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = float(value)
+
+
+def cached_rows(key: Any, name: str, compute: Callable[[], list[dict]], *,
+                on_reuse: Callable[[], None] | None = None) -> list[dict]:
+    """Rows measured once per ``key``: reused from ``evals/<name>-<hash of key>/rows.json`` when that artifact
+    is complete (``on_reuse`` is called first), else ``compute()``d, written as strict JSON and marked complete.
+
+    Rows come back as computed: ``nonfinite.json`` beside ``rows.json`` says where the NaN/±inf were
+    (``rows.json`` holds ``null`` there); files written before it existed (bare ``NaN``) are read as they are.
+    """
+
+    directory = cache.artifact_dir("evals", key, name=name)
+    if cache.is_complete(directory):
+        if on_reuse is not None:
+            on_reuse()
+        rows = json.loads((directory / ROWS_FILE).read_text())  # json.loads also reads the old bare NaN
+        holes = directory / NONFINITE_FILE
+        if holes.is_file():
+            _restore_nonfinite(rows, json.loads(holes.read_text()))
+        return rows
+    rows = compute()
+    write_json(rows, directory / ROWS_FILE)
+    write_json(list(_nonfinite(_plain(rows, None, finite_only=False))), directory / NONFINITE_FILE)
+    cache.mark_complete(directory, key)
+    return rows
+
+
+def mlflow_name(name: str) -> str:
+    """``name`` with the characters MLflow refuses in metric names replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9_\-./ :]", "_", name)
+
+
+def log_command_run(experiment: str, run_name: str, tags: Mapping[str, str], params: Mapping[str, Any],
+                    metrics: Mapping[str, float], files: Sequence[Path]) -> str:
+    """One MLflow run of a measuring command (bench, serve_bench): its options as params (values cut to
+    MLflow's 500 characters), ``metrics`` under MLflow-safe names, ``files`` as artifacts; returns the run id."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run  # tracking imports MLflow lazily, so here too
+
+    with mlflow_run(experiment, run_name=run_name, tags=dict(tags)) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id,
+                    {mlflow_name(k): v for k, v in metrics.items()})
+        for path in files:
+            mlflow.log_artifact(str(path))
+        return run.info.run_id
+
+
+def log_metrics(client, run_id: str, metrics: Mapping[str, float], step: int = 0) -> int:
+    """Log ``metrics`` (non-finite values skipped) to run ``run_id`` with an ``MlflowClient``, in batches of
+    at most 1000 (MLflow's limit); returns how many were logged."""
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    items = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if finite(v)]
+    for i in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[i:i + 1000])
+    return len(items)

@@ -1,0 +1,604 @@
+"""The DLoop study: the gate's threshold × depth grid and the DLoop table, end to end.
+
+Stages (each printed as it runs, each cached):
+
+1. the target (``load_target``);
+2. per drafter (backbone, Domino, EAGLE-3): the base drafter (``experiment.train_variant``,
+   the same cache as the ablation's), then its loop-aware fine-tunes
+   (:class:`lit_domino.lit.loop.LoopModule`, ``train_variant`` again, so each is cached under
+   a key of its own config, which names the base drafter): one per ``detach_stage_context``
+   setting, plus a control fine-tuned with ``max_stages = 1`` (the same extra optimizer steps,
+   no loop) that separates "loop-aware" from "trained longer";
+3. real speculative decoding with :func:`lit_domino.decoding.harness.benchmark` on the
+   embedded eval prompts per domain: every drafter with DLoop off and with every
+   ``DLoopConfig(g, N)`` of the grid (N = 1 is DLoop off: plain speculative decoding, round for
+   round), all methods interleaved per prompt against our AR baseline, Domino with the preset's candidate
+   pool (``pool_size``, the ablation's); the rows are cached under a key of the drafters and the evaluation
+   settings;
+4. tables (Markdown + JSON in ``results/dloop/``), MLflow (experiment ``dloop-<preset>``: the
+   training runs and a ``tables`` run with every cell as a metric and the tables as artifacts).
+
+Tables:
+
+* **grid**: per drafter (plain / loop-trained) × g × N and domain: τ per verification, target
+  verification forwards per output token (prefill excluded; 1.0 for AR decoding) and speedup;
+* **DLoop table** (the papers' shape): each drafter × {plain, loop only, loop-aware training only,
+  both} with τ and speedup per domain and on average, "loop" = the ``table_dloop`` gate;
+* **detach**: ``detach_stage_context`` on/off (validation loss per stage, τ and speedup with the
+  table gate) and the ``max_stages = 1`` control.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from pathlib import Path
+
+import mlflow
+import yaml
+from mlflow.tracking import MlflowClient
+
+from lit_domino.runtime import cache
+from lit_domino.data.benchmarks import load_benchmark
+from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, check_grid, check_table_gate,
+                                      dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
+from lit_domino.decoding.harness import benchmark, check_repeats
+from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
+                                         module_class, set_dotted)
+from lit_domino.training.experiment import drafter_artifact, train_variant
+from lit_domino.interop import load_drafter
+from lit_domino.models.sessions import check_pool_size
+from lit_domino.studies.tables import decode_pool_size
+from lit_domino.runtime.paths import project_root
+from lit_domino.studies.common import cached_rows, log_metrics
+from lit_domino.runtime.jsonio import finite, write_json
+from lit_domino.runtime.threads import pinned_threads
+from lit_domino.decoding.metric_names import row_metrics
+from lit_domino.target.load import load_target
+from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
+
+STUDY_FILE = CONFIG_DIR / "loop" / "study.yaml"
+SETTINGS = ("plain", "loop only", "loop-aware training only", "both")
+LOOP_CLASS = "lit_domino.lit.loop.LoopModule"
+PUBLISHED = "DLoop papers: +5 % to +41 % speedup over each drafter (EAGLE-3, DFlash, Domino), τ +12 % to +102 %"
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def table_gate(cfg: DLoopConfig) -> dict:
+    """The DLoop table's gate as the plan holds it: threshold and max_stages, plus ``gate`` unless it is the papers'
+    ``sum`` (so a plan with the default gate keeps the cache key of its decoded rows)."""
+    out = {"threshold": None if cfg.threshold is None else float(cfg.threshold), "max_stages": int(cfg.max_stages)}
+    if cfg.gate != "sum":
+        out["gate"] = cfg.gate
+    if cfg.truncate is not None:
+        out["truncate"] = float(cfg.truncate)
+    return out
+
+
+def log_threshold(plan: dict) -> float:
+    """The table gate's g where it is a log gate, else the papers' -0.5: the log gates' calibration table reads it."""
+    td = plan["table_dloop"]
+    return float(td["threshold"]) if td.get("gate", "sum") in GATES else -0.5
+
+
+def loop_trainable(variant: str) -> bool:
+    """Whether ``variant`` (a config name) trains a drafter whose method supports DLoop's loop-aware training."""
+    if variant not in available_variants():
+        return False
+    return module_class(compose(variant)).drafter_class.supports_loop_training
+
+
+def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_dloop=None,
+               study_file: Path = STUDY_FILE, gates=None) -> dict:
+    """The merged study settings of ``preset`` (CLI values override the YAML's)."""
+    study = yaml.safe_load(Path(study_file).read_text())
+    check_preset(preset)  # the presets are the config files' (one place)
+    if preset not in study["presets"]:
+        raise ValueError(f"the DLoop study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
+                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
+    plan = copy.deepcopy(study["presets"][preset])
+    plan["preset"] = preset
+    plan["drafters"] = list(drafters or study["drafters"])
+    bad = [d for d in plan["drafters"] if not loop_trainable(d)]
+    if bad:
+        raise ValueError(f"drafters {bad} cannot be loop-trained; DLoop's loop-aware training covers the variants "
+                         f"whose method supports it: {[v for v in available_variants() if loop_trainable(v)]}")
+    plan["thresholds"] = [float(g) for g in (thresholds if thresholds is not None else study["thresholds"])]
+    plan["stages"] = [int(n) for n in (stages if stages is not None else study["stages"])]
+    check_grid(plan["thresholds"], plan["stages"])
+    td = dict(table_dloop or study["table_dloop"])
+    unknown = set(td) - set(GATE_KEYS)
+    if unknown:
+        raise ValueError(f"the DLoop table's gate takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {td}")
+    thr = None if td.get("threshold") is None else float(td["threshold"])
+    trunc = None if td.get("truncate") is None else float(td["truncate"])
+    check_table_gate(thr, int(td["max_stages"]), str(td.get("gate", "sum")), trunc)
+    plan["table_dloop"] = table_gate(DLoopConfig(threshold=thr, max_stages=int(td["max_stages"]),
+                                                 gate=str(td.get("gate", "sum")), truncate=trunc))
+    plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
+    if "pool_size" in plan:
+        raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "
+                         "(studies/ablation.yaml); set it there")
+    plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # V is checked against the target later
+    plan["repeats"] = check_repeats(plan.get("repeats", 1))
+    plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
+    for g in plan["gates"]:
+        unknown = set(g) - set(GATE_KEYS)
+        if unknown:
+            raise ValueError(f"a DLoop gate setting takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {g}")
+        DLoopConfig(**g)  # a gate that can never open (g > 0) or an unknown gate: refused before any training
+    needs = [dloop_label(c) for c in dloop_settings(plan) if c is not None and c.needs_predictor]
+    serial = [d for d in plan["drafters"] if not parallel_variant(d)]
+    if needs and serial:
+        raise ValueError(f"the DLoop gates {needs} read an acceptance predictor, which parallel drafters have; "
+                         f"{serial} draft token by token: leave them out (--drafters) or use the log gates")
+    return plan
+
+
+GATE_KEYS = ("gate", "threshold", "max_stages", "truncate")
+"""What a DLoop gate setting of the study file (or the table's gate) may name (``DLoopConfig``'s fields)."""
+
+
+def parallel_variant(variant: str) -> bool:
+    """Whether ``variant`` trains a parallel drafter (its sessions keep block hidden states: a predictor applies)."""
+    from lit_domino.models.backbone import ParallelSession
+
+    cls = module_class(compose(variant)).drafter_class.session_class
+    return isinstance(cls, type) and issubclass(cls, ParallelSession)
+
+
+def dloop_settings(plan: dict) -> list:
+    """The DLoop configurations decoded: off, the grid's (g, N > 1) and the table's gate."""
+    out = [None]
+    for n in plan["stages"]:
+        for g in plan["thresholds"]:
+            if n > 1:
+                out.append(DLoopConfig(threshold=g, max_stages=n))
+    table = DLoopConfig(**plan["table_dloop"])
+    if table not in out:
+        out.append(table)
+    for alt in plan.get("gates") or []:  # the alternative gates (the grid's are the papers' sum gate)
+        cfg = DLoopConfig(**alt)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
+    """Each drafter (plain / loop-trained) × gate setting (the table's gate first, then ``plan["gates"]``):
+    τ, stages per verification and speedup, averaged over the domains."""
+    idx = cell_index(rows)
+    domains = list(plan["prompts"])
+    settings = [DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan.get("gates") or []]
+    settings = list(dict.fromkeys(settings))  # a table gate that is also an alternative gate: one row
+    lines = ["| drafter | training | gate | avg τ | avg stages/verif. | avg speedup | Δ vs off |",
+             "|---|---|---|---|---|---|---|"]
+    out = []
+    for kind in plan["drafters"]:
+        for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
+            name = names[kind][variant]
+            off = _mean((idx.get((name, "off", d)) or {}).get("speedup") for d in domains)
+            for cfg in settings:
+                label = dloop_label(cfg)
+                cells = [idx.get((name, label, d)) or {} for d in domains]
+                rec = {"drafter": kind, "training": training, "gate": label,
+                       "tau": _mean(c.get("tau") for c in cells), "speedup": _mean(c.get("speedup") for c in cells),
+                       "stages_per_round": _mean(c.get("stages_per_round") for c in cells)}
+                rec["delta_pct"] = 100 * (rec["speedup"] / off - 1) if finite(off) and off and finite(rec["speedup"]) \
+                    else None
+                out.append(rec)
+                delta = "–" if rec["delta_pct"] is None else f"{rec['delta_pct']:+.1f} %"
+                lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
+                             f"{_f(rec['speedup'], suffix='x')} | {delta} |")
+    return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
+
+
+def base_config(kind: str, plan: dict) -> dict:
+    """The base drafter's training config (variant YAML + preset + the study's overrides)."""
+    overrides = (plan.get("base_overrides") or {}).get(kind) or {}
+    return load_config(kind, plan["preset"], int(plan["seed"]), overrides)
+
+
+def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stages: int | None = None) -> dict:
+    """The training config of the loop-aware fine-tune of the drafter in ``drafter_dir``.
+
+    Same data (and so the same features, anchors and block size) as the base; the model is a
+    :class:`~lit_domino.lit.loop.LoopModule` started from ``drafter_dir``; ``max_stages=1`` gives
+    the no-loop control. The artifact-cache key covers all of it (including the base drafter's
+    directory, itself named by the base config's hash).
+    """
+    cfg = copy.deepcopy(base_cfg)
+    kind = base_cfg["tracking"]["variant"]
+    base = dict(base_cfg["model"].get("init_args") or {})
+    init = {k: base[k] for k in ("target", "block_size", "feature_layers", "gamma", "betas", "weight_decay",
+                                 "min_lr_ratio") if k in base}
+    # the base's method-specific loss settings that the fine-tune shares (Domino's GRU inputs, EAGLE-3's step
+    # decay); λ is LoopModule's default, 0: the base finished its curriculum there
+    init.update({k: base[k] for k in ("causal_inputs", "step_decay") if k in base})
+    init.update(copy.deepcopy(plan.get("loop") or {}))
+    init.update(init_from=str(drafter_dir), detach_stage_context=bool(detach), seed=int(plan["seed"]))
+    if max_stages is not None:
+        init["max_stages"], init["min_stages"] = int(max_stages), 1
+    cfg["model"] = {"class_path": LOOP_CLASS, "init_args": init}
+    for key, value in (plan.get("loop_trainer") or {}).items():
+        set_dotted(cfg, f"trainer.{key}", value)
+    suffix = "n1" if max_stages == 1 else ("detach" if detach else "grad")
+    cfg["tracking"]["variant"] = f"{kind}_loop_{suffix}"
+    cfg["tracking"]["table"] = "dloop"
+    return cfg
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _mean(values) -> float:
+    vals = [float(v) for v in values if finite(v)]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def _f(x, digits=2, suffix="") -> str:
+    return f"{x:.{digits}f}{suffix}" if finite(x) else "–"
+
+
+def fwd_per_token(row: dict) -> float:
+    """Target verification forwards per output token (prefill excluded): rounds / (tokens - first tokens)."""
+    if row.get("kind") == "ar":
+        return 1.0
+    tokens = row.get("tokens") or 0
+    rounds = row.get("rounds")
+    n = tokens - int(row.get("num_prompts") or 0)
+    return rounds / n if rounds is not None and n > 0 else float("nan")
+
+
+def cell_index(rows: list[dict]) -> dict:
+    """(drafter name, dloop label, domain) → the benchmark row (temperature 0 only)."""
+    return {(r["drafter"], r["dloop"], r["benchmark"]): r for r in rows
+            if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0}
+
+
+def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
+    """The threshold × depth grid: per drafter (plain / loop-trained) × (g, N), per domain τ, fwd/token, speedup."""
+    idx = cell_index(rows)
+    domains = list(plan["prompts"])
+    records, lines = [], []
+    header = ["drafter", "training", "g", "N"] + [f"{d} τ / fwd·tok⁻¹ / speedup" for d in domains] + ["avg speedup",
+                                                                                         "avg stages/verif."]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for kind in plan["drafters"]:
+        for training, name in (("plain", names[kind]["plain"]), ("loop-aware", names[kind]["loop"])):
+            for n in plan["stages"]:
+                for g in (plan["thresholds"] if n > 1 else [None]):
+                    label = "off" if n == 1 else dloop_label(DLoopConfig(g, n))
+                    cells, speeds, loops = [], [], []
+                    for d in domains:
+                        r = idx.get((name, label, d))
+                        if r is None:
+                            cells.append("–")
+                            continue
+                        rec = {"drafter": kind, "training": training, "threshold": g, "max_stages": n,
+                               "domain": d, "tau": r["tau"], "fwd_per_token": fwd_per_token(r),
+                               "speedup": r.get("speedup"), "stages_per_round": r.get("stages_per_round"),
+                               "match_baseline": r.get("match_baseline")}
+                        records.append(rec)
+                        speeds.append(rec["speedup"])
+                        loops.append(rec["stages_per_round"])
+                        cells.append(f"{_f(rec['tau'])} / {_f(rec['fwd_per_token'])} / {_f(rec['speedup'], suffix='x')}")
+                    lines.append("| " + " | ".join([kind, training, "–" if g is None else f"{g:g}", str(n)] + cells
+                                                    + [_f(_mean(speeds), suffix="x"), _f(_mean(loops))]) + " |")
+    return {"name": "grid", "records": records, "markdown": "\n".join(lines)}
+
+
+def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
+    """Each drafter × {plain, loop only, loop-aware training only, both}: τ and speedup per domain and on average."""
+    idx = cell_index(rows)
+    domains = list(plan["prompts"])
+    gate = dloop_label(DLoopConfig(**plan["table_dloop"]))
+    which = {"plain": ("plain", "off"), "loop only": ("plain", gate),
+             "loop-aware training only": ("loop", "off"), "both": ("loop", gate)}
+    out_rows = []
+    cols = domains + ["avg"]
+    header = ["drafter", "setting"] + [f"{d} τ" for d in cols] + [f"{d} speedup" for d in cols] + ["Δ speedup vs plain"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for kind in plan["drafters"]:
+        plain_avg = None
+        for setting in SETTINGS:
+            variant, label = which[setting]
+            name = names[kind][variant]
+            row = {"drafter": kind, "setting": setting, "drafter_name": name, "dloop": label}
+            for d in domains:
+                r = idx.get((name, label, d)) or {}
+                row[f"{d}/tau"], row[f"{d}/speedup"] = r.get("tau"), r.get("speedup")
+            row["avg/tau"] = _mean(row[f"{d}/tau"] for d in domains)
+            row["avg/speedup"] = _mean(row[f"{d}/speedup"] for d in domains)
+            if setting == "plain":
+                plain_avg = row["avg/speedup"]
+            row["delta_speedup_pct"] = (100.0 * (row["avg/speedup"] / plain_avg - 1.0)
+                                        if finite(plain_avg) and plain_avg and finite(row["avg/speedup"]) else None)
+            out_rows.append(row)
+            cells = [kind, setting] + [_f(row[f"{d}/tau"]) for d in cols]
+            cells += [_f(row[f"{d}/speedup"], suffix="x") for d in cols]
+            cells.append("–" if setting == "plain" or row["delta_speedup_pct"] is None
+                         else f"{row['delta_speedup_pct']:+.1f} %")
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"loop = DLoop gate {gate} (threshold:max_stages); published: {PUBLISHED}.")
+    return {"name": "dloop", "gate": gate, "columns": cols, "rows": out_rows, "markdown": "\n".join(lines)}
+
+
+def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> dict:
+    """``detach_stage_context`` on/off and the no-loop control: validation loss per stage, τ and speedup."""
+    idx = cell_index(rows)
+    domains = list(plan["prompts"])
+    gate = dloop_label(DLoopConfig(**plan["table_dloop"]))
+    n = int((plan.get("loop") or {}).get("max_stages", 3))
+    header = ["drafter", "fine-tune", "val loss stage 1", f"val loss stage {n}", "avg τ (off)", f"avg τ ({gate})",
+              "avg speedup (off)", f"avg speedup ({gate})"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = []
+    for kind in plan["drafters"]:
+        for variant, name in names[kind].items():
+            if variant == "loop":
+                continue  # listed under its own detach label
+            rep = reports.get(name, {})
+            rec = {"drafter": kind, "fine_tune": variant, "drafter_name": name,
+                   "val_loss_stage1": rep.get("val/loss_stage1"), f"val_loss_stage{n}": rep.get(f"val/loss_stage{n}")}
+            for label, key in (("off", "off"), (gate, "gate")):
+                rec[f"tau_{key}"] = _mean((idx.get((name, label, d)) or {}).get("tau") for d in domains)
+                rec[f"speedup_{key}"] = _mean((idx.get((name, label, d)) or {}).get("speedup") for d in domains)
+            out.append(rec)
+            lines.append("| " + " | ".join([kind, variant, _f(rec["val_loss_stage1"], 3),
+                                             _f(rec[f"val_loss_stage{n}"], 3), _f(rec["tau_off"]),
+                                             _f(rec["tau_gate"]), _f(rec["speedup_off"], suffix="x"),
+                                             _f(rec["speedup_gate"], suffix="x")]) + " |")
+    verdicts = []
+    for kind in plan["drafters"]:
+        recs = {r["fine_tune"]: r for r in out if r["drafter"] == kind}
+        a, b = recs.get("loop detach"), recs.get("loop grad")
+        if a and b and finite(a["tau_gate"]) and finite(b["tau_gate"]):
+            better = "detach" if a["tau_gate"] > b["tau_gate"] else "gradient" if b["tau_gate"] > a["tau_gate"] else "tie"
+            verdicts.append(f"{kind}: τ with the gate {_f(a['tau_gate'])} (detach) vs {_f(b['tau_gate'])} "
+                            f"(gradient) → {better}")
+    lines += [""] + [f"- {v}" for v in verdicts]
+    return {"name": "detach", "rows": out, "verdicts": verdicts, "markdown": "\n".join(lines)}
+
+
+def stage_confidence(record, gate: str) -> float:
+    """A stage record ``[sum log q, last log q, K, accepted]`` -> the ``gate``'s confidence (``DLoopConfig``'s)."""
+    total, last, k = float(record[0]), float(record[1]), int(record[2])
+    return {"sum": total, "mean": total / k, "scaled": total * REFERENCE_STAGE_TOKENS / k, "last": last}[gate]
+
+
+def calibration(rows: list[dict], names: dict, plan: dict, bins: int = 8) -> dict:
+    """DLoop's calibration: per drafter and gate, the stages of the DLoop-off rows (stage 1 of every round: an
+    unbiased sample) binned by the gate's confidence (quantile bins) against the fraction whose whole stage the
+    target then accepted, and how often each gate would open at the table's threshold and at its own best one.
+
+    -> ``{"records": [...], "markdown": ...}``; each record: drafter, training, gate, bins (mean confidence,
+    P(whole stage accepted), stages), open_rate_at_table_g, n_stages."""
+    idx = cell_index(rows)
+    g_table = log_threshold(plan)
+    out, lines = [], ["| drafter | training | gate | stages | P(whole stage accepted) | opens at g = "
+                      f"{g_table:g} | P(accepted \| opens) | confidence range |", "|---|---|---|---|---|---|---|---|"]
+    for kind in plan["drafters"]:
+        for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
+            name = names[kind][variant]
+            recs = [rec for d in plan["prompts"] for rec in (idx.get((name, "off", d)) or {}).get("stage_records", [])]
+            if not recs:
+                continue
+            for gate in GATES:
+                pairs = sorted((stage_confidence(r, gate), int(r[3]) == int(r[2])) for r in recs)
+                n = len(pairs)
+                edges = [pairs[min(n - 1, (n * i) // bins)][0] for i in range(bins)] + [math.inf]
+                binned = []
+                for lo, hi in zip(edges, edges[1:]):
+                    sel = [(c, a) for c, a in pairs if lo <= c < hi]
+                    if sel:
+                        binned.append({"confidence": _mean(c for c, _ in sel),
+                                       "accepted": _mean(float(a) for _, a in sel), "stages": len(sel)})
+                opens = [a for c, a in pairs if c >= g_table]
+                rec = {"drafter": kind, "training": training, "gate": gate, "n_stages": n, "bins": binned,
+                       "whole_stage_rate": _mean(float(a) for _, a in pairs),
+                       "open_rate_at_table_g": len(opens) / n, "accepted_when_open": _mean(float(a) for a in opens),
+                       "min_confidence": pairs[0][0], "max_confidence": pairs[-1][0]}
+                out.append(rec)
+                lines.append(f"| {kind} | {training} | {gate} | {n} | {_f(rec['whole_stage_rate'])} | "
+                             f"{_f(rec['open_rate_at_table_g'])} | {_f(rec['accepted_when_open'])} | "
+                             f"{_f(rec['min_confidence'])} .. {_f(rec['max_confidence'])} |")
+    lines += ["", "Stage 1 of every DLoop-off round; a stage is accepted when the target accepted all its tokens. "
+              "A gate pays when it opens often and P(accepted | opens) is high."]
+    return {"name": "calibration", "records": out, "markdown": "\n".join(lines)}
+
+
+def calibration_plot(calib: dict, path: Path, g_table: float) -> Path | None:
+    """One panel per gate: P(whole stage accepted) against the gate's confidence per drafter (PNG)."""
+    if not calib["records"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(GATES), figsize=(4.2 * len(GATES), 3.6), sharey=True)
+    for ax, gate in zip(axes, GATES):
+        for rec in (r for r in calib["records"] if r["gate"] == gate):
+            xs = [b["confidence"] for b in rec["bins"]]
+            ax.plot(xs, [b["accepted"] for b in rec["bins"]], marker="o", label=f"{rec['drafter']} ({rec['training']})")
+        if gate == "sum":
+            lo = min(b["confidence"] for r in calib["records"] if r["gate"] == gate for b in r["bins"])
+            grid = [lo + (0 - lo) * i / 50 for i in range(51)]
+            ax.plot(grid, [math.exp(x) for x in grid], "k:", label="exp(sum log q): calibrated q")
+        ax.axvline(g_table, color="grey", ls="--", lw=1)
+        ax.set_title(f"gate {gate}")
+        ax.set_xlabel("stage confidence")
+    axes[0].set_ylabel("P(whole stage accepted)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def _log(msg: str, t0: float) -> None:
+    print(f"[dloop {time.time() - t0:6.0f}s] {msg}", flush=True)
+
+
+def train_all(plan: dict, t0: float, progress: bool = True) -> tuple[dict, dict, dict]:
+    """Base drafters and their fine-tunes → (names, trained, reports): ``names[kind][variant]`` is the
+    benchmark name of each drafter, ``trained[name]`` its TrainedDrafter."""
+    names, trained = {}, {}
+    experiment = f"dloop-{plan['preset']}"
+    for i, kind in enumerate(plan["drafters"]):
+        cfg = base_config(kind, plan)
+        cached = cache.is_complete(drafter_artifact(cfg))
+        _log(f"stage 2/4 [{i + 1}/{len(plan['drafters'])}] {kind}: base drafter{' (cached)' if cached else ''}", t0)
+        base = train_variant(cfg, experiment=experiment, table="dloop", progress=progress)
+        names[kind] = {"plain": f"{kind}/plain"}
+        trained[f"{kind}/plain"] = base
+        jobs = [(f"loop {'detach' if d else 'grad'}", d, None) for d in plan["detach_stage_context"]]
+        if plan.get("control"):
+            jobs.append(("control n1", plan["detach_stage_context"][0], 1))
+        for j, (variant, detach, n) in enumerate(jobs):
+            lcfg = loop_config(cfg, base.drafter_dir, plan, detach, max_stages=n)
+            cached = cache.is_complete(drafter_artifact(lcfg))
+            stages = n or lcfg["model"]["init_args"].get("max_stages")
+            _log(f"stage 2/4 [{i + 1}/{len(plan['drafters'])}] {kind}: loop-aware fine-tune {variant} "
+                 f"(up to {stages} stages){' (cached)' if cached else ''}", t0)
+            name = f"{kind}/{variant.replace(' ', '-')}"
+            trained[name] = train_variant(lcfg, experiment=experiment, table="dloop", progress=progress)
+            names[kind][variant] = name
+            if j == 0:
+                names[kind]["loop"] = name
+    reports = {name: t.report for name, t in trained.items()}
+    return names, trained, reports
+
+
+def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = True) -> list[dict]:
+    """Decode on the eval prompts: the plain and primary loop-trained drafters over the whole grid (one
+    interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
+    table's gate (a second benchmark with its own AR baseline)."""
+
+    prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
+    grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop")]
+    extra_names = [n for n in trained if n not in grid_names]
+    rows = []
+    with pinned_threads(plan.get("threads") or None):  # 1: tiny models, and far less timing jitter
+        for group, dloops in ((grid_names, dloop_settings(plan)),
+                              (extra_names, [None, DLoopConfig(**plan["table_dloop"])])):
+            if not group:
+                continue
+            drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
+            if any(c is not None and c.needs_predictor for c in dloops):  # conf, cost, +trunc: each its predictor
+                from lit_domino.studies.acceptance import attach_predictors
+
+                attach_predictors(target, drafters, plan["preset"])
+            rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
+                              pool_sizes=[plan.get("pool_size")],  # the drafters that take a pool (Domino's kinds)
+                              repeats=plan.get("repeats", 1),
+                              hf_baseline=False, progress=progress, seed=int(plan["seed"]), record_stages=True)
+    return rows
+
+
+def table_metrics(tables: dict) -> dict[str, float]:
+    """Every finite cell of the DLoop table (``{drafter}.{setting}.{domain}.{tau|speedup}``) and of the grid
+    (``grid.{drafter}.{training}.{g<threshold>|off}.N{max_stages}.{domain}.{tau|fwd_per_token|speedup}``)."""
+    cells = [{"name": (r["drafter"], r["setting"].replace(" ", "_"), d), "tau": r.get(f"{d}/tau"),
+              "speedup": r.get(f"{d}/speedup")} for r in tables["dloop"]["rows"] for d in tables["dloop"]["columns"]]
+    metrics = row_metrics(cells, ("tau", "speedup"), by=lambda c: c["name"], sep=".")
+    metrics.update(row_metrics(tables["grid"]["records"], ("tau", "fwd_per_token", "speedup"), sep=".", by=lambda r: (
+        "grid", r["drafter"], r["training"], "off" if r["threshold"] is None else f"g{r['threshold']:g}",
+        f"N{r['max_stages']}", r["domain"])))
+    return metrics
+
+
+def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
+    """A ``tables-<preset>`` run in experiment ``dloop-<preset>``: every table cell as a metric, files as artifacts."""
+    preset = plan["preset"]
+    with mlflow_run(f"dloop-{preset}", f"tables-{preset}", tags={"table": "dloop", "preset": preset}) as run:
+        mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
+                           "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
+                           "table_dloop": dloop_label(DLoopConfig(**plan["table_dloop"])),
+                           "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"],
+                           "repeats": plan.get("repeats", 1)})
+        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))
+        for path in files:
+            mlflow.log_artifact(str(path), "tables")
+        return run.info.run_id
+
+
+def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stages=None, table_dloop=None,
+                    out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True) -> dict:
+    """The whole study → ``{"tables", "rows", "names", "plan", "seconds"}`` (see the module docstring)."""
+
+    t0 = time.time()
+    plan = study_plan(preset, drafters, thresholds, stages, table_dloop)
+    out_dir = Path(out_dir or project_root() / "results" / "dloop")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target_spec = base_config(plan["drafters"][0], plan)["data"]["target"]
+    _log(f"preset {preset}: drafters {plan['drafters']}, g {plan['thresholds']}, N {plan['stages']}, "
+         f"table gate {plan['table_dloop']}", t0)
+    _log(f"stage 1/4 target {target_spec}", t0)
+    target = load_target(target_spec)
+    names, trained, reports = train_all(plan, t0, progress)
+
+    eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "gates",
+                                          "pool_size", "repeats", "seed", "threads")}  # everything evaluate() decodes by
+    eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
+                "target": target.fingerprint()}
+
+    def decode() -> list[dict]:
+        n_grid = 2 * len(plan["drafters"])
+        _log(f"stage 3/4 decode {n_grid} drafters x {len(dloop_settings(plan))} DLoop settings, "
+             f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']}", t0)
+        return evaluate(target, trained, names, plan, progress)
+
+    rows = cached_rows(eval_key, f"dloop-{preset}", decode,
+                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
+
+    _log("stage 4/4 tables", t0)
+    tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),
+              "detach": detach_table(rows, names, reports, plan), "calibration": calibration(rows, names, plan),
+              "gates": gates_table(rows, names, plan)}
+    lossless = [r for r in rows if r.get("kind") == "drafter" and finite(r.get("match_baseline"))
+                and r["match_baseline"] < 1.0]
+    files = []
+    for name, table in tables.items():
+        md = out_dir / f"{name}-{preset}.md"
+        md.write_text(table["markdown"] + "\n")
+        js = out_dir / f"{name}-{preset}.json"
+        write_json({k: v for k, v in table.items() if k != "markdown"}, js)
+        files += [md, js]
+    plot = calibration_plot(tables["calibration"], out_dir / f"calibration-{preset}.png", log_threshold(plan))
+    files += [plot] if plot else []
+    seconds = time.time() - t0
+    summary = {"preset": preset, "seconds": round(seconds, 1), "plan": plan, "names": names,
+               "training": reports, "not_lossless": [(r["method"], r["benchmark"]) for r in lossless]}
+    write_json(summary, out_dir / f"summary-{preset}.json")
+    write_json(rows, out_dir / f"rows-{preset}.json")
+    files += [out_dir / f"summary-{preset}.json"]
+    run_id = log_to_mlflow(plan, tables, files) if mlflow_enabled else None
+
+    pool = "the exact head" if plan.get("pool_size") is None else f"a {plan['pool_size']}-token candidate pool"
+    print(f"\n## DLoop table ({preset}; Domino decoded with {pool}; speedup = our AR time per token / speculative, "
+          "prefill excluded)\n")
+    print(tables["dloop"]["markdown"])
+    print(f"\n## detach_stage_context and the no-loop control ({preset})\n")
+    print(tables["detach"]["markdown"])
+    print(f"\n## Threshold x depth grid ({preset})\n")
+    print(tables["grid"]["markdown"])
+    print(f"\n## Gates ({preset}; sum = the papers' reference)\n")
+    print(tables["gates"]["markdown"])
+    print(f"\n## Gate calibration ({preset}; plot: {plot})\n")
+    print(tables["calibration"]["markdown"])
+    if lossless:
+        print(f"\nWARNING: outputs differ from the AR baseline for {len(lossless)} rows: {summary['not_lossless']}")
+    where = f"; MLflow experiment dloop-{preset} at {default_tracking_uri()}" if run_id else ""
+    print(f"\nwritten to {out_dir}{where}")
+    _log(f"done in {seconds / 60:.1f} min", t0)
+    return {"tables": tables, "rows": rows, "names": names, "plan": plan, "seconds": seconds, "run_id": run_id}

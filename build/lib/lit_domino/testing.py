@@ -1,0 +1,202 @@
+"""Small random models for tests and examples: no training, no files, no network."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from lit_domino.target.load import Target
+
+
+def random_target(
+    vocab_size: int = 256,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_positions: int = 512,
+    seed: int = 0,
+    tokenizer=None,
+) -> Target:
+    """A randomly initialised tiny Qwen3 target (fp32, eval, frozen).
+
+    The last vocabulary id is the MASK token; no tokenizer unless one is given.
+    """
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        eos_token_id=1,
+        pad_token_id=0,
+        bos_token_id=2,
+    )
+    model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
+    mask_id = tokenizer.mask_token_id if tokenizer is not None else vocab_size - 1
+    return Target(model=model, tokenizer=tokenizer, mask_token_id=int(mask_id), name=f"random-{seed}")
+
+
+def lively_target(vocab_size: int = 128, hidden_size: int = 32, num_layers: int = 4, seed: int = 0,
+                  max_positions: int = 256) -> Target:
+    """A random target whose greedy continuations vary (the default init repeats the last token):
+    its decoder weights are redrawn with std 0.3; no EOS, so every decode runs to max_new_tokens."""
+    target = random_target(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
+                           num_kv_heads=2, intermediate_size=2 * hidden_size, max_positions=max_positions, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in target.model.model.layers.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
+@torch.no_grad()
+def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:
+    """The reference of every lossless test: Hugging Face ``generate`` (greedy) of ``n`` tokens after ``prompt``."""
+    ids = torch.tensor([prompt], device=target.device)
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class OracleMix:
+    """Wraps a real drafter: its sessions' drafts are replaced by the reference (greedy) tokens with
+    probability ``p`` (never a stage's last token, which anchors the next DLoop stage), so real
+    sessions see accepted drafts, partial acceptances and rejections.
+
+    ``reference``: prompt + the target's greedy continuation, long enough for every round."""
+
+    def __init__(self, drafter, reference: list[int], seed: int = 0, p: float = 0.6):
+        self.inner, self.reference, self.p = drafter, reference, p
+        self.config = drafter.config
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def bind_target(self, target):
+        return self.inner.bind_target(target)
+
+    def __getattr__(self, name):  # the rest of the drafter interface (embeddings, heads, kind) is the inner one's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def draft_options(self):
+        return self.inner.draft_options
+
+    def new_session(self, **options):
+        return _OracleSession(self, self.inner.new_session(**options))
+
+
+class _OracleSession:
+    def __init__(self, mix: OracleMix, inner):
+        self.mix, self.inner, self.pos = mix, inner, 0
+
+    def extend(self, tokens, features):
+        self.inner.extend(tokens, features)
+        self.pos = self.inner.length
+
+    def crop(self, length):
+        self.inner.crop(length)
+        self.pos = length
+
+    @property
+    def stages(self):  # the inner session's stages (block hidden states: the acceptance predictor's inputs)
+        return self.inner.stages
+
+    def draft(self, anchor, num_tokens, temperature, generator):
+        out = self.inner.draft(anchor, num_tokens, temperature, generator)
+        toks, ref = out.tokens.clone(), self.mix.reference
+        for k in range(num_tokens - 1):
+            if torch.rand((), generator=self.mix.rng) < self.mix.p and self.pos + 1 + k < len(ref):
+                toks[k] = ref[self.pos + 1 + k]
+        self.pos += num_tokens
+        return SimpleNamespace(tokens=toks, logprobs=out.logprobs, probs=out.probs)
+
+
+# --------------------------------------------------------------------------- the chi-square test of sampling (T > 0)
+
+
+def chi_square_target(vocab_size: int = 8, seed: int = 3) -> Target:
+    """The chi-square tests' target: a 2-layer Qwen3 over ``vocab_size`` tokens whose distribution is sharpened
+    (random init gives near-uniform logits) and that never stops (no EOS), so (x_1, x_2) spreads over few cells."""
+    target = random_target(vocab_size=vocab_size, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32, max_positions=64, seed=seed)
+    with torch.no_grad():
+        target.model.model.norm.weight.mul_(6.0)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
+def exact_joint(target: Target, prompt: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """P(x_1, x_2) of sampling ``target`` after ``prompt``, x_0 marginalised: sum_x0 p(x0) p(x1|x0) p(x2|x0,x1)
+    (``[V, V]``; enumerates V^2 continuations, so for tiny vocabularies)."""
+    def p(seq):
+        with torch.no_grad():
+            logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]
+        return torch.softmax(logits.double() / temperature, -1)
+
+    p0 = p(prompt)
+    V = p0.numel()
+    joint = torch.zeros(V, V, dtype=torch.double)
+    for x0 in range(V):
+        p1 = p(prompt + [x0])
+        for x1 in range(V):
+            joint[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
+    return joint
+
+
+def sampled_pairs(target: Target, drafter, prompt: list[int], n: int, **generate_kwargs):
+    """``n`` seeded decodes of 3 tokens: the counts of (x_1, x_2) (``[V, V]``) and every accepted count seen."""
+    from lit_domino.decoding import generate
+
+    V = target.model.get_input_embeddings().weight.shape[0]
+    counts, accepted = torch.zeros(V, V, dtype=torch.double), set()
+    for seed in range(n):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, seed=seed, **generate_kwargs)
+        counts[res.tokens[1], res.tokens[2]] += 1
+        accepted.update(res.accepted_per_round)
+    return counts, accepted
+
+
+def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's statistic; cells with expected < min_expected are pooled into one cell."""
+    observed, expected = observed.double().flatten(), expected.double().flatten()
+    small = expected < min_expected
+    obs = torch.cat([observed[~small], observed[small].sum().view(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+
+
+def dof_after_pooling(expected: torch.Tensor, min_expected: float = 5.0) -> int:
+    small = expected.flatten() < min_expected
+    return int((~small).sum()) + (1 if small.any() else 0) - 1
+
+
+def chi2_critical(dof: int, alpha: float = 1e-3) -> float:
+    """Critical value of chi-square(dof) at level alpha (scipy if installed, else Wilson-Hilferty)."""
+    try:
+        from scipy.stats import chi2
+
+        return float(chi2.isf(alpha, dof))
+    except ImportError:
+        z = {1e-3: 3.0902, 1e-2: 2.3263}[alpha]
+        return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+def passes_chi_square(counts: torch.Tensor, law: torch.Tensor) -> tuple[bool, float]:
+    """Whether ``counts`` are distributed as ``law`` at level 1e-3 (and the statistic)."""
+    expected = law * counts.sum()
+    stat = chi_square(counts, expected)
+    return stat < chi2_critical(dof_after_pooling(expected)), stat
