@@ -97,7 +97,7 @@ def test_train_decode_and_export_your_own_target_as_the_readme_says(workdir):
     drafter = (workdir / "runs" / "my-domino" / "drafter").resolve()
     assert (drafter / "config.json").is_file() and (drafter / "model.safetensors").is_file()
     assert f"drafter saved to {drafter}" in out
-    client = MlflowClient()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # the store the commands wrote to (conftest)
     experiment = client.get_experiment_by_name("train")
     runs = client.search_runs([experiment.experiment_id], f"tags.drafter_dir = '{drafter}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"

@@ -477,13 +477,33 @@ def mlflow_run(experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None
     import mlflow
 
     tracking_uri = ensure_store(tracking_uri)
-    mlflow.set_tracking_uri(tracking_uri)
-    exp_id = ensure_experiment(experiment, tracking_uri)
-    with mark_failed_on_error():
-        str_tags = {k: str(v) for k, v in (tags or {}).items()}
-        run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=str_tags)
-        yield run
-        mlflow.end_run(status="FINISHED")
+    with _global_tracking_uri(tracking_uri):
+        exp_id = ensure_experiment(experiment, tracking_uri)
+        with mark_failed_on_error():
+            str_tags = {k: str(v) for k, v in (tags or {}).items()}
+            run = mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=str_tags)
+            yield run
+            mlflow.end_run(status="FINISHED")
+
+
+@contextlib.contextmanager
+def _global_tracking_uri(uri: str):
+    """``mlflow.set_tracking_uri(uri)`` for the block, then the process's MLflow state as it was: MLflow keeps
+    the URI in a module global and also writes it into ``MLFLOW_TRACKING_URI``; left behind, a later client in
+    this process and the subprocesses it starts would read two different stores."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    before, env = getattr(utils, "_tracking_uri", None), os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        utils._tracking_uri = before
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 def _mark_failed_callback_class():
