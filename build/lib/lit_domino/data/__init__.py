@@ -1,1 +1,0 @@
-"""Data: embedded corpora, benchmark prompt sets, regenerated training data, the DataModule."""
