@@ -141,8 +141,9 @@ class DrafterConfig:
 
     @property
     def num_features(self) -> int:
-        """n: how many target layers are concatenated in the features."""
-        return len(self.feature_layers)
+        """n: how many target layers are concatenated in the features (under the ``dspark`` rule every feature
+        layer but the last, which carries the target's distribution)."""
+        return len(self.feature_layers) - (1 if self.feature_rule == "dspark" else 0)
 
     @classmethod
     def target_values(cls, target) -> dict:
@@ -155,8 +156,8 @@ class DrafterConfig:
             theta = getattr(hf, "rope_theta", 10000.0)
         if cls.feature_rule == "eagle3":
             layers = target.layer_ids("eagle3")
-        elif cls.feature_rule == "dflash":
-            layers = target.layer_ids("dflash", default_num_feature_layers(target.num_layers))
+        elif cls.feature_rule in ("dflash", "dspark"):
+            layers = target.layer_ids(cls.feature_rule, default_num_feature_layers(target.num_layers))
         else:
             layers = []
         return dict(

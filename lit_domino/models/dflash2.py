@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, and_masks
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.base import DrafterMismatchError, default_num_feature_layers
+from lit_domino.models.base import DrafterMismatchError
 from lit_domino.models.dspark import previous_tokens
 from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
@@ -100,17 +100,6 @@ class DFlash2Config(BackboneConfig):
     layers always attend bidirectionally. Default True."""
 
     feature_rule: ClassVar[str | None] = "dspark"  # DFlash's layers, then the distribution layer
-
-    @property
-    def num_features(self) -> int:
-        """n: the fused layers (every feature layer but the last, which carries the target's distribution)."""
-        return len(self.feature_layers) - 1
-
-    @classmethod
-    def target_values(cls, target) -> dict:
-        values = super().target_values(target)
-        values["feature_layers"] = list(target.layer_ids("dspark", default_num_feature_layers(target.num_layers)))
-        return values
 
     def validate(self) -> "DFlash2Config":
         super().validate()

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.base import DrafterMismatchError, default_num_feature_layers
+from lit_domino.models.base import DrafterMismatchError
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, compile_for, compile_mode, is_greedy, pool_stage
@@ -88,17 +88,6 @@ class DSparkConfig(BackboneConfig):
     verify width of B. Default False."""
 
     feature_rule: ClassVar[str | None] = "dspark"
-
-    @property
-    def num_features(self) -> int:
-        """n: the fused layers (every feature layer but the last, which carries the target's distribution)."""
-        return len(self.feature_layers) - 1
-
-    @classmethod
-    def target_values(cls, target) -> dict:
-        values = super().target_values(target)
-        values["feature_layers"] = list(target.layer_ids("dspark", default_num_feature_layers(target.num_layers)))
-        return values
 
     def validate(self) -> "DSparkConfig":
         super().validate()
