@@ -28,15 +28,13 @@ from lit_domino.interop import FORMAT_KINDS
 from lit_domino.interop.common import (ExportError, build_config, foreign_fingerprint, load_into, load_weights,
                                        qwen3_config, qwen3_fields, refuse, save_weights, target_record,
                                        write_sidecar)
-from lit_domino.interop.dspark import _target_layers
+from lit_domino.interop.dspark import AUX_OFFSET, _target_layers, check_block_layout
 from lit_domino.models.base import CONFIG_NAME
 from lit_domino.models.dflash2 import DFlash2Config, DFlash2HeadConfig
 from lit_domino.models.io import build_drafter
 
 NAME = "dflash2"
 KINDS = FORMAT_KINDS[NAME]
-AUX_OFFSET = 1
-"""speculators' aux layer id = our decoder-layer id + 1 (theirs index ``hidden_states``, 0 = the embedding)."""
 PREFIX = ("selector.", "candidate_selector.")
 """Our selector's tensors → speculators' names; every other name is the same in both."""
 IGNORED = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight", "verifier_norm.weight", "d2t", "t2d")
@@ -116,15 +114,7 @@ def import_dflash2(directory: Path, cfg: dict, map_location="cpu"):
     if cfg.get("sample_from_anchor", False):
         refuse("sample_from_anchor", cfg["sample_from_anchor"], "the anchor predicts nothing here (block position "
                "k >= 1 predicts x_{a+k}, B-1 drafted tokens); export with sample_from_anchor false")
-    if int(cfg.get("draft_vocab_size", fields["vocab_size"])) != fields["vocab_size"]:
-        refuse("draft_vocab_size", cfg["draft_vocab_size"], "DFlash 2 drafts over the target's full vocabulary and "
-               "LM head (no d2t/t2d mapping)")
-    if cfg.get("target_hidden_size") not in (None, fields["hidden_size"]):
-        refuse("target_hidden_size", cfg["target_hidden_size"], "the draft width equals the target's here")
-    aux = cfg.get("aux_hidden_state_layer_ids")
-    if not aux or min(int(j) for j in aux) < AUX_OFFSET:
-        refuse("aux_hidden_state_layer_ids", aux, "the fused layers must be stated as decoder-layer outputs "
-               "(speculators' id j = our layer j - 1; 0 is the embedding output)")
+    aux = check_block_layout(cfg, fields)
     defaults = DFlash2HeadConfig()
     head = {}
     for theirs, ours in HEAD_KEYS.items():

@@ -79,6 +79,23 @@ def export(drafter, directory: Path, target=None) -> Path:
     return directory
 
 
+def check_block_layout(cfg: dict, fields: dict) -> list:
+    """Refuse what speculators' block drafters (DSpark, DFlash 2) can state and this suite does not run: a
+    reduced draft vocabulary, a draft width other than the target's, fused layers not given as decoder-layer
+    outputs. ``fields``: the Qwen3 fields of the config's ``transformer_layer_config``. Returns the fused layers'
+    ids (``aux_hidden_state_layer_ids``)."""
+    if int(cfg.get("draft_vocab_size", fields["vocab_size"])) != fields["vocab_size"]:
+        refuse("draft_vocab_size", cfg["draft_vocab_size"], "drafts here use the target's full vocabulary and LM "
+               "head (no d2t/t2d mapping)")
+    if cfg.get("target_hidden_size") not in (None, fields["hidden_size"]):
+        refuse("target_hidden_size", cfg["target_hidden_size"], "the draft width equals the target's here")
+    aux = cfg.get("aux_hidden_state_layer_ids")
+    if not aux or min(int(j) for j in aux) < AUX_OFFSET:
+        refuse("aux_hidden_state_layer_ids", aux, "the fused layers must be stated as decoder-layer outputs "
+               "(speculators' id j = our layer j - 1; 0 is the embedding output)")
+    return aux
+
+
 def _target_layers(directory: Path, cfg: dict) -> int:
     """The target's decoder-layer count: the sidecar's fingerprint, else the verifier's local config."""
     side = read_sidecar(directory)
@@ -105,15 +122,7 @@ def import_dspark(directory: Path, cfg: dict, map_location="cpu"):
     head_type = cfg.get("markov_head_type", "vanilla")
     if head_type not in HEAD_TYPES:
         refuse("markov_head_type", head_type, f"the Markov heads here are {', '.join(HEAD_TYPES)}")
-    if int(cfg.get("draft_vocab_size", fields["vocab_size"])) != fields["vocab_size"]:
-        refuse("draft_vocab_size", cfg["draft_vocab_size"], "drafts here use the target's full vocabulary and LM "
-               "head (no d2t/t2d mapping)")
-    if cfg.get("target_hidden_size") not in (None, fields["hidden_size"]):
-        refuse("target_hidden_size", cfg["target_hidden_size"], "the draft width equals the target's here")
-    aux = cfg.get("aux_hidden_state_layer_ids")
-    if not aux or min(int(j) for j in aux) < AUX_OFFSET:
-        refuse("aux_hidden_state_layer_ids", aux, "the fused layers must be stated as decoder-layer outputs "
-               "(speculators' id j = our layer j - 1; 0 is the embedding output)")
+    aux = check_block_layout(cfg, fields)
     confidence = bool(cfg.get("enable_confidence_head", True))
     with_markov = bool(cfg.get("confidence_head_with_markov", True))
     num_layers = _target_layers(directory, cfg)
