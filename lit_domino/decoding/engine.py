@@ -467,16 +467,22 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
                 offset += k
         res.stages_per_round.append(len(stages))
         res.drafted_per_round.append(int(drafts.shape[0]))
-        res.num_target_forwards += 1
         start += acc + 1
-        anchor = torch.tensor([committed[-1]], device=prompt.device)
-        emitted = len(res.tokens)
-        done = _commit(res, committed, eos, max_new_tokens)
-        # tau counts emitted tokens (acc + 1, fewer when EOS or the budget cuts the last round; as dflash_generate)
-        res.accepted_per_round.append(len(res.tokens) - emitted - 1)
+        anchor, done = _close_round(res, committed, eos, max_new_tokens, prompt.device)
         clock.lap("other")
     _charge(res, clock)
     return res.finish()
+
+
+def _close_round(res: GenerationResult, committed: list[int], eos: set[int], max_new_tokens: int, device):
+    """End a round (chain or tree): count its target forward, emit its committed tokens; returns the next
+    round's anchor (the bonus token) and whether generation is over."""
+    res.num_target_forwards += 1
+    emitted = len(res.tokens)
+    done = _commit(res, committed, eos, max_new_tokens)
+    # tau counts emitted tokens (acc + 1, fewer when EOS or the budget cuts the last round; as dflash_generate)
+    res.accepted_per_round.append(len(res.tokens) - emitted - 1)
+    return torch.tensor([committed[-1]], device=device), done
 
 
 def _charge(res: GenerationResult, clock: _Clock) -> None:

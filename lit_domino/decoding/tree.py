@@ -295,7 +295,8 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
                      options, runner, capacity: int, dloop=None):
     """Tree rounds for one prompt (``generate(..., tree=cfg)``); the result has the chain engine's fields plus
     ``accepted_ranks`` (the sibling rank of every accepted node)."""
-    from lit_domino.decoding.engine import GenerationResult, _charge, _Clock, _commit, _pick_first, context_limit
+    from lit_domino.decoding.engine import (GenerationResult, _charge, _Clock, _close_round, _commit, _pick_first,
+                                            context_limit)
     from lit_domino.decoding.engine import feature_layers
     from lit_domino.target.load import select_features
 
@@ -345,12 +346,8 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         res.accepted_ranks.extend(tree.ranks[i - 1] for i in path)
         res.stages_per_round.append(tree.stages if len(tree) else 0)
         res.drafted_per_round.append(len(tree))
-        res.num_target_forwards += 1
         start += acc + 1
-        anchor = torch.tensor([committed[-1]], device=prompt.device)
-        emitted = len(res.tokens)
-        done = _commit(res, committed, eos, max_new_tokens)
-        res.accepted_per_round.append(len(res.tokens) - emitted - 1)
+        anchor, done = _close_round(res, committed, eos, max_new_tokens, prompt.device)
         clock.lap("other")
     _charge(res, clock)
     return res.finish()
