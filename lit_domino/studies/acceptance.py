@@ -16,7 +16,8 @@ import shutil
 import time
 from pathlib import Path
 
-from lit_domino.training.acceptance import MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, prompt_ids
+from lit_domino.training.acceptance import (MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, position_cells,
+                                            prompt_ids)
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.acceptance import own_predictor, supports_predictor
 from lit_domino.training.configs import load_config
@@ -58,9 +59,7 @@ def calibration_table(reports: dict[str, dict]) -> str:
         for r in rep["positions"]:
             if r["rounds"] < MIN_REPORT_ROUNDS:
                 continue
-            lines.append(f"| {name} | {r['position']} | {r['rounds']} | {r['accept']:.2f} | {r['auc']:.3f} | "
-                         f"{100 * r['ece_before']:.1f} % | {100 * r['ece_after']:.1f} % | {r['temperature']:.2f} | "
-                         f"{100 * r['survival_ece_before']:.1f} % | {100 * r['survival_ece_after']:.1f} % |")
+            lines.append(f"| {name} | {position_cells(r)} |")
     return "\n".join(lines)
 
 

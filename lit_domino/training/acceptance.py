@@ -334,10 +334,16 @@ def report_markdown(name: str, report: dict) -> str:
     for r in report["positions"]:
         if r["rounds"] < MIN_REPORT_ROUNDS:
             continue
-        lines.append(f"| {r['position']} | {r['rounds']} | {r['accept']:.2f} | {r['auc']:.3f} | "
-                     f"{100 * r['ece_before']:.1f} % | {100 * r['ece_after']:.1f} % | {r['temperature']:.2f} | "
-                     f"{100 * r['survival_ece_before']:.1f} % | {100 * r['survival_ece_after']:.1f} % |")
+        lines.append(f"| {position_cells(r)} |")
     return "\n".join(lines)
+
+
+def position_cells(r: dict) -> str:
+    """One calibration report position as Markdown cells: j, rounds, accept rate, AUC, ECE before/after, τ_j,
+    survival ECE before/after (the per-drafter report and the study's table print the same columns)."""
+    return (f"{r['position']} | {r['rounds']} | {r['accept']:.2f} | {r['auc']:.3f} | "
+            f"{100 * r['ece_before']:.1f} % | {100 * r['ece_after']:.1f} % | {r['temperature']:.2f} | "
+            f"{100 * r['survival_ece_before']:.1f} % | {100 * r['survival_ece_after']:.1f} %")
 
 
 def reliability_figure(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, cal: Calibration, title: str,
