@@ -272,7 +272,8 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
                 "(the drafter's trained block size; a block drafts block_size - 1 tokens)"
             )
         if pool_size is not None and "pool_size" not in getattr(drafter, "draft_options", ()):
-            raise ValueError(f"pool_size={pool_size!r} needs a drafter with a logit-correction head (domino); "
+            raise ValueError(f"pool_size={pool_size!r} needs a drafter whose head corrects its base logits (domino, "
+                             "dspark); "
                              f"this {getattr(drafter, 'kind', type(drafter).__name__)} drafter picks from its "
                              "own logits")
         check_pool_size(pool_size, vocab)

@@ -48,7 +48,7 @@ from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelSess
 from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import StageDraft, compile_for, compile_mode, is_greedy, pool_stage
+from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
 from lit_domino.models.objectives import LossSettings, chunked_row_sums, distill_terms, label_rows
 
 HEAD_TYPES = ("vanilla", "gated", "rnn")
@@ -119,19 +119,20 @@ def markov_step(h: torch.Tensor, e: torch.Tensor, state: torch.Tensor | None, ga
     return torch.tanh(o), g * state + (1.0 - g) * torch.tanh(c)
 
 
-def markov_block(H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+def markov_block(H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2_t: torch.Tensor,
                  gate_w: torch.Tensor | None, gate_b: torch.Tensor | None, joint_w: torch.Tensor | None,
                  joint_b: torch.Tensor | None, noise: torch.Tensor | None, temperature: float,
-                 anchor_slot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 anchor_slot: bool, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:meth:`MarkovHead.draft`'s sequential loop as a pure function of tensors (what ``compile`` compiles, as
-    Domino's ``draft_block``) -> (picks [K], corrected logits [K, V]).
+    Domino's ``draft_block``) -> (picks [K], corrected logits [K, P]).
 
-    H [K+1, d] (row 0 the anchor slot's), base [K, V], anchor [1], W1 [V, r], W2 [V, r], the variant's weights
-    (:func:`markov_step`), ``noise`` [K, V] (T > 0: the exponential race's ``-log E``) or None (greedy);
-    ``anchor_slot``: an rnn state first steps over row 0. A position costs the pick's W1 row, the variant's
-    step, ``base + W2·u`` in one ``addmm`` and the pick."""
+    H [K+1, d] (row 0 the anchor slot's), base [K, P] the backbone logits on each position's pool, anchor [1],
+    W1 [V, r], ``w2_t`` W2ᵀ [r, V] (no pool) or the pool's W2 rows [K, r, P], ``ids`` [K, P] the pool's token ids
+    (None: P = V, the whole vocabulary), the variant's weights (:func:`markov_step`), ``noise`` [K, P] (T > 0: the
+    exponential race's ``-log E``) or None (greedy); ``anchor_slot``: an rnn state first steps over row 0. A
+    position costs the previous pick's W1 row, the variant's step, ``base + W2·u`` in one ``addmm`` and the pick
+    (its index in the row; the token id, which feeds the next position, is the pool's entry)."""
     K = base.shape[0]
-    w2_t = w2.T.to(base.dtype)  # [r, V]
     prev, state = anchor, None
     if joint_w is not None:  # rnn: a recurrent state over the block
         state = H.new_zeros(1, w1.shape[1], dtype=w1.dtype)
@@ -140,9 +141,10 @@ def markov_block(H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, w1: 
     rows, picks = [], []
     for i in range(K):
         u, state = markov_step(H[i + 1: i + 2], w1.index_select(0, prev), state, gate_w, gate_b, joint_w, joint_b)
-        L = torch.addmm(base[i: i + 1], u.to(base.dtype), w2_t)  # [1, V] L_base + W2·u
-        prev = (L if noise is None else L.float() / temperature + noise[i: i + 1]).argmax(-1)  # [1]
-        rows.append(L), picks.append(prev)
+        L = torch.addmm(base[i: i + 1], u.to(base.dtype), w2_t if ids is None else w2_t[i])  # [1, P] L_base + W2·u
+        pick = (L if noise is None else L.float() / temperature + noise[i: i + 1]).argmax(-1)  # [1]
+        prev = pick if ids is None else ids[i].index_select(0, pick)
+        rows.append(L), picks.append(pick)
     return torch.cat(picks), torch.cat(rows)
 
 
@@ -198,21 +200,32 @@ class MarkovHead(nn.Module):
     @torch.no_grad()
     def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
               generator: torch.Generator | None = None, anchor_slot: bool = True,
-              block_fn: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              block_fn: Callable | None = None, pool_size: int | None = None):
         """The decode-time rollout of one block: H [K+1, d] (row k predicts the k-th drafted token; row 0 the
-        anchor slot's), base [K, V] the backbone logits of rows 1..K, anchor [1] -> (tokens [K], corrected
-        logits [K, V]). ``anchor_slot``: the rnn state first steps over row 0 (the anchor predicts nothing,
-        speculators' ``sample_from_anchor: false``); False: it starts at row 1 (``sample_from_anchor``).
+        anchor slot's), base [K, V] the backbone logits of rows 1..K, anchor [1] -> (tokens [K], picks [K],
+        corrected logits [K, P], pool ids [K, P] | None). ``anchor_slot``: the rnn state first steps over row 0
+        (the anchor predicts nothing, speculators' ``sample_from_anchor: false``); False: it starts at row 1
+        (``sample_from_anchor``).
 
         Position i picks ``argmax(L_i/T + G_i)`` (G = 0 greedy; else Gumbel noise ``-log E``, E ~ Exp(1): an
         exact sample of softmax(L_i/T)) and feeds its pick to position i+1; q is softmax of those same
-        corrected logits, so rejection sampling stays exact. ``block_fn``: :func:`markov_block` (the default) or
-        its compiled form (:func:`compiled_markov_block`)."""
+        corrected logits, so rejection sampling stays exact. ``pool_size`` P (Domino's candidate pool, applied to
+        the Markov bias): the bias, the pick and q live on each position's top-P base logits, so a position reads
+        P of W2's V rows (None, or P = V: the exact head). ``block_fn``: :func:`markov_block` (the default) or its
+        compiled form (:func:`compiled_markov_block`)."""
         block_fn = markov_block if block_fn is None else block_fn
+        ids, w2 = None, self.w2.weight  # [V, r]
+        if pool_size is not None and pool_size < base.shape[-1]:
+            base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
+            w2_t = w2.index_select(0, ids.reshape(-1)).view(*ids.shape, -1).transpose(1, 2).to(base.dtype)
+        else:
+            w2_t = w2.T.to(base.dtype)  # [r, V]
         noise = None if is_greedy(temperature) else \
-            -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, V]
-        return block_fn(H, base, anchor, self.w1.weight, self.w2.weight, *self.weights(), noise, float(temperature),
-                        bool(anchor_slot))
+            -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
+        picks, logits = block_fn(H, base, anchor, self.w1.weight, w2_t, *self.weights(), noise, float(temperature),
+                                 bool(anchor_slot), ids)
+        tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
+        return tokens, picks, logits, ids
 
 
 @dataclass
@@ -261,11 +274,15 @@ class MarkovPathHead:
 class DSparkSession(ParallelSession):
     """Backbone block once, then the Markov head over positions 1..K (:meth:`MarkovHead.draft`). The target
     features it is given include the distribution layer; only the fused layers' columns are kept.
-    ``static_capacity``, ``compile``: the backbone's fixed-shape (compiled) block forward
-    (:class:`ParallelSession`); ``compile`` also compiles the head's loop (:func:`compiled_markov_block`)."""
+    ``pool_size`` P (a decoding option, as Domino's): the Markov bias, the pick and q on each position's top-P
+    base logits (q = 0 outside them); None = the full vocabulary. ``static_capacity``, ``compile``: the
+    backbone's fixed-shape (compiled) block forward (:class:`ParallelSession`); ``compile`` also compiles the
+    head's loop (:func:`compiled_markov_block`)."""
 
-    def __init__(self, drafter, static_capacity: int | None = None, compile: bool = False):
+    def __init__(self, drafter, pool_size: int | None = None, static_capacity: int | None = None,
+                 compile: bool = False):
         super().__init__(drafter, static_capacity, compile)
+        self.pool_size = check_pool_size(pool_size, drafter.config.vocab_size)
         self.head_loop = compiled_markov_block(self.device) if compile else markov_block
 
     @torch.no_grad()
@@ -284,9 +301,10 @@ class DSparkSession(ParallelSession):
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
         base = drafter.compute_logits(hidden[1:])  # [K, V]
-        tokens, logits = drafter.head.draft(hidden, base, anchor, temperature, generator,
-                                            anchor_slot=not drafter.anchor_predicts, block_fn=self.head_loop)
-        return pool_stage(tokens, tokens, logits, None, temperature, base.shape[-1])
+        tokens, picks, logits, ids = drafter.head.draft(hidden, base, anchor, temperature, generator,
+                                                        anchor_slot=not drafter.anchor_predicts,
+                                                        block_fn=self.head_loop, pool_size=self.pool_size)
+        return pool_stage(tokens, picks, logits, ids, temperature, base.shape[-1])
 
 
 @register("dspark")
@@ -297,7 +315,7 @@ class DSparkDrafter(DistilledDrafter):
 
     config_class = DSparkConfig
     session_class = DSparkSession
-    draft_options = ("static_capacity", "compile")
+    draft_options = ("pool_size", "static_capacity", "compile")
     tree_builders = ("chain", "ddtree", "path")
 
     def __init__(self, config: DSparkConfig):

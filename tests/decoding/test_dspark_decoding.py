@@ -36,14 +36,15 @@ def test_dspark_is_lossless_greedy(target, head_type, sample_from_anchor):
     d = _drafter(target, head_type, sample_from_anchor=sample_from_anchor)
     for i, p in enumerate([[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42]]):
         expected = hf_greedy(target, p, 20)
-        for opts in ({}, {"static_cache": True}, {"dloop": DLoopConfig(-4.0, 3)}, {"block_size": 4}):
+        for opts in ({}, {"static_cache": True}, {"dloop": DLoopConfig(-4.0, 3)}, {"block_size": 4}, {"pool_size": 8}):
             assert generate(target, d, torch.tensor([p]), max_new_tokens=20, **opts).tokens == expected, (i, opts)
         mixed = OracleMix(d, p + hf_greedy(target, p, 20 + 16), seed=i)
         assert generate(target, mixed, torch.tensor([p]), max_new_tokens=20).tokens == expected
 
 
-@pytest.mark.parametrize("head_type,sample_from_anchor", [("vanilla", False), ("rnn", False), ("rnn", True)])
-def test_dspark_sampling_is_distributed_as_the_target(head_type, sample_from_anchor):
+@pytest.mark.parametrize("head_type,sample_from_anchor,pool_size", [("vanilla", False, None), ("rnn", False, None),
+                                                                    ("rnn", True, None), ("gated", False, 3)])
+def test_dspark_sampling_is_distributed_as_the_target(head_type, sample_from_anchor, pool_size):
     target = chi_square_target()
     torch.manual_seed(0)
     d = build_drafter(drafter_config("dspark", target, block_size=3, num_layers=1, sample_from_anchor=sample_from_anchor,
@@ -52,10 +53,29 @@ def test_dspark_sampling_is_distributed_as_the_target(head_type, sample_from_anc
         torch.nn.init.normal_(d.head.w1.weight, std=1.0)
         torch.nn.init.normal_(d.head.w2.weight, std=3.0)
     prompt = [3, 5, 2, 6]
-    counts, accepted = sampled_pairs(target, d, prompt, 2000, temperature=1.0)
+    counts, accepted = sampled_pairs(target, d, prompt, 2000, temperature=1.0, pool_size=pool_size)
     assert {0, 1} <= accepted
     ok, stat = passes_chi_square(counts, exact_joint(target, prompt))
     assert ok, stat
+
+
+def _stage(d, target, temperature=0.0, **options):
+    s = d.new_session(**options)
+    ids = torch.tensor([5, 6, 7, 8])
+    s.extend(ids, target.forward_features(ids[None], d.config.feature_layers)[0])
+    return s.draft(9, 7, temperature=temperature, generator=torch.Generator().manual_seed(1))
+
+
+def test_dspark_pool_q_lives_on_the_pool(target):
+    """At T > 0 with a pool, q is the softmax over each position's pool and 0 elsewhere (the pool's exactness on
+    the logits: tests/models/test_dspark.py)."""
+    d = _drafter(target, "gated", scale=0.3)
+    full = _stage(d, target)
+    assert torch.equal(full.tokens, _stage(d, target, pool_size=target.vocab_size).tokens)
+    sampled = _stage(d, target, temperature=1.3, pool_size=5)
+    assert ((sampled.probs > 0) == torch.isfinite(sampled.logits)).all() and (sampled.probs > 0).sum(-1).eq(5).all()
+    torch.testing.assert_close(sampled.probs.sum(-1), torch.ones(7))
+    torch.testing.assert_close(sampled.logprobs, sampled.probs.log().gather(-1, sampled.tokens[:, None])[:, 0])
 
 
 def test_dspark_sampling_q_is_the_heads_corrected_softmax(target):

@@ -137,7 +137,7 @@ def test_decode_rollout_equals_teacher_forcing_on_the_true_tokens(target, head_t
     with torch.no_grad():
         hidden = d.forward_train(ids, feats, torch.tensor([[a]]), torch.tensor([[True]]), with_logits=True).hidden
         H = hidden[0, 0]  # [B, d]
-        tokens, logits = d.head.draft(H, d.compute_logits(H[1:]), ids[0, a:a + 1], anchor_slot=not anchor)
+        tokens, _, logits, _ = d.head.draft(H, d.compute_logits(H[1:]), ids[0, a:a + 1], anchor_slot=not anchor)
         seq = ids.clone()
         seq[0, a + 1: a + B] = tokens  # the block's true tokens are now the picks
         out = d.forward_train(seq, feats, torch.tensor([[a]]), torch.tensor([[True]]), with_logits=True)
@@ -175,3 +175,28 @@ def test_sample_from_anchor_maps_deepspecs_slots_onto_the_suites_labels(target):
 def test_sample_from_anchor_must_be_a_bool(target):
     with pytest.raises(ValueError, match="sample_from_anchor must be true or false"):
         drafter_config("dspark", target, sample_from_anchor="yes")
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_pool_is_the_exact_head_on_each_positions_pool(target, head_type):
+    """``pool_size`` P: a pool of the whole vocabulary is the exact head; on P < V every corrected logit equals the
+    teacher-forced exact head's on the position's top-P base logits (the pool's own picks as the block's tokens)
+    and is -inf elsewhere, and the pick is the pool's argmax."""
+    d = _drafter(target, head_type).eval()
+    torch.nn.init.normal_(d.head.w2.weight, std=2.0)
+    ids, feats, *_ = _batch(target, b=1)
+    a, P = 20, 5
+    with torch.no_grad():
+        H = d.forward_train(ids, feats, torch.tensor([[a]]), torch.tensor([[True]])).hidden[0, 0]
+        base = d.compute_logits(H[1:])
+        exact = d.head.draft(H, base, ids[0, a:a + 1])
+        whole = d.head.draft(H, base, ids[0, a:a + 1], pool_size=target.vocab_size)
+        tokens, picks, logits, pool = d.head.draft(H, base, ids[0, a:a + 1], pool_size=P)
+        seq = ids.clone()
+        seq[0, a + 1: a + B] = tokens
+        forced = d.forward_train(seq, feats, torch.tensor([[a]]), torch.tensor([[True]])).final_logits[0, 0, 1:]
+    assert torch.equal(whole[0], exact[0]) and torch.equal(whole[2], exact[2]) and whole[3] is None
+    assert torch.equal(pool, base.topk(P, -1).indices)
+    torch.testing.assert_close(logits, forced.gather(-1, pool), **TOL)
+    assert torch.equal(tokens, pool.gather(-1, logits.argmax(-1, keepdim=True))[:, 0])
+    assert torch.equal(picks, logits.argmax(-1))
