@@ -62,6 +62,20 @@ def lively_target(vocab_size: int = 128, hidden_size: int = 32, num_layers: int 
 
 
 @torch.no_grad()
+def lively_dflash2_(drafter, std: float = 0.3, selector_std: float = 1.0, seed: int = 5):
+    """Random convolution taps and a strong selector on a DFlash 2 drafter, in place (a fresh one has identity
+    convolutions: it drafts as DFlash), so every part of it shows in the logits and the picks."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in drafter.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.base_kernel.add_(torch.randn(conv.base_kernel.shape, generator=g) * std)
+                conv.kernel_projection.weight.copy_(torch.randn(conv.kernel_projection.weight.shape, generator=g) * std)
+        for p in drafter.selector.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * selector_std)
+    return drafter
+
+
 def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:
     """The reference of every lossless test: Hugging Face ``generate`` (greedy) of ``n`` tokens after ``prompt``."""
     ids = torch.tensor([prompt], device=target.device)

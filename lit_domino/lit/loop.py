@@ -1,5 +1,5 @@
-"""DLoop's loop-aware training: fine-tune a trained backbone / Domino / EAGLE-3 / DSpark drafter to draft well when its
-context holds its own unverified drafts.
+"""DLoop's loop-aware training: fine-tune a trained backbone / Domino / EAGLE-3 / DSpark / DFlash 2 drafter to draft
+well when its context holds its own unverified drafts.
 
 Per optimizer step a stage depth ``S`` is drawn (uniform over ``min_stages..max_stages``, seeded by
 ``seed`` and the global step, so a resumed run draws the same depths); every anchor of the batch
@@ -14,6 +14,8 @@ with each drafter's usual per-stage loss:
 * EAGLE-3: ``Σ_k decay^(k-1)·CE_k`` over the stage's ``K`` chain steps (its TTT loss per stage);
 * DSpark: DeepSpec's ``0.1·CE + 0.9·TV(q, p) + 1.0·BCE(conf, 1 − TV)`` per stage, p the target's
   distribution at the stage's (ground-truth) positions, from the same cached features.
+* DFlash 2: ``KL(p ‖ q_unary) + 1.0·CE(selector)`` per stage, p as for DSpark
+  (:class:`~lit_domino.models.distill.DistilledDrafter` reads it for every stage).
 
 With ``S = 1`` the loss is exactly the variant's ordinary training loss. The module starts from a
 ``save_pretrained`` directory (``init_from``; a :class:`~lit_domino.training.experiment.TrainedDrafter` works

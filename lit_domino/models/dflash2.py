@@ -47,9 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, and_masks
 
-from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.base import DrafterMismatchError
-from lit_domino.models.dspark import previous_tokens
+from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelSession
+from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
@@ -278,13 +277,13 @@ class DFlash2Output(BlockOutput):
 
 
 @register("dflash2")
-class DFlash2Drafter(ParallelDrafter):
+class DFlash2Drafter(DistilledDrafter):
     """DFlash backbone with grouped dynamic convolutions + candidate selector; KL + selector-CE objective."""
 
     config_class = DFlash2Config
     session_class = DFlash2Session
     draft_options = ("static_capacity", "compile")
-    supports_loop_training = False  # the later stages' target distributions are not gathered (as DSpark)
+    method_name = "DFlash 2"
 
     def __init__(self, config: DFlash2Config):
         super().__init__(config)
@@ -345,33 +344,6 @@ class DFlash2Drafter(ParallelDrafter):
             extra = extra & (keys[:, None, :] <= q[:, :, None])
         extra = extra[:, None]  # [b|1, 1, N, K]
         return extra if mask is None else mask & extra
-
-    def bind_target(self, target) -> "DFlash2Drafter":
-        super().bind_target(target)
-        last = self.config.feature_layers[-1]
-        if last != target.num_layers - 1:
-            raise DrafterMismatchError(
-                f"a DFlash 2 drafter's last feature layer carries the target's distribution and must be its last "
-                f"decoder layer ({target.num_layers - 1} in {target.name!r}), got {last}")
-        return self
-
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """The fused context of the first n layers (the last feature layer is the target's distribution)."""
-        return super().fuse(features[..., : self.config.num_features * self.config.hidden_size])
-
-    def forward_train(self, input_ids, features, anchors, anchor_mask, loss_mask=None, attention_mask=None,
-                      causal_inputs: str = "teacher_forced", with_logits: bool = True) -> DFlash2Output:
-        """The backbone's forward (convolution layers), the predecessor ids and, when materialised, the
-        selector's teacher-forced scores; plus the target's final hidden state at ``a+k-1`` per position."""
-        out = super().forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask,
-                                    causal_inputs, with_logits)
-        b, T = input_ids.shape
-        d, B = self.config.hidden_size, self.config.block_size
-        anchors = torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
-        pos = (anchors[:, :, None] + torch.arange(B, device=input_ids.device) - 1).clamp(0, T - 1)  # [b, A, B]
-        last = features[..., -d:]  # [b, T, d] the target's final (normed) hidden states
-        out.target_hidden = last.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d)).view(b, *pos.shape[1:], d)
-        return out
 
     def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> DFlash2Output:
         if causal_inputs != "teacher_forced":

@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.base import DrafterMismatchError
+from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelSession
+from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, compile_for, compile_mode, is_greedy, pool_stage
@@ -226,12 +226,6 @@ class DSparkOutput(BlockOutput):
     softmax(lm_head(·)). Set by ``forward_train``."""
 
 
-def previous_tokens(block_tokens: torch.Tensor) -> torch.Tensor:
-    """[..., B] block tokens ``x_a .. x_{a+B-1}`` -> the previous token of each slot, ``[x_a, x_a .. x_{a+B-2}]``
-    (slot 0 gets the anchor itself, as speculators' ``sample_from_anchor=False`` feeds it)."""
-    return torch.cat([block_tokens[..., :1], block_tokens[..., :-1]], dim=-1)
-
-
 class MarkovPathHead:
     """DSpark's Markov head over a tree's frontier (PCTree): each node's children are drafted from the node's own
     token (and, for ``rnn``, its own recurrent state), every frontier node of a depth in one batch; the
@@ -296,14 +290,15 @@ class DSparkSession(ParallelSession):
 
 
 @register("dspark")
-class DSparkDrafter(ParallelDrafter):
+class DSparkDrafter(DistilledDrafter):
     """DFlash backbone + Markov head + confidence head; DeepSpec's CE + TV + confidence-BCE objective."""
+
+    method_name = "DSpark"
 
     config_class = DSparkConfig
     session_class = DSparkSession
     draft_options = ("static_capacity", "compile")
     tree_builders = ("chain", "ddtree", "path")
-    supports_loop_training = True  # each stage's target distribution is gathered from the cached features
 
     def __init__(self, config: DSparkConfig):
         super().__init__(config)
@@ -331,59 +326,9 @@ class DSparkDrafter(ParallelDrafter):
             x = torch.cat([H, self.head.w1(prev).to(H.dtype)], -1)
         return self.confidence(x.to(self.confidence.weight.dtype)).squeeze(-1)
 
-    def bind_target(self, target) -> "DSparkDrafter":
-        super().bind_target(target)
-        last = self.config.feature_layers[-1]
-        if last != target.num_layers - 1:
-            raise DrafterMismatchError(
-                f"a DSpark drafter's last feature layer carries the target's distribution and must be its last "
-                f"decoder layer ({target.num_layers - 1} in {target.name!r}), got {last}")
-        return self
-
     @property
     def anchor_predicts(self) -> bool:
         return bool(self.config.sample_from_anchor)
-
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """The fused context of the first n layers (the last feature layer is the target's distribution)."""
-        width = self.config.num_features * self.config.hidden_size
-        return super().fuse(features[..., :width])
-
-    def forward_train(self, input_ids, features, anchors, anchor_mask, loss_mask=None, attention_mask=None,
-                      causal_inputs: str = "teacher_forced", with_logits: bool = True) -> DSparkOutput:
-        """The backbone's forward with the heads (teacher forced: the true previous tokens), plus the target's
-        final hidden state at ``a+k-1`` for each block position (``target_hidden``)."""
-        out = super().forward_train(input_ids, features, anchors, anchor_mask, loss_mask, attention_mask,
-                                    causal_inputs, with_logits)
-        T = input_ids.shape[1]
-        out.target_hidden = self.target_hidden(features, torch.where(anchor_mask.bool(), anchors,
-                                                                     torch.zeros_like(anchors)).clamp(0, T - 1))
-        return out
-
-    def target_hidden(self, features: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """The target's final hidden state at ``a+k-1`` (what predicted ``x_{a+k}``) of each block position of
-        the blocks at ``starts`` [b, A] -> [b, A, B, d]; positions past the sequence read its last one (they
-        are never labels)."""
-        b, T = features.shape[:2]
-        d, B = self.config.hidden_size, self.config.block_size
-        pos = (starts[:, :, None] + torch.arange(B, device=starts.device) - 1).clamp(0, T - 1)  # [b, A, B]
-        last = features[..., -d:]  # [b, T, d] the target's final (normed) hidden states
-        return last.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d)).view(b, *pos.shape[1:], d)
-
-    def loop_forward(self, input_ids, features, anchors, anchor_mask, num_stages: int, loss_mask=None,
-                     attention_mask=None, detach_stage_context: bool = False, causal_inputs: str = "teacher_forced",
-                     stage_tokens: int | None = None, context_fn=None, with_logits: bool = True) -> list[DSparkOutput]:
-        """DLoop's unroll (the backbone's :func:`~lit_domino.models.backbone.parallel_loop_forward`, the Markov
-        head on every stage from its own anchor, as :class:`DSparkSession` drafts it) with each stage's target
-        distribution: stage s is anchored at ``a + (s-1)·K`` on ground-truth tokens, so its ``p`` is the
-        target's at those positions, read from the same cached features."""
-        outs = super().loop_forward(input_ids, features, anchors, anchor_mask, num_stages, loss_mask, attention_mask,
-                                    detach_stage_context, causal_inputs, stage_tokens, context_fn, with_logits)
-        T, K = input_ids.shape[1], self.config.block_size - 1
-        first = torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
-        for s, out in enumerate(outs[1:], start=2):
-            out.target_hidden = self.target_hidden(features, first + (s - 1) * K)
-        return outs
 
     def add_head(self, out: BlockOutput, causal_inputs: str = "teacher_forced") -> DSparkOutput:
         """The Markov inputs ``out.head_state`` = u [b, A, B, r] from the true previous tokens, the confidence

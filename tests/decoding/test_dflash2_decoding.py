@@ -9,8 +9,8 @@ from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.engine import cpp_compiler
 from lit_domino.models.backbone import _static_state
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square,
-                                sampled_pairs)
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_dflash2_, lively_target,
+                                passes_chi_square, sampled_pairs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,24 +20,11 @@ def target():
     return lively_target(128, seed=0)
 
 
-def lively(d, std=0.5, seed=3):
-    """Random convolution taps and a strong selector: both change the picks."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in d.layers:
-            for conv in (layer.attention_conv, layer.mlp_conv):
-                conv.base_kernel.add_(torch.randn(conv.base_kernel.shape, generator=g) * std)
-                conv.kernel_projection.weight.copy_(torch.randn(conv.kernel_projection.weight.shape, generator=g) * std)
-        for p in d.selector.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 2.0)
-    return d
-
-
 def _drafter(target, block_size=8, windows=None, **head):
     torch.manual_seed(0)
     cfg = drafter_config("dflash2", target, block_size=block_size, num_layers=1,
                          head=dict(rank=16, top_k=8, conv_group_size=8, **head), **(windows or {}))
-    return lively(build_drafter(cfg, target))
+    return lively_dflash2_(build_drafter(cfg, target), std=0.5, selector_std=2.0, seed=3)
 
 
 @pytest.mark.parametrize("windows", [None, dict(sliding_layers=[0], sliding_window=3, sliding_non_causal=False)])
@@ -55,8 +42,9 @@ def test_dflash2_is_lossless_greedy(target, windows):
 def test_dflash2_sampling_is_distributed_as_the_target():
     target = chi_square_target()
     torch.manual_seed(0)
-    d = lively(build_drafter(drafter_config("dflash2", target, block_size=3, num_layers=1,
-                                            head=dict(rank=4, top_k=4, conv_group_size=4)), target), std=1.0)
+    d = lively_dflash2_(build_drafter(drafter_config("dflash2", target, block_size=3, num_layers=1,
+                                            head=dict(rank=4, top_k=4, conv_group_size=4)), target),
+                        std=1.0, selector_std=2.0, seed=3)
     prompt = [3, 5, 2, 6]
     counts, accepted = sampled_pairs(target, d, prompt, 2000, temperature=1.0)
     assert {0, 1} <= accepted  # rejections and acceptances both seen

@@ -9,17 +9,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lit_domino.decoding import DLoopConfig, generate
-from lit_domino.lit import BackboneModule, DominoModule, DSparkModule, Eagle3Module
+from lit_domino.lit import BackboneModule, DFlash2Module, DominoModule, DSparkModule, Eagle3Module
 from lit_domino.lit.loop import LoopModule
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models import DrafterMismatchError
 from lit_domino.interop import load_drafter
 from lit_domino.models.objectives import LambdaSchedule
-from lit_domino.testing import hf_greedy, random_target
+from lit_domino.testing import hf_greedy, lively_dflash2_, random_target
 
 V, D, B = 64, 32, 5
 K = B - 1
-KINDS = ("backbone", "domino", "eagle3", "dspark")  # dspark: DeepSpec's sample_from_anchor, the rnn head
+KINDS = ("backbone", "domino", "eagle3", "dspark", "dflash2")  # dspark: DeepSpec's sample_from_anchor, the rnn head
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
@@ -42,14 +42,15 @@ def target():
 def make_drafter(target, kind, seed=0):
     torch.manual_seed(seed)
     extra = {"domino": dict(head=dict(rank=8, gru_hidden=16)), "eagle3": dict(ttt_steps=K),
-             "dspark": dict(head=dict(rank=8, head_type="rnn"), sample_from_anchor=True)}.get(kind, {})
+             "dspark": dict(head=dict(rank=8, head_type="rnn"), sample_from_anchor=True),
+             "dflash2": dict(head=dict(rank=8, top_k=8, conv_group_size=8))}.get(kind, {})
     d = build_drafter(drafter_config(kind, target, block_size=B, num_layers=1, **extra), target)
     with torch.no_grad():  # W_up / W2 start at zero: a real correction
         if kind == "domino":
             d.head.up.weight.normal_(0.0, 0.3)
         if kind == "dspark":
             d.head.w2.weight.normal_(0.0, 0.3)
-    return d
+    return lively_dflash2_(d) if kind == "dflash2" else d
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,9 @@ def test_stage_one_only_reproduces_ordinary_training_loss(target, drafter_dirs, 
                                                curriculum=LambdaSchedule("constant", start=0.3)),
                 "eagle3": lambda: Eagle3Module(target=target, block_size=B, ttt_steps=K),
                 "dspark": lambda: DSparkModule(target=target, block_size=B, rank=8, head_type="rnn",
-                                               sample_from_anchor=True)}[kind]()
+                                               sample_from_anchor=True),
+                "dflash2": lambda: DFlash2Module(target=target, block_size=B, rank=8, top_k=8,
+                                                 conv_group_size=8)}[kind]()
     ordinary.drafter = load_drafter(path, target=target).train()
     loop = loop_module(target, path, max_stages=3,
                        **({"curriculum": {"kind": "constant", "start": 0.3}} if kind == "domino" else {}))

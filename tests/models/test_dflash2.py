@@ -9,7 +9,7 @@ from lit_domino.models import DFlash2Config, build_drafter, drafter_config
 from lit_domino.models.base import DrafterMismatchError
 from lit_domino.models.dflash2 import GroupedDynamicConv, training_candidates
 from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, position_weights
-from lit_domino.testing import random_target
+from lit_domino.testing import lively_dflash2_, random_target
 
 B = 6
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -21,23 +21,10 @@ def target():
     return random_target(vocab_size=256, hidden_size=64, num_layers=4, seed=0)
 
 
-def lively_(d, seed=5, std=0.3):
-    """Random convolution taps and a strong selector, so every part of the drafter shows in the logits."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in d.layers:
-            for conv in (layer.attention_conv, layer.mlp_conv):
-                conv.base_kernel.add_(torch.randn(conv.base_kernel.shape, generator=g) * std)
-                conv.kernel_projection.weight.copy_(torch.randn(conv.kernel_projection.weight.shape, generator=g) * std)
-        for p in d.selector.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 1.0)
-    return d
-
-
 def _drafter(target, seed=1, **head):
     torch.manual_seed(seed)
     d = build_drafter(drafter_config("dflash2", target, block_size=B, num_layers=2, head={**HEAD, **head}), target)
-    return lively_(d).train()
+    return lively_dflash2_(d).train()
 
 
 def _batch(target, b=2, T=40, seed=0):
@@ -203,7 +190,7 @@ def test_windowed_layers_decode_as_they_train(target, non_causal, static):
     torch.manual_seed(1)
     cfg = drafter_config("dflash2", target, block_size=B, num_layers=2, head=HEAD, sliding_layers=[1],
                          sliding_window=3, sliding_non_causal=non_causal)
-    d = lively_(build_drafter(cfg, target)).eval()
+    d = lively_dflash2_(build_drafter(cfg, target)).eval()
     ids, feats, *_ = _batch(target, b=1)
     a = 20
     with torch.no_grad():
@@ -222,7 +209,7 @@ def test_windowed_flex_mask_equals_the_dense_one(target):
     torch.manual_seed(1)
     cfg = drafter_config("dflash2", target, block_size=B, num_layers=2, head=HEAD, sliding_layers=[0, 1],
                          sliding_window=4, sliding_non_causal=False)
-    d = lively_(build_drafter(cfg, target)).eval()
+    d = lively_dflash2_(build_drafter(cfg, target)).eval()
     batch = _batch(target)
     with torch.no_grad():
         dense = d.forward_train(*batch).hidden

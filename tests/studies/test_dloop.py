@@ -12,7 +12,7 @@ from lit_domino.decoding.dloop import DLoopConfig
 
 def test_plan_defaults_and_overrides():
     plan = ds.study_plan("smoke")
-    assert plan["drafters"] == ["backbone", "domino", "eagle3"]
+    assert plan["drafters"] == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
     assert plan["thresholds"] == [-0.25, -0.5, -0.75, -1.0, -2.0] and plan["stages"] == [1, 2, 3, 4]
     plan = ds.study_plan("smoke", drafters=["domino"], thresholds=ds.parse_list("-0.5,-1"),
                          stages=ds.parse_list("1,3", int), table_dloop={"threshold": -1, "max_stages": 2})
@@ -21,7 +21,8 @@ def test_plan_defaults_and_overrides():
     assert settings[1:4] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
     assert settings[4:] == [DLoopConfig(**g) for g in plan["gates"]]  # + the alternative gates of study.yaml
     assert {g["gate"] for g in plan["gates"]} == {"mean", "scaled", "last"}
-    assert ds.study_plan("smoke", drafters=["dspark"])["drafters"] == ["dspark"]  # DSpark loop-trains too
+    for kind in ("dspark", "dflash2"):  # the distilled drafters loop-train too
+        assert ds.study_plan("smoke", drafters=[kind])["drafters"] == [kind]
 
 
 def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
@@ -166,8 +167,8 @@ def test_tables_have_the_papers_shape():
     assert by[("domino", "both")]["delta_speedup_pct"] == pytest.approx(35.0)
     assert "| eagle3 | both |" in table["markdown"] and "embedded-code τ" in table["markdown"]
     grid = ds.grid_table(rows, names, plan)
-    # 3 drafters x 2 trainings x (off + 2 thresholds x 2 depths) x 3 domains
-    assert len(grid["records"]) == 3 * 2 * 5 * 3
+    # 5 drafters x 2 trainings x (off + 2 thresholds x 2 depths) x 3 domains
+    assert len(plan["drafters"]) == 5 and len(grid["records"]) == 5 * 2 * 5 * 3
     rec = next(r for r in grid["records"] if r["threshold"] == -1.0 and r["max_stages"] == 3)
     assert rec["fwd_per_token"] == pytest.approx(10 / (10 * rec["tau"]))  # rounds / tokens after the first
     reports = {"domino/loop-detach": {"val/loss_stage1": 1.0, "val/loss_stage3": 2.0}}
@@ -189,7 +190,7 @@ def test_table_metrics_names():
     assert metrics["grid.domino.plain.off.N1.embedded-code.fwd_per_token"] == pytest.approx(10 / (10 * 2.0))
     assert metrics["grid.eagle3.loop-aware.g-0.5.N3.embedded-chat.tau"] == pytest.approx(2.7)
     # "loop only"/"both" of the dloop table: gate -0.5:3 is in the grid; every value is finite
-    assert len([k for k in metrics if not k.startswith("grid.")]) == 3 * 4 * 4 * 2
+    assert len([k for k in metrics if not k.startswith("grid.")]) == len(plan["drafters"]) * 4 * 4 * 2
     assert all(math.isfinite(v) for v in metrics.values())
 
 
