@@ -10,48 +10,12 @@ regenerated rounds, and writes the AUC / ECE table and reliability diagrams to r
 drafter, and used by the DLoop gates conf@P, cost and +trunc@P.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
-
-PROG = "acceptance.py"
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog=PROG, description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
-    parser.add_argument("--drafters", default="backbone,domino,dspark", help="comma-separated parallel drafters")
-    parser.add_argument("--label", default=None, choices=["soft", "hard"],
-                        help="training label (default: hard, as the rounds are drafted greedily)")
-    parser.add_argument("--out", default=None, help="output directory (default: results/acceptance)")
-    parser.add_argument("--no-mlflow", action="store_true", help="no MLflow run for the tables")
-    return parser.parse_args(list(argv))
-
-
-def main(argv=None):
-    return run_command(PROG, _run, argv)
-
-
-def _run(argv: list[str]):
-    args = parse_args(argv)
-    from lit_domino.training.configs import PRESETS, available_variants
-
-    if args.preset not in PRESETS:
-        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    unknown = [d for d in drafters if d not in available_variants()]
-    if not drafters or unknown:
-        raise UsageError(f"--drafters: unknown {unknown or 'none given'}; choose from {available_variants()}")
-    from lit_domino.studies.acceptance import run_acceptance_study
-
-    return run_acceptance_study(args.preset, drafters, label=args.label, out_dir=args.out,
-                                mlflow_enabled=not args.no_mlflow)
-
+from lit_domino.studies.acceptance_command import main  # noqa: E402  (imports no torch: main parses first)
 
 if __name__ == "__main__":
     main()

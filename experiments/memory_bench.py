@@ -16,118 +16,12 @@ so the peak RSS tracks the peak of live tensors. Cases run one after another (ea
     python experiments/memory_bench.py --anchors 64 --methods backbone,domino
 """
 
-from __future__ import annotations
-
-import argparse
-import dataclasses
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lit_domino.studies.memory import StepShape
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from lit_domino.studies.memory_cases import METHODS, PATHS  # noqa: E402 (torch-free)
-from lit_domino.runtime.command import CommandParser, UsageError, run_command  # noqa: E402 (light: no torch)
-from lit_domino.runtime.inputs import check_positive  # noqa: E402
-
-PROG = "memory_bench.py"
-
-
-def run(method: str, path: str, shape: StepShape, threads: int) -> dict:
-    env = {**os.environ, "LIT_DOMINO_BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "lit_domino.studies.memory", method, path, json.dumps(dataclasses.asdict(shape)), "cpu"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        return {"method": method, "path": path, "error": (proc.stderr.strip().splitlines() or [f"rc {proc.returncode}"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def table(rows: list[dict]) -> str:
-    from lit_domino.studies.memory import GB  # that module imports torch: loaded after the options are checked
-
-    out = ["| method | old peak GB | new peak GB | old/new | old step Δ GB | new step Δ GB | old s | new s | loss old = new |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    by = {(r["method"], r["path"]): r for r in rows}
-    for m in dict.fromkeys(r["method"] for r in rows):
-        o, n = by.get((m, "old"), {}), by.get((m, "new"), {})
-        if "error" in o or "error" in n or not o or not n:
-            out.append(f"| {m} | {o.get('error', '')} | {n.get('error', '')} | | | | | | |")
-            continue
-        same = abs(o["loss"][0] - n["loss"][0]) <= 1e-4 * max(1.0, abs(o["loss"][0]))
-        out.append(f"| {m} | {o['peak_bytes'] / GB:.2f} | {n['peak_bytes'] / GB:.2f} | "
-                   f"{o['peak_bytes'] / n['peak_bytes']:.1f}x | {o['step_bytes'] / GB:.2f} | {n['step_bytes'] / GB:.2f} | "
-                   f"{o['step_seconds'][0]:.1f} | {n['step_seconds'][0]:.1f} | {'yes' if same else 'NO'} |")
-    return "\n".join(out)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = CommandParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default=None,
-                    help="comma list of the drafter methods (lit_domino.studies.memory_cases.METHODS; default: all of them)")
-    ap.add_argument("--anchors", type=int, default=128, help="A, anchors per sequence (paper 512)")
-    ap.add_argument("--seq-len", type=int, default=1024, help="T, tokens per sequence")
-    ap.add_argument("--hidden", type=int, default=64, help="d, the narrow width")
-    ap.add_argument("--chunk", type=int, default=1024, help="the new path's loss chunk (labelled rows)")
-    ap.add_argument("--paths", default="old,new", help="comma list of old, new")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per case")
-    ap.add_argument("--out", default=str(ROOT / "results" / "memory_bench.json"), help="JSON output")
-    args = ap.parse_args(argv)
-    for flag in ("anchors", "seq_len", "chunk", "threads"):
-        check_positive(getattr(args, flag), f"--{flag.replace('_', '-')}")
-    if args.hidden < 4 or args.hidden % 4:
-        raise UsageError(f"--hidden must be a positive multiple of 4 (head_dim = hidden / 4), got {args.hidden}")
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    if not paths or set(paths) - set(PATHS):
-        raise UsageError(f"--paths: a comma list of {', '.join(PATHS)}, got {args.paths!r}")
-    args.paths = ",".join(paths)
-    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise UsageError(f"--methods: unknown method(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
-                         f"choose from {', '.join(METHODS)}")
-    args.methods = ",".join(methods)
-    return args
-
-
-def main(argv=None) -> None:
-    """Parse and check (no torch yet), then run every case; bad input is one line ``memory_bench.py: error: ...``."""
-    run_command(PROG, _run, argv)
-
-
-def _run(argv: list[str]) -> None:
-    args = parse_args(argv)
-    from lit_domino.studies.memory import PATH_KEYS, StepShape, memory_model, memory_model_table
-
-    methods = args.methods.split(",")
-    shape = StepShape.cpu_bench(anchors=args.anchors, seq_len=args.seq_len, hidden_size=args.hidden,
-                                head_dim=args.hidden // 4, chunk_size=args.chunk)
-    rows = []
-    for method in methods:
-        for path in args.paths.split(","):
-            rows.append(run(method, path, shape, args.threads))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "shape"}), flush=True)
-    print(f"\nOne training step, V = {shape.vocab_size}, B = {shape.block_size}, A = {shape.anchors}, "
-          f"T = {shape.seq_len}, b = {shape.batch_size}, d = {shape.hidden_size}, 1 draft layer, new-path chunk "
-          f"{shape.chunk_size} (CPU, peak RSS)\n")
-    print(table(rows))
-    model = memory_model()
-    print("\nAnalytic model: Domino on Qwen3-8B at the paper preset (b = 4, T = 3072, A = 512, B = 16, 5 draft "
-          "layers, r = 256, d_s = 1024, bf16-mixed), one 80 GB GPU")
-    print(memory_model_table(model))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"shape": dataclasses.asdict(shape), "rows": rows,
-                               "model": {k: [list(r) for r in model[k]] for k in PATH_KEYS}}, indent=1))
-    print(f"\nwrote {out}")
-
+from lit_domino.studies.memory_bench import main  # noqa: E402  (imports no torch: main parses first)
 
 if __name__ == "__main__":
     main()

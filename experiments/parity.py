@@ -7,11 +7,9 @@
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from lit_domino.studies.parity import main  # noqa: E402
+from lit_domino.studies.parity import main  # noqa: E402  (imports no torch: main parses first)
 
 if __name__ == "__main__":
     main()

@@ -11,30 +11,12 @@
 ``--set`` section or target is one line (``train: error: ...``, rc 2) before torch is imported.
 """
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from lit_domino.training.configs import check_train_arguments  # noqa: E402  (YAML only: answers before torch loads)
-from lit_domino.runtime.command import run_command  # noqa: E402
-
-
-def main(argv: list[str] | None = None, run: bool = True):
-    """The cheap checks (variant, preset, ``--set`` sections, target), then ``lit_domino.training.cli.main``."""
-
-    def train(args: list[str]):
-        check_train_arguments(args)
-        from lit_domino.training.cli import main as cli_main  # torch and Lightning: only once the cheap checks passed
-
-        return cli_main(args, run=run)
-
-    return run_command("train", train, argv)
-
+from lit_domino.training.train import main  # noqa: E402  (imports no torch: main parses first)
 
 if __name__ == "__main__":
     main()

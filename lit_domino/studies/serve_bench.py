@@ -16,14 +16,16 @@ level has finished.
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_domino.runtime.command import UsageError
+from lit_domino.runtime.command import CommandParser, UsageError, run_command
 from lit_domino.runtime.inputs import check_positive, check_server, parse_json_object
+from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.serving import ServerClient, ServerError
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
@@ -195,3 +197,57 @@ def _log(args: dict, rows: list[dict], md_path: Path, json_path: Path) -> str:
     metrics = row_metrics(rows, SERVE_KEYS, by=lambda r: (r["server"], f"c{r['concurrency']}"))
     tags = {"table": "serve_bench", "server": args["url"], "baseline": args.get("baseline") or ""}
     return log_command_run(args["experiment"], md_path.stem, tags, args, metrics, [md_path, json_path])
+
+
+# --------------------------------------------------------------------------- the command
+
+COMMAND_DOC = """Serving throughput under concurrency: any OpenAI-compatible endpoint against one without speculation.
+
+    # on a GPU box: the target with a drafter, and the target alone (see the README's serving section)
+    python experiments/serve_bench.py --url http://localhost:8000 --baseline http://localhost:8001 \\
+        --benchmarks gsm8k:64,humaneval:64 --concurrency 1,2,4,8,16,32 --max-tokens 512
+
+    # on CPU, a local transformers serve of a model directory (no speculation; checks the pipeline)
+    transformers serve DIR --device cpu --dtype float32 --port 8000 &
+    python experiments/serve_bench.py --url http://localhost:8000 --benchmarks embedded-math:8 --concurrency 1,2
+
+Reports per concurrency level output tokens/s and request latency (mean, p50, p90), and the speedup
+over the baseline; writes results/serve_bench-<time>.md + .json and one MLflow run (experiment
+`serve_bench`). An unreachable URL is an error before anything is written.
+"""
+"""The command's description and epilog, and ``experiments/serve_bench.py``'s docstring (tests/test_entry_points.py)."""
+PROG = "serve_bench.py"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True, help="the (speculative) server, e.g. http://localhost:8000")
+    p.add_argument("--model", default=None, help="its served model name (default: its first model)")
+    p.add_argument("--baseline", default=None, help="the same target served without speculation")
+    p.add_argument("--baseline-model", default=None, help="the baseline's served model name")
+    p.add_argument("--benchmarks", default="embedded-math:32",
+                   help="name[:n],... from lit_domino.data.benchmarks (default embedded-math:32)")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrency levels (default 1,2,4,8,16,32)")
+    p.add_argument("--max-tokens", type=int, default=256, help="answer budget per request (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--chat-template-kwargs", default='{"enable_thinking": false}',
+                   help="JSON for the server's chat template (default: Qwen3 thinking off, as the suite); '' = none")
+    p.add_argument("--retries", type=int, default=3, help="retries per request, with backoff (default 3)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    p.add_argument("--warmup", type=int, default=1, help="requests per server before measuring (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="benchmark shuffle seed")
+    p.add_argument("--out", default=str(project_root() / "results"), help="output directory (default results/)")
+    p.add_argument("--experiment", default="serve_bench", help="MLflow experiment (default serve_bench)")
+    p.add_argument("--no-mlflow", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    """Parse, check the options and that every URL answers, then measure; errors are one line."""
+    return run_command(PROG, _run, argv)
+
+
+def _run(argv: list[str]) -> list[dict]:
+    return run_serve_bench(parse_args(argv))

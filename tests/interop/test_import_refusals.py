@@ -42,9 +42,9 @@ def test_hub_id_offline_names_the_local_alternative(monkeypatch):
 
 
 def test_export_cli(tmp_path, domino):
-    import experiments.export as cli
+    from lit_domino.interop.export import main
 
     domino.save_pretrained(tmp_path / "run" / "drafter")
-    out = cli.main([str(tmp_path / "run"), str(tmp_path / "out"), "--format", "specforge-domino"])
+    out = main([str(tmp_path / "run"), str(tmp_path / "out"), "--format", "specforge-domino"])
     assert detect_format(out) == "specforge-domino"
     assert load_drafter(out).config.head == domino.config.head

@@ -81,13 +81,13 @@ def test_bad_grids_are_refused(kwargs, match):
 
 
 def test_cli_refuses_bad_input_before_training(capsys):
-    import experiments.dloop as cli
+    from lit_domino.studies.dloop_command import main
 
     for argv, match in ((["--thresholds", "-0.5,0.5"], "positive"), (["--stages", "0"], ">= 1"),
                         (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]"),
                         (["--table-dloop", "conf@0:3"], "(0, 1]"), (["--table-dloop", "cost:3"], "token by token")):
         with pytest.raises(SystemExit):
-            cli.main(argv)
+            main(argv)
         assert match in capsys.readouterr().err
 
 

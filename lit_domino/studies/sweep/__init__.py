@@ -1,6 +1,6 @@
 """Optuna sweeps over the Domino head: search space, objective, study creation/resume, summary.
 
-``sweeps/domino.py`` is the thin CLI over this package; ``sweeps/space.yaml`` the default search
+``sweeps/domino.py`` (:mod:`lit_domino.studies.sweep_command`) is the thin CLI over this package; ``sweeps/space.yaml`` the default search
 space. One *study* is a set of trials in an Optuna storage (SQLite ``sqlite:///sweeps/<study>.db``
 by default, an Optuna journal file ``journal:<path>`` / ``<path>.journal``, or any RDB URL) plus
 one MLflow experiment ``sweep-<study>`` holding the study's run (``sweep_role=study``) and, nested
