@@ -620,7 +620,7 @@ def generate(
     sample of the target's softmax(logits / T), drawn from a ``torch.Generator`` seeded
     with ``seed`` (None: seeded from torch's global RNG). Generation stops after an EOS
     token (``target.eos_token_ids``, emitted) or exactly ``max_new_tokens`` tokens.
-    ``pool_size`` P (drafters with a logit-correction head, Domino): the correction, the pick and q on the
+    ``pool_size`` P (drafters whose head corrects its base logits: Domino, DSpark): the correction, the pick and q on the
     top-P tokens of the base logits (1 <= P <= V; None = the full vocabulary, the exact head); the pool
     changes what is drafted, never the output.
     ``static_cache``: the target's KV cache is a ``StaticCache`` (fixed capacity, rollback by moving its write
