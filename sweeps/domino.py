@@ -14,8 +14,9 @@ Optuna journal file, or any RDB URL (``postgresql://...``). ``--n-trials`` is th
 of finished trials over all workers. Quick look on the smoke preset:
 ``--preset smoke --max-steps 20 --prompts-per-domain 2 --max-new-tokens 32``.
 The library behind this file is the ``lit_domino.studies.sweep`` package; the search space is ``sweeps/space.yaml``.
-DSpark's Markov rank (and head type): ``--space sweeps/dspark_space.yaml --study-name dspark`` (any variant
-whose module takes the space's keys sweeps the same way).
+DSpark's Markov rank (and head type): ``--space sweeps/dspark_space.yaml --study-name dspark``; DFlash 2's selector
+(rank, candidates): ``--space sweeps/dflash2_space.yaml --study-name dflash2`` (any variant whose module takes the
+space's keys sweeps the same way).
 """
 
 import sys

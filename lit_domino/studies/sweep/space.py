@@ -28,6 +28,8 @@ LAMBDA_KINDS = ("linear", "cosine", "step", "constant", "none")
 DEFAULT_SPACE_FILE = project_root() / "sweeps" / "space.yaml"
 DSPARK_SPACE_FILE = project_root() / "sweeps" / "dspark_space.yaml"
 """DSpark's space: its Markov rank (and head type), the variant ``dspark``."""
+DFLASH2_SPACE_FILE = project_root() / "sweeps" / "dflash2_space.yaml"
+"""DFlash 2's space: its selector's rank, candidates and loss weight, the variant ``dflash2``."""
 
 
 class SweepError(UsageError):

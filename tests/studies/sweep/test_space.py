@@ -40,6 +40,25 @@ def test_shipped_dspark_space_sweeps_the_markov_rank():
         check_trial_config(settings, other)
 
 
+def test_shipped_dflash2_space_sweeps_the_selector():
+    """DFlash 2's selector (rank, candidates, its loss weight) sweeps the same way: the trial's config parses with
+    the training parser and reaches the module; DSpark's head type is refused before any trial runs."""
+    from lit_domino.training.cli import ConfigError
+    from lit_domino.studies.sweep.worker import check_trial_config
+
+    space = sweep.load_space(sweep.space.DFLASH2_SPACE_FILE)
+    by = {p.name: p for p in space.params}
+    assert space.variant == "dflash2" and {"rank", "top_k", "selector_weight"} == set(by)
+    settings = sweep.SweepSettings(preset="smoke", max_steps=5)
+    init = sweep.trial_config(settings, space, {"rank": 24, "top_k": 6, "selector_weight": 0.5})["model"]["init_args"]
+    assert (init["rank"], init["top_k"], init["selector_weight"]) == (24, 6, 0.5)
+    check_trial_config(settings, space)
+    other = sweep.parse_space({"variant": "dflash2", "params": {
+        "head_type": {"type": "categorical", "choices": ["vanilla", "rnn"], "target": "model.head_type"}}})
+    with pytest.raises(ConfigError, match="unknown config key model.head_type"):
+        check_trial_config(settings, other)
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"type": "categorical", "choices": ["vanilla", "lstm"], "target": "model.head_type"}, "one of"),
     ({"type": "int", "low": -4, "high": 64, "target": "model.rank"}, "positive integer"),
