@@ -10,7 +10,9 @@ d_j itself: a gate that cuts at j then decides from the tokens before j only, wh
   interface a drafter with a head of its own implements (None: it has none);
 * **add-on head** (:class:`AcceptanceHead`; backbone-only, Domino, any drafter whose session keeps the stage's
   block hidden states, DFlash 2 included): ``z_j = w · [H_j ; E[x_{j-1}]] + b`` with E the target's frozen
-  embedding, trained on the frozen drafter (:mod:`lit_domino.training.acceptance`).
+  embedding (inputs ``hidden``), or ``z_j = w · [H_j ; S_{j-1}] + b`` with S_{j-1} Domino's GRU state after the
+  stage's anchor and d_1 .. d_{j-1} (inputs ``gru``: what Domino's own correction reads, a drafter with a causal
+  state only), trained on the frozen drafter (:mod:`lit_domino.training.acceptance`).
 
 Calibration (:class:`Calibration`): per round position j (stages concatenated), a temperature τ_j, so that
 ``c_j = sigmoid(z_j / τ_j)`` is the acceptance probability of position j *given* that 1..j-1 were accepted;
@@ -37,6 +39,9 @@ from torch import nn
 from lit_domino.runtime.command import UsageError
 
 PREDICTOR_FILE = "acceptance.json"
+INPUTS = ("hidden", "gru")
+"""What the add-on head reads besides H_j: ``hidden`` the previous token's embedding E[x_{j-1}], ``gru`` the
+drafter's causal state over the stage's previous tokens (Domino's GRU state S_{j-1})."""
 HEAD_FILE = "head.safetensors"
 LABELS = ("soft", "hard")
 """Training labels: ``soft`` c*_j = 1 - ½‖q_j - p_j‖₁ (the acceptance probability at T > 0), ``hard`` 1 when the
@@ -78,6 +83,23 @@ def stage_inputs(hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tenso
     return hidden[1: K + 1], prev
 
 
+def causal_state_size(drafter) -> int | None:
+    """The width of ``drafter``'s causal state over a stage's previous tokens (Domino's GRU: d_s), None without one
+    (the method interface: ``causal_state_size`` and ``causal_states(prev)``)."""
+    size = getattr(drafter, "causal_state_size", None)
+    return None if size is None or getattr(drafter, "causal_states", None) is None else int(size)
+
+
+def require_causal_state(drafter, why: str) -> int:
+    """:func:`causal_state_size`, or :class:`NoAcceptancePredictor` naming ``why`` for a drafter without one."""
+    size = causal_state_size(drafter)
+    if size is None:
+        kind = getattr(drafter, "kind", type(drafter).__name__)
+        raise NoAcceptancePredictor(f"{why}: inputs 'gru' read Domino's GRU state, and the {kind} drafter has no "
+                                    "causal state (use inputs 'hidden')")
+    return size
+
+
 def supports_predictor(drafter) -> bool:
     """Whether ``drafter``'s sessions keep each stage's block hidden states (the parallel drafters)."""
     from lit_domino.models.backbone import ParallelSession
@@ -90,18 +112,28 @@ def supports_predictor(drafter) -> bool:
 
 
 class AcceptanceHead(nn.Module):
-    """The add-on confidence head: one linear layer on ``[H_j ; E[x_{j-1}]]`` -> a logit."""
+    """The add-on confidence head: one linear layer on ``[H_j ; E[x_{j-1}]]`` (inputs ``hidden``) or
+    ``[H_j ; S_{j-1}]`` (inputs ``gru``) -> a logit. ``embed_size``: the second part's width (d_e, or d_s)."""
 
-    def __init__(self, hidden_size: int, embed_size: int):
+    def __init__(self, hidden_size: int, embed_size: int, inputs: str = "hidden"):
         super().__init__()
-        self.hidden_size, self.embed_size = int(hidden_size), int(embed_size)
+        if inputs not in INPUTS:
+            raise ValueError(f"inputs must be one of {INPUTS}, got {inputs!r}")
+        self.hidden_size, self.embed_size, self.input_kind = int(hidden_size), int(embed_size), inputs
         self.proj = nn.Linear(self.hidden_size + self.embed_size, 1)
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 
     def inputs(self, drafter, H: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """[..., K, d] hidden states and [..., K] previous tokens -> [..., K, d + d_e] (float32)."""
-        return torch.cat([H.float(), drafter.embed_tokens(prev).float()], dim=-1)
+        """[..., P, d] hidden states and [..., P] previous tokens -> [..., P, d + d_e] (float32). For ``gru``, P
+        spans whole stages of K = block_size - 1 positions (a round's, concatenated) and the state restarts at
+        each stage's anchor, as a session's stage does."""
+        if self.input_kind == "hidden":
+            return torch.cat([H.float(), drafter.embed_tokens(prev).float()], dim=-1)
+        require_causal_state(drafter, "the add-on acceptance head")
+        K = drafter.config.block_size - 1
+        S = torch.cat([drafter.causal_states(chunk) for chunk in prev.split(K, dim=-1)], dim=-2)
+        return torch.cat([H.float(), S.float()], dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x.to(self.proj.weight.dtype)).squeeze(-1)
@@ -189,7 +221,8 @@ class AcceptancePredictor:
         info = {"format": 1, "drafter_key": self.drafter_key, "kind": "own" if self.head is None else "addon",
                 "calibration": None if self.calibration is None else asdict(self.calibration), "meta": self.meta}
         if self.head is not None:
-            info["head"] = {"hidden_size": self.head.hidden_size, "embed_size": self.head.embed_size}
+            info["head"] = {"hidden_size": self.head.hidden_size, "embed_size": self.head.embed_size,
+                            "inputs": self.head.input_kind}
             save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
                       str(directory / HEAD_FILE))
         (directory / PREDICTOR_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
@@ -206,7 +239,8 @@ def load_predictor(directory: str | Path) -> AcceptancePredictor:
         info = json.loads(path.read_text())
         head = None
         if info["kind"] == "addon":
-            head = AcceptanceHead(info["head"]["hidden_size"], info["head"]["embed_size"])
+            head = AcceptanceHead(info["head"]["hidden_size"], info["head"]["embed_size"],
+                                  info["head"].get("inputs", "hidden"))  # predictors saved before "gru": hidden
             head.load_state_dict(load_file(str(directory / HEAD_FILE)))
         cal = info.get("calibration")
         return AcceptancePredictor(info["drafter_key"], head, None if cal is None else Calibration(**cal),
@@ -231,6 +265,11 @@ def attach(drafter, predictor: AcceptancePredictor, check: bool = True):
     if predictor.head is not None and not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"an add-on acceptance head needs a parallel drafter's block hidden states; "
                                     f"the {drafter.kind} drafter drafts token by token")
+    if predictor.head is not None and predictor.head.input_kind == "gru":
+        size = require_causal_state(drafter, "this acceptance predictor")
+        if size != predictor.head.embed_size:
+            raise NoAcceptancePredictor(f"this acceptance predictor reads a GRU state of width "
+                                        f"{predictor.head.embed_size}, the {drafter.kind} drafter's is {size}")
     drafter.__dict__[_ATTR] = predictor
     return drafter
 

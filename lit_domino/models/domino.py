@@ -414,6 +414,20 @@ class DominoDrafter(ParallelDrafter):
             out.final_logits = torch.cat([out.logits[:, :, :1], out.logits[:, :, 1:] + delta], dim=2)
         return out
 
+    @property
+    def causal_state_size(self) -> int:
+        """d_s: the width of :meth:`causal_states` (the acceptance predictor's ``gru`` inputs)."""
+        return self.head.gru_hidden
+
+    @torch.no_grad()
+    def causal_states(self, prev: torch.Tensor) -> torch.Tensor:
+        """The GRU state each drafted position of a stage reads, S_{j-1} [..., k, d_s], from its previous tokens
+        prev [..., k] = [x_a, d_1 .. d_{k-1}] (the acceptance predictor's interface): a fresh GRU from the anchor,
+        as :func:`draft_block` runs it, so position j's state sees the tokens before j only."""
+        lead = prev.shape[:-1]
+        S, _ = self.head.gru(self.embed_tokens(prev.reshape(-1, prev.shape[-1])))  # [n, k, d_s]
+        return S.reshape(*lead, *S.shape[-2:])
+
     @torch.no_grad()
     def ttt_inputs(self, H: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """Training-time test's GRU inputs ``[N, K]`` = ``[x_a, pick_1 .. pick_{K-1}]``: the rollout's argmax

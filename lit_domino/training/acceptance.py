@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from lit_domino.runtime import cache
-from lit_domino.decoding.acceptance import (LABELS, AcceptanceHead, AcceptancePredictor, Calibration,
+from lit_domino.decoding.acceptance import (INPUTS, LABELS, AcceptanceHead, AcceptancePredictor, Calibration,
                                            NoAcceptancePredictor, drafter_key, load_predictor, own_predictor,
-                                           stage_inputs, supports_predictor)
+                                           require_causal_state, stage_inputs, supports_predictor)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class AcceptanceSettings:
     calibration_label: str | None = None
     """What the calibration makes the survival match: ``hard`` acceptance events (decoding at T = 0) or ``soft``
     c* (sampling at the collection's temperature). None: as ``label``'s default."""
+    inputs: str = "hidden"
+    """What the add-on head reads besides H_j (:data:`~lit_domino.decoding.acceptance.INPUTS`): ``hidden`` the
+    previous token's embedding, ``gru`` Domino's GRU state (a drafter without a causal state is refused)."""
     own_head: bool = True
     """A drafter with a confidence head of its own (DSpark) uses it (only calibrated); False trains the add-on
     head on it too (for comparison)."""
@@ -73,6 +76,8 @@ class AcceptanceSettings:
         for name in ("label", "calibration_label"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, auto)
+        if self.inputs not in INPUTS:
+            raise ValueError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
         for name in ("label", "calibration_label"):
             if getattr(self, name) not in LABELS:
                 raise ValueError(f"{name} must be one of {LABELS}, got {getattr(self, name)!r}")
@@ -158,7 +163,9 @@ def train_head(drafter, data: dict, settings: AcceptanceSettings) -> AcceptanceH
     """The add-on head trained on the rounds ``data`` (BCE on ``settings.label``; the drafter frozen)."""
     torch.manual_seed(settings.seed)
     d = drafter.config.hidden_size
-    head = AcceptanceHead(d, int(drafter.embed.weight.shape[1]))
+    second = (require_causal_state(drafter, "train_head") if settings.inputs == "gru"
+              else int(drafter.embed.weight.shape[1]))
+    head = AcceptanceHead(d, second, settings.inputs)
     with torch.no_grad():
         x = head.inputs(drafter, data["H"].to(drafter.embed.weight.device), data["prev"].to(drafter.embed.weight.device))
         x = x.reshape(-1, x.shape[-1]).cpu()
@@ -394,6 +401,8 @@ def build_predictor(target, drafter, prompts, settings: AcceptanceSettings = Acc
     calibration and test, train the add-on head (not for a drafter with its own head), calibrate, report ->
     (predictor, report, test rounds' (z, hard, soft))."""
     drafter.bind_target(target)
+    if settings.inputs == "gru":
+        require_causal_state(drafter, "AcceptanceSettings(inputs='gru')")
     own = own_predictor(drafter) if settings.own_head else None
     if own is None and not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"the {drafter.kind} drafter drafts token by token: the add-on acceptance head "
@@ -420,13 +429,22 @@ def build_predictor(target, drafter, prompts, settings: AcceptanceSettings = Acc
     return pred, report, (zt, test["hard"], test["soft"])
 
 
+def artifact_key(target, drafter, prompts, settings: AcceptanceSettings) -> dict:
+    """The predictor artifact's key: the drafter's key, the target's fingerprint, the prompts and ``settings``
+    (``inputs`` among them, so a drafter's hidden-state and GRU-state heads never share an artifact)."""
+    fields = asdict(settings)
+    if fields["inputs"] == "hidden":  # the key the hidden-state head had before the GRU variant: its caches stay
+        del fields["inputs"]
+    return {"drafter": drafter_key(drafter), "target": cache.config_hash(target.fingerprint()),
+            "prompts": cache.config_hash([list(p) for p in prompts]), "settings": fields}
+
+
 def acceptance_predictor(target, drafter, prompts, settings: AcceptanceSettings = AcceptanceSettings(),
                          name: str | None = None, root: Path | None = None) -> tuple[AcceptancePredictor, Path]:
     """:func:`build_predictor`, cached as its own artifact ``acceptance/<name>-<hash>`` (the hash covers the
     drafter's key, the target's fingerprint, the prompts and ``settings``): ``predictor/``, ``report.json``,
     ``report.md`` and ``reliability.png``. Returns (predictor, artifact directory)."""
-    key = {"drafter": drafter_key(drafter), "target": cache.config_hash(target.fingerprint()),
-           "prompts": cache.config_hash([list(p) for p in prompts]), "settings": asdict(settings)}
+    key = artifact_key(target, drafter, prompts, settings)
     name = name or drafter.kind
     path = cache.artifact_dir("acceptance", key, name=name, root=root)
 

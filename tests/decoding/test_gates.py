@@ -27,7 +27,9 @@ def target():
 
 
 def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
-    """A random drafter of ``kind`` with an add-on head of random weights (confidences spread over (0, 1))."""
+    """A random drafter of ``kind`` with an add-on head of random weights (confidences spread over (0, 1));
+    ``domino-gru``: Domino with the head on its GRU state."""
+    kind, _, inputs = kind.partition("-")
     torch.manual_seed(seed)
     kw = SMALL if kind != "backbone" else dict(num_layers=1)
     if kind == "dspark":
@@ -37,7 +39,7 @@ def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
         spread_own_head(target, d, scale)
         pred = AcceptancePredictor("", None, Calibration([1.5] * positions, [0.6] * positions))
         return attach(d, pred, check=False)
-    head = spread_head(target, d, scale)
+    head = spread_head(target, d, scale, inputs=inputs or "hidden")
     cal = Calibration([0.8 + 0.1 * j for j in range(positions)], [0.7 - 0.02 * j for j in range(positions)])
     return attach(d, AcceptancePredictor(drafter_key(d), head, cal))
 
@@ -54,10 +56,11 @@ def sample_inputs(target, d):
     return torch.cat(Hs), torch.cat(prevs)
 
 
-def spread_head(target, d, scale=1.5, centre=1.5):
+def spread_head(target, d, scale=1.5, centre=1.5, inputs="hidden"):
     """An add-on head of random weights whose logits on sample stages have mean ``centre`` and std ``scale``
     (random drafters' hidden states differ in scale by kind)."""
-    head = AcceptanceHead(d.config.hidden_size, d.embed.weight.shape[1])
+    second = d.causal_state_size if inputs == "gru" else d.embed.weight.shape[1]
+    head = AcceptanceHead(d.config.hidden_size, second, inputs)
     H, prev = sample_inputs(target, d)
     with torch.no_grad():
         torch.nn.init.normal_(head.proj.weight)
@@ -88,7 +91,7 @@ GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trun
          "cost:3+trunc@0.2"]
 
 
-@pytest.mark.parametrize("kind", ["backbone", "domino", "dspark"])
+@pytest.mark.parametrize("kind", ["backbone", "domino", "domino-gru", "dspark"])
 def test_gates_are_lossless_greedy(target, kind, tmp_path):
     d = with_predictor(target, kind)
     path = cheap_cost(target, d, 6).save(tmp_path / "cost.json")
@@ -113,10 +116,11 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,spec", [("domino", "conf@0.55:3+trunc@0.4"), ("backbone", "trunc@0.5"),
                                        ("backbone", "conf@0.5:3+trunc@0.45"), ("dspark", "conf@0.4:2+trunc@0.4"),
-                                       ("domino", "cost:3+trunc@0.3")])
+                                       ("domino", "cost:3+trunc@0.3"), ("domino-gru", "conf@0.55:3+trunc@0.4")])
 def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
     """T > 0: chi-square on (x1, x2) with q far from p, while the gate cuts stages and (mostly) opens more."""
     target = chi_square_target()
+    kind, _, inputs = kind.partition("-")
     torch.manual_seed(0)
     kw = dict(num_layers=1, head=dict(rank=8, gru_hidden=8)) if kind == "domino" else \
         dict(num_layers=1, head=dict(rank=4)) if kind == "dspark" else dict(num_layers=1)
@@ -131,7 +135,7 @@ def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
         spread_own_head(target, d, 1.0, 1.5)
         attach(d, AcceptancePredictor("", None, cal), check=False)
     else:
-        attach(d, AcceptancePredictor(drafter_key(d), spread_head(target, d, 1.0, 1.5), cal))
+        attach(d, AcceptancePredictor(drafter_key(d), spread_head(target, d, 1.0, 1.5, inputs or "hidden"), cal))
     prompt = [3, 5, 2, 6]
     dl = DLoopConfig.parse(spec)
     if dl.gate == "cost":  # verifying more is nearly free here: the gate opens while the survival is high
@@ -276,3 +280,49 @@ def test_cost_model_cache_is_keyed_and_checked(target, tmp_path):
     with pytest.raises(CostModelError, match="does not exist"):
         resolve(target, d, 4, str(tmp_path / "missing.json"), root=tmp_path)
     assert resolve(target, d, 4, str(files[0])).key == cm.key
+
+
+def test_gru_head_reads_the_state_domino_drafts_with_and_only_earlier_tokens(target):
+    d = with_predictor(target, "domino-gru", block_size=8)
+    with torch.no_grad():
+        d.head.up.weight.normal_()  # a live correction: the GRU state shapes the drafts
+    pred = predictor_of(d)
+    assert pred.head.input_kind == "gru" and pred.head.embed_size == d.causal_state_size
+    session = d.new_session()
+    ids = torch.tensor([5, 6, 7, 8])
+    session.extend(ids, target.forward_features(ids[None], d.config.feature_layers)[0])
+    st = session.draft(torch.tensor([9]), 7)
+    hidden = session.stages[-1].hidden
+    prev = torch.cat([torch.tensor([9]), st.tokens[:-1]])
+    # S_{j-1} is the state the head's correction read when it drafted position j
+    with torch.no_grad():
+        final = d.compute_logits(hidden[1:]) + d.head.delta(hidden[1:], d.causal_states(prev))
+    torch.testing.assert_close(final, st.logits, atol=1e-4, rtol=1e-4)
+    c = pred.confidences(d, hidden, torch.tensor([9]), st.tokens)
+    other = st.tokens.clone()
+    other[3] = (other[3] + 1) % 128
+    c2 = pred.confidences(d, hidden, torch.tensor([9]), other)
+    torch.testing.assert_close(c[:4], c2[:4])  # c_j sees d_1 .. d_{j-1} only
+    assert not torch.equal(c[4:], c2[4:])
+    # a round's positions (two stages, concatenated): the state restarts at the second stage's anchor
+    x = pred.head.inputs(d, torch.cat([hidden[1:], hidden[1:]]), torch.cat([prev, prev]))
+    torch.testing.assert_close(x[:7], x[7:])
+
+
+def test_gru_inputs_are_refused_for_a_drafter_without_a_gru(target, tmp_path):
+    gru = predictor_of(with_predictor(target, "domino-gru"))
+    torch.manual_seed(0)
+    backbone = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
+    with pytest.raises(NoAcceptancePredictor, match="inputs 'gru' read Domino's GRU state.*backbone"):
+        attach(backbone, gru, check=False)
+    with pytest.raises(NoAcceptancePredictor, match="no causal state"):
+        gru.head.inputs(backbone, torch.zeros(5, backbone.config.hidden_size), torch.zeros(5, dtype=torch.long))
+    wide = build_drafter(drafter_config("domino", target, block_size=6, num_layers=1,
+                                        head=dict(rank=8, gru_hidden=32)), target)
+    with pytest.raises(NoAcceptancePredictor, match="width 16"):
+        attach(wide, gru, check=False)
+    with pytest.raises(ValueError, match="inputs must be one of"):
+        AcceptanceHead(8, 8, "state")
+    back = load_predictor(gru.save(tmp_path / "p"))
+    assert back.head.input_kind == "gru" and back.head.embed_size == 16
+    torch.testing.assert_close(back.head.proj.weight, gru.head.proj.weight)
