@@ -3,15 +3,17 @@ artifact keyed by the drafter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from lit_domino.decoding.acceptance import attach, drafter_key, predictor_of
+from lit_domino.decoding.acceptance import NoAcceptancePredictor, attach, drafter_key, predictor_of
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import hf_greedy, lively_target
-from lit_domino.training.acceptance import (AcceptanceSettings, acceptance_predictor, auc, calibrated,
-                                            calibration_report, collect_rounds, ece, fit_calibration, prefix_weights,
-                                            train_head)
+from lit_domino.training.acceptance import (AcceptanceSettings, acceptance_predictor, artifact_key, auc,
+                                            build_predictor, calibrated, calibration_report, collect_rounds, ece,
+                                            fit_calibration, prefix_weights, train_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,6 +26,8 @@ def target():
 def drafter(target, kind="backbone", seed=0):
     torch.manual_seed(seed)
     kw = dict(num_layers=1) if kind == "backbone" else dict(num_layers=1, head=dict(rank=8))
+    if kind == "domino":
+        kw["head"]["gru_hidden"] = 12
     return build_drafter(drafter_config(kind, target, block_size=5, **kw), target)
 
 
@@ -97,3 +101,41 @@ def test_predictor_artifact_is_cached_and_keyed_by_the_drafter(target, tmp_path)
     # DSpark: its own head, calibrated, no add-on weights
     own, _ = acceptance_predictor(target, drafter(target, "dspark"), prompts, s, root=tmp_path)
     assert own.head is None and own.calibration is not None
+    # Domino: the hidden-state and the GRU-state heads are two artifacts; the GRU one reloads as itself
+    dom = drafter(target, "domino")
+    _, hidden_path = acceptance_predictor(target, dom, prompts, s, root=tmp_path)
+    gru, gru_path = acceptance_predictor(target, dom, prompts, replace(s, inputs="gru"), root=tmp_path)
+    assert gru_path != hidden_path and gru.head.input_kind == "gru"
+    back, _ = acceptance_predictor(target, dom, prompts, replace(s, inputs="gru"), root=tmp_path)
+    assert back.head.input_kind == "gru" and back.meta["inputs"] == "gru"
+    assert predictor_of(attach(dom, back)) is back
+
+
+def test_gru_head_trains_on_domino_and_is_refused_elsewhere(target):
+    d = drafter(target, "domino")
+    with torch.no_grad():
+        d.head.up.weight.normal_()
+    seqs = [(p + hf_greedy(target, p, 24), len(p)) for p in ([5, 6, 7, 8], [9, 3, 4, 10, 11])]
+    s = AcceptanceSettings(stages=2, anchors_per_sequence=4, steps=50, inputs="gru")
+    data = collect_rounds(target, d, seqs, s)
+    head = train_head(d, data, s)
+    assert head.input_kind == "gru" and head.embed_size == 12
+    x = head.inputs(d, data["H"], data["prev"])
+    assert x.shape == (*data["hard"].shape, d.config.hidden_size + 12)
+    z = head(x).detach()
+    assert torch.isfinite(z).all() and z.std() > 0
+    with pytest.raises(ValueError, match="inputs must be one of"):
+        AcceptanceSettings(inputs="state")
+    with pytest.raises(NoAcceptancePredictor, match=r"inputs='gru'.*backbone drafter has no causal state"):
+        build_predictor(target, drafter(target), [[5, 6, 7]], s)
+    with pytest.raises(NoAcceptancePredictor, match="dspark drafter has no causal state"):
+        build_predictor(target, drafter(target, "dspark"), [[5, 6, 7]], AcceptanceSettings(inputs="gru",
+                                                                                            own_head=False))
+
+
+def test_the_artifact_key_names_the_inputs(target):
+    d, prompts = drafter(target, "domino"), [[5, 6, 7]]
+    hidden, gru = (artifact_key(target, d, prompts, AcceptanceSettings(inputs=i)) for i in ("hidden", "gru"))
+    assert hidden != gru and gru["settings"]["inputs"] == "gru"
+    assert "inputs" not in hidden["settings"]  # the hidden head's artifacts built before the GRU variant stay valid
+    assert artifact_key(target, drafter(target, "domino", seed=1), prompts, AcceptanceSettings()) != hidden
