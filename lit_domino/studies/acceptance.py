@@ -1,7 +1,8 @@
 """The acceptance-predictor study: a calibrated confidence for every parallel drafter, and how well it predicts.
 
-Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, any parallel method
-registered later): the add-on head trained on the frozen drafter (DSpark: its own head), calibrated per position
+Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, DFlash 2, any
+parallel method registered later): the add-on head trained on the frozen drafter (DSpark: its own head, and the
+add-on one beside it; Domino: on its hidden states and, a second row, on its GRU state), calibrated per position
 on held-out rounds (:mod:`lit_domino.training.acceptance`), each cached as its own artifact keyed by the
 drafter. Prompts: each embedded benchmark's items after the ones the DLoop study evaluates on (disjoint).
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from lit_domino.training.acceptance import (MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, position_cells,
                                             prompt_ids)
 from lit_domino.data.benchmarks import load_benchmark
-from lit_domino.decoding.acceptance import own_predictor, supports_predictor
+from lit_domino.decoding.acceptance import causal_state_size, own_predictor, supports_predictor
 from lit_domino.training.configs import load_config
 from lit_domino.training.experiment import train_variant
 from lit_domino.interop import load_drafter
@@ -71,7 +72,22 @@ def study_pool_size(preset: str):
     return decode_pool_size(preset)
 
 
-def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), label: str | None = None,
+STUDY_DRAFTERS = ("backbone", "domino", "dspark", "dflash2")
+"""Every parallel drafter the study calibrates by default."""
+
+
+def predictor_variants(kind: str, drafter) -> list[tuple[str, str, dict]]:
+    """The predictors the study builds for ``drafter`` -> (table name, artifact tag, settings fields): its own head
+    (or the add-on head), the add-on head beside an own one, and the GRU-state head of a drafter with a GRU."""
+    out = [(kind, kind, {})]
+    if own_predictor(drafter) is not None:
+        out.append((f"{kind} (add-on head)", f"{kind}-addon", {"own_head": False}))
+    if causal_state_size(drafter) is not None:
+        out.append((f"{kind} (GRU state)", f"{kind}-gru", {"inputs": "gru"}))
+    return out
+
+
+def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: str | None = None,
                          out_dir: Path | None = None, mlflow_enabled: bool = True, progress: bool = True,
                          threads: int | None = 1) -> dict:
     """Build (or reuse) every drafter's predictor, then the tables, diagrams and MLflow run (module docstring)."""
@@ -88,7 +104,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
     cfgs = {kind: load_config(kind, preset, 0, {}) for kind in drafters}
     target = load_target(next(iter(cfgs.values()))["data"]["target"])
     prompts = study_prompts(target, spec["prompts"])
-    reports, files, predictors = {}, [], {}
+    reports, files, predictors, tags = {}, [], {}, {}
     with pinned_threads(threads):
         for kind, cfg in cfgs.items():
             trained = train_variant(cfg, experiment=f"acceptance-{preset}", table="acceptance", progress=progress)
@@ -97,12 +113,11 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
                 print(f"[acceptance] {kind}: drafts token by token, no acceptance predictor", flush=True)
                 continue
             pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
-            variants = [(kind, True)] + ([(f"{kind} (add-on head)", False)] if own_predictor(drafter) else [])
-            for name, own in variants:
-                settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool, own_head=own)
+            for name, tag, fields in predictor_variants(kind, drafter):
+                settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool, **fields)
                 print(f"[acceptance {time.time() - t0:5.0f}s] {name}: predictor ({settings})", flush=True)
-                tag = name.split(" ")[0] + ("" if own else "-addon")
                 pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{tag}-{preset}")
+                tags[name] = tag.replace("-", "_")  # MLflow metric prefixes: backbone, dspark_addon, domino_gru
                 reports[name] = json.loads((path / "report.json").read_text())
                 png = out_dir / f"reliability-{tag}-{preset}.png"
                 shutil.copyfile(path / "reliability.png", png)
@@ -123,12 +138,12 @@ def run_acceptance_study(preset: str = "smoke", drafters=("backbone", "domino", 
         with mlflow_run(f"acceptance-{preset}", f"calibration-{preset}", tags={"table": "acceptance"}) as run:
             mlflow.log_params({"drafters": ",".join(reports), "label": str(label or "auto"), "prompts": len(prompts)})
             metrics = {}
-            for kind, rep in reports.items():
+            for name, rep in reports.items():
                 for k, v in rep["pooled"].items():
-                    metrics[f"{kind.replace(' (add-on head)', '_addon')}.{k}"] = v
+                    metrics[f"{tags[name]}.{k}"] = v
                 for r in rep["positions"]:
                     for k in ("auc", "ece_before", "ece_after", "survival_ece_after", "accept"):
-                        metrics[f"{kind.replace(' (add-on head)', '_addon')}.pos{r['position']:02d}.{k}"] = r[k]
+                        metrics[f"{tags[name]}.pos{r['position']:02d}.{k}"] = r[k]
             log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, metrics)
             for f in files:
                 mlflow.log_artifact(str(f), "calibration")

@@ -15,12 +15,12 @@ from lit_domino.runtime.command import CommandParser, UsageError, run_command
 COMMAND_DOC = """Acceptance predictors: a calibrated confidence head for every parallel drafter, with its calibration table.
 
     python experiments/acceptance.py --preset smoke
-    python experiments/acceptance.py --preset default --drafters backbone,domino,dspark --label hard
+    python experiments/acceptance.py --preset default --drafters backbone,domino,dspark,dflash2 --label hard
 
 Reuses (or trains) each base drafter from ./artifacts ($LIT_DOMINO_CACHE), trains the add-on head on the frozen
-drafter (DSpark: its own head, and the add-on one for comparison), calibrates it per position on held-out
-regenerated rounds, and writes the AUC / ECE table and reliability diagrams to results/acceptance/ and MLflow
-(experiment acceptance-<preset>). The predictors are cached as their own artifacts (acceptance/), keyed by the
+drafter (DSpark: its own head, and the add-on one for comparison; Domino: on its GRU state too), calibrates it
+per position on held-out regenerated rounds, and writes the AUC / ECE table and reliability diagrams to
+results/acceptance/ and MLflow (experiment acceptance-<preset>). The predictors are cached as their own artifacts (acceptance/), keyed by the
 drafter, and used by the DLoop gates conf@P, cost and +trunc@P.
 """
 """The command's description and epilog, and ``experiments/acceptance.py``'s docstring (tests/test_entry_points.py)."""
@@ -31,7 +31,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
-    parser.add_argument("--drafters", default="backbone,domino,dspark", help="comma-separated parallel drafters")
+    parser.add_argument("--drafters", default="backbone,domino,dspark,dflash2",
+                        help="comma-separated parallel drafters (default: backbone,domino,dspark,dflash2)")
     parser.add_argument("--label", default=None, choices=["soft", "hard"],
                         help="training label (default: hard, as the rounds are drafted greedily)")
     parser.add_argument("--out", default=None, help="output directory (default: results/acceptance)")
