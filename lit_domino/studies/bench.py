@@ -29,6 +29,9 @@ OFFICIAL_PEERS = ("dflash",)
 """Other projects' decoding loops ``--peers`` can add: ``dflash`` = z-lab's ``dflash_generate`` on each backbone."""
 PEERS = HF_PEERS + OFFICIAL_PEERS
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+PREDICTOR_FILE = "acceptance.json"
+"""An acceptance predictor's file (:data:`lit_domino.decoding.acceptance.PREDICTOR_FILE`; that module imports torch,
+and ``--acceptance`` is checked before torch is)."""
 
 
 def load_target_spec(spec: str, device: str, dtype: str):
@@ -59,13 +62,17 @@ def parse_drafters(spec: str) -> list[tuple[str, str]]:
     return out
 
 
-def load_drafters(spec: str, target, device: str) -> dict:
+def load_drafters(spec: str, target, device: str, acceptance: str = "") -> dict:
     """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised).
-    Each drafter is cast once to the target's dtype (no per-call casts while decoding)."""
+    Each drafter is cast once to the target's dtype (no per-call casts while decoding). ``acceptance``:
+    ``name=DIR,...`` (:func:`parse_acceptance`), each predictor attached to its drafter before the cast (its key
+    is the drafter's weights as trained)."""
     import torch
 
     from lit_domino.models import build_drafter, drafter_config
     from lit_domino.interop import load_drafter
+
+    predictors = parse_acceptance(acceptance, [name for name, _ in parse_drafters(spec)])
 
     drafters = {}
     for name, path in parse_drafters(spec):
@@ -74,8 +81,36 @@ def load_drafters(spec: str, target, device: str) -> dict:
             drafter = build_drafter(drafter_config(path.split(":", 1)[1], target), target)
         else:
             drafter = load_drafter(path, target=target, map_location=device)
+        if name in predictors:
+            from lit_domino.decoding.acceptance import attach, load_predictor
+
+            try:
+                attach(drafter, load_predictor(predictors[name]))
+            except (UsageError, ValueError) as err:  # another drafter's predictor, or an unreadable one
+                raise UsageError(f"--acceptance {name}: {err}") from None
         drafters[name] = drafter.to(device=device, dtype=target.dtype).eval()
     return drafters
+
+
+def parse_acceptance(spec: str, names: list[str]) -> dict[str, Path]:
+    """``name=DIR[,name=DIR...]`` → ``{name: predictor dir}``: a trained acceptance predictor per drafter of
+    ``--drafters`` (``names``) for the conf, cost and trunc gates; DIR is an artifact of ``experiments/acceptance.py``
+    (``artifacts/acceptance/<name>-<hash>``) or its ``predictor/`` folder."""
+    out = {}
+    for item in filter(None, (s.strip() for s in str(spec or "").split(","))):
+        name, sep, path = (part.strip() for part in item.partition("="))
+        if not sep or not name or not path:
+            raise UsageError(f"--acceptance: expected name=DIR, got {item!r}")
+        if name not in names:
+            raise UsageError(f"--acceptance {name}: no drafter of that name in --drafters ({', '.join(names) or 'none'})")
+        if name in out:
+            raise UsageError(f"--acceptance: the drafter {name} is named more than once")
+        found = [d for d in (Path(path), Path(path) / "predictor") if (d / PREDICTOR_FILE).is_file()]
+        if not found:
+            raise UsageError(f"--acceptance {name}={path}: no acceptance predictor there ({PREDICTOR_FILE}, or "
+                             f"predictor/{PREDICTOR_FILE}: an artifact of experiments/acceptance.py)")
+        out[name] = found[0]
+    return out
 
 
 def load_prompts(spec: str, target, seed: int) -> dict:
@@ -207,6 +242,7 @@ def check_options(args: Mapping) -> None:
             raise UsageError("--peers assisted needs --assistant (a small_lm drafter name or an HF model directory)")
         if assistant not in names:
             check_target_spec(assistant, "--assistant")
+    parse_acceptance(args.get("acceptance") or "", sorted(names))
     parse_pool_sizes(args.get("pool_sizes") or "full")
     parse_temperatures(args.get("temperatures") or "0")
     for item in filter(None, (s.strip() for s in str(args.get("benchmarks") or "").split(","))):
@@ -274,7 +310,7 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     peers = parse_peers(args["peers"])
     with pinned_threads(args["threads"] or None):
         target = load_target_spec(args["target"], args["device"], args["dtype"])
-        drafters = load_drafters(args["drafters"], target, args["device"])
+        drafters = load_drafters(args["drafters"], target, args["device"], args.get("acceptance") or "")
         check_predictors(dloops, drafters)
         external = official_peers(peers, drafters, target)
         peers = [p for p in peers if p not in OFFICIAL_PEERS]
@@ -369,7 +405,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off, [GATE@]THRESHOLD[:STAGES] (sum, mean, scaled, "
                    "last), conf@P[:STAGES], cost[:STAGES], trunc@P, each optionally +trunc@P; conf, cost and "
                    "trunc need a drafter with an acceptance predictor (DSpark's own head, or one attached: "
-                   "experiments/acceptance.py)")
+                   "--acceptance)")
+    p.add_argument("--acceptance", default="",
+                   help="name=DIR[,name=DIR...]: a trained acceptance predictor per drafter of --drafters for the "
+                        "conf, cost and trunc gates (an artifacts/acceptance/<name>-<hash> folder of "
+                        "experiments/acceptance.py, or its predictor/ folder; refused for another drafter)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
     p.add_argument("--pool-sizes", default="full",
                    help="Domino candidate pools K to run, comma-separated: full (the whole vocabulary, the exact "

@@ -85,3 +85,44 @@ def test_bench_compile_without_a_cpp_compiler_is_refused(monkeypatch, capsys):
         bench.main(["--target", "random", "--compile", "--benchmarks", "random:1", "--no-mlflow"])
     assert done.value.code == 2
     assert "--compile: compile=True on a CPU needs a C++ compiler" in capsys.readouterr().err
+
+
+def saved_predictor(directory: Path, key: str | None = None) -> Path:
+    """A GRU-state acceptance predictor for ``dom=random:domino`` on ``--target random``, saved as the acceptance
+    study's artifact lays it out (``<dir>/predictor``); ``key``: another drafter's key instead."""
+    import torch
+
+    from lit_domino.decoding.acceptance import AcceptanceHead, AcceptancePredictor, Calibration, drafter_key
+    from lit_domino.studies.bench import load_drafters, load_target_spec
+
+    target = load_target_spec("random", "cpu", "float32")
+    d = load_drafters("dom=random:domino", target, "cpu")["dom"]
+    head = AcceptanceHead(d.config.hidden_size, d.causal_state_size, "gru")
+    with torch.no_grad():
+        torch.nn.init.normal_(head.proj.weight, std=0.3)
+    AcceptancePredictor(key or drafter_key(d), head, Calibration([1.0] * 8, [0.6] * 8)).save(directory / "predictor")
+    return directory
+
+
+def test_bench_takes_a_trained_predictor_per_drafter(tmp_path, capsys):
+    from lit_domino.decoding import acceptance
+    from lit_domino.studies.bench import PREDICTOR_FILE
+
+    assert PREDICTOR_FILE == acceptance.PREDICTOR_FILE  # the torch-free check looks for the file the predictor saves
+    bench = bench_module()
+    art = saved_predictor(tmp_path / "art")
+    common = ["--target", "random", "--drafters", "dom=random:domino", "--benchmarks", "random:1",
+              "--max-new-tokens", "8", "--no-mlflow", "--no-hf-baseline", "--no-progress", "--out", str(tmp_path)]
+    rows = bench.main(common + ["--dloop", "off,conf@0.5:2,trunc@0.5", "--acceptance", f"dom={art}"])
+    methods = {r["method"] for r in rows}
+    assert {"dom+dloop(conf@0.5:2)", "dom+dloop(trunc@0.5)"} <= methods, methods
+    assert all(r["match_baseline"] == 1.0 for r in rows)  # lossless at T = 0 under the predictor gates
+    for argv, needle in [
+            (["--acceptance", f"other={art}"], "--acceptance other: no drafter of that name in --drafters (dom)"),
+            (["--acceptance", f"dom={tmp_path / 'none'}"], "no acceptance predictor there"),
+            (["--acceptance", "dom"], "expected name=DIR"),
+            (["--acceptance", f"dom={saved_predictor(tmp_path / 'stale', key='0' * 16)}"],
+             "--acceptance dom: this acceptance predictor was built for another drafter")]:
+        with pytest.raises(SystemExit) as done:
+            bench.main(common + ["--dloop", "conf@0.5:2"] + argv)
+        assert done.value.code == 2 and needle in capsys.readouterr().err, argv
