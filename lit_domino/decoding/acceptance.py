@@ -12,7 +12,8 @@ d_j itself: a gate that cuts at j then decides from the tokens before j only, wh
   block hidden states, DFlash 2 included): ``z_j = w · [H_j ; E[x_{j-1}]] + b`` with E the target's frozen
   embedding (inputs ``hidden``), or ``z_j = w · [H_j ; S_{j-1}] + b`` with S_{j-1} Domino's GRU state after the
   stage's anchor and d_1 .. d_{j-1} (inputs ``gru``: what Domino's own correction reads, a drafter with a causal
-  state only), trained on the frozen drafter (:mod:`lit_domino.training.acceptance`).
+  state only), or on both (``hidden+gru``: ``[H_j ; E[x_{j-1}] ; S_{j-1}]``), trained on the frozen drafter
+  (:mod:`lit_domino.training.acceptance`).
 
 Calibration (:class:`Calibration`): per round position j (stages concatenated), a temperature τ_j, so that
 ``c_j = sigmoid(z_j / τ_j)`` is the acceptance probability of position j *given* that 1..j-1 were accepted;
@@ -39,9 +40,9 @@ from torch import nn
 from lit_domino.runtime.command import UsageError
 
 PREDICTOR_FILE = "acceptance.json"
-INPUTS = ("hidden", "gru")
+INPUTS = ("hidden", "gru", "hidden+gru")
 """What the add-on head reads besides H_j: ``hidden`` the previous token's embedding E[x_{j-1}], ``gru`` the
-drafter's causal state over the stage's previous tokens (Domino's GRU state S_{j-1})."""
+drafter's causal state over the stage's previous tokens (Domino's GRU state S_{j-1}), ``hidden+gru`` both."""
 HEAD_FILE = "head.safetensors"
 LABELS = ("soft", "hard")
 """Training labels: ``soft`` c*_j = 1 - ½‖q_j - p_j‖₁ (the acceptance probability at T > 0), ``hard`` 1 when the
@@ -100,6 +101,17 @@ def require_causal_state(drafter, why: str) -> int:
     return size
 
 
+def input_width(drafter, inputs: str) -> int:
+    """The width of what the add-on head reads besides H_j for ``inputs`` (:data:`INPUTS`) on ``drafter``:
+    d_e for the embedding, + d_s for the GRU state (refused for a drafter without one)."""
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {INPUTS}, got {inputs!r}")
+    width = int(drafter.embed.weight.shape[1]) if inputs != "gru" else 0
+    if "gru" in inputs:
+        width += require_causal_state(drafter, f"inputs {inputs!r}")
+    return width
+
+
 def supports_predictor(drafter) -> bool:
     """Whether ``drafter``'s sessions keep each stage's block hidden states (the parallel drafters)."""
     from lit_domino.models.backbone import ParallelSession
@@ -113,7 +125,8 @@ def supports_predictor(drafter) -> bool:
 
 class AcceptanceHead(nn.Module):
     """The add-on confidence head: one linear layer on ``[H_j ; E[x_{j-1}]]`` (inputs ``hidden``) or
-    ``[H_j ; S_{j-1}]`` (inputs ``gru``) -> a logit. ``embed_size``: the second part's width (d_e, or d_s)."""
+    ``[H_j ; S_{j-1}]`` (inputs ``gru``) or ``[H_j ; E[x_{j-1}] ; S_{j-1}]`` (``hidden+gru``) -> a logit.
+    ``embed_size``: the width besides H_j (:func:`input_width`: d_e, d_s or d_e + d_s)."""
 
     def __init__(self, hidden_size: int, embed_size: int, inputs: str = "hidden"):
         super().__init__()
@@ -125,15 +138,17 @@ class AcceptanceHead(nn.Module):
         nn.init.zeros_(self.proj.bias)
 
     def inputs(self, drafter, H: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """[..., P, d] hidden states and [..., P] previous tokens -> [..., P, d + d_e] (float32). For ``gru``, P
-        spans whole stages of K = block_size - 1 positions (a round's, concatenated) and the state restarts at
-        each stage's anchor, as a session's stage does."""
-        if self.input_kind == "hidden":
-            return torch.cat([H.float(), drafter.embed_tokens(prev).float()], dim=-1)
-        require_causal_state(drafter, "the add-on acceptance head")
-        K = drafter.config.block_size - 1
-        S = torch.cat([drafter.causal_states(chunk) for chunk in prev.split(K, dim=-1)], dim=-2)
-        return torch.cat([H.float(), S.float()], dim=-1)
+        """[..., P, d] hidden states and [..., P] previous tokens -> [..., P, d + embed_size] (float32). With the
+        GRU state, P spans whole stages of K = block_size - 1 positions (a round's, concatenated) and the state
+        restarts at each stage's anchor, as a session's stage does."""
+        parts = [H.float()]
+        if self.input_kind != "gru":
+            parts.append(drafter.embed_tokens(prev).float())
+        if "gru" in self.input_kind:
+            require_causal_state(drafter, "the add-on acceptance head")
+            K = drafter.config.block_size - 1
+            parts.append(torch.cat([drafter.causal_states(c) for c in prev.split(K, dim=-1)], dim=-2).float())
+        return torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x.to(self.proj.weight.dtype)).squeeze(-1)
@@ -265,11 +280,13 @@ def attach(drafter, predictor: AcceptancePredictor, check: bool = True):
     if predictor.head is not None and not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"an add-on acceptance head needs a parallel drafter's block hidden states; "
                                     f"the {drafter.kind} drafter drafts token by token")
-    if predictor.head is not None and predictor.head.input_kind == "gru":
-        size = require_causal_state(drafter, "this acceptance predictor")
-        if size != predictor.head.embed_size:
-            raise NoAcceptancePredictor(f"this acceptance predictor reads a GRU state of width "
-                                        f"{predictor.head.embed_size}, the {drafter.kind} drafter's is {size}")
+    if predictor.head is not None and "gru" in predictor.head.input_kind:
+        require_causal_state(drafter, "this acceptance predictor")
+        width = input_width(drafter, predictor.head.input_kind)
+        if width != predictor.head.embed_size:
+            raise NoAcceptancePredictor(f"this acceptance predictor (inputs {predictor.head.input_kind!r}) reads "
+                                        f"{predictor.head.embed_size} features besides H_j, the {drafter.kind} "
+                                        f"drafter has {width}")
     drafter.__dict__[_ATTR] = predictor
     return drafter
 

@@ -2,7 +2,8 @@
 
 Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, DFlash 2, any
 parallel method registered later): the add-on head trained on the frozen drafter (DSpark: its own head, and the
-add-on one beside it; Domino: on its hidden states and, a second row, on its GRU state), calibrated per position
+add-on one beside it; Domino: on its hidden states and, two more rows, on its GRU state instead of and besides the
+previous token's embedding), calibrated per position
 on held-out rounds (:mod:`lit_domino.training.acceptance`), each cached as its own artifact keyed by the
 drafter. Prompts: each embedded benchmark's items after the ones the DLoop study evaluates on (disjoint).
 
@@ -78,12 +79,14 @@ STUDY_DRAFTERS = ("backbone", "domino", "dspark", "dflash2")
 
 def predictor_variants(kind: str, drafter) -> list[tuple[str, str, dict]]:
     """The predictors the study builds for ``drafter`` -> (table name, artifact tag, settings fields): its own head
-    (or the add-on head), the add-on head beside an own one, and the GRU-state head of a drafter with a GRU."""
+    (or the add-on head), the add-on head beside an own one, and for a drafter with a GRU the heads on
+    ``[H ; S]`` and on ``[H ; E[prev] ; S]``."""
     out = [(kind, kind, {})]
     if own_predictor(drafter) is not None:
         out.append((f"{kind} (add-on head)", f"{kind}-addon", {"own_head": False}))
     if causal_state_size(drafter) is not None:
         out.append((f"{kind} (GRU state)", f"{kind}-gru", {"inputs": "gru"}))
+        out.append((f"{kind} (hidden + GRU)", f"{kind}-hidden-gru", {"inputs": "hidden+gru"}))
     return out
 
 

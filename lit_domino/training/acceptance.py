@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from lit_domino.runtime import cache
 from lit_domino.decoding.acceptance import (INPUTS, LABELS, AcceptanceHead, AcceptancePredictor, Calibration,
-                                           NoAcceptancePredictor, drafter_key, load_predictor, own_predictor,
-                                           require_causal_state, stage_inputs, supports_predictor)
+                                           NoAcceptancePredictor, drafter_key, input_width, load_predictor,
+                                           own_predictor, require_causal_state, stage_inputs, supports_predictor)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class AcceptanceSettings:
     c* (sampling at the collection's temperature). None: as ``label``'s default."""
     inputs: str = "hidden"
     """What the add-on head reads besides H_j (:data:`~lit_domino.decoding.acceptance.INPUTS`): ``hidden`` the
-    previous token's embedding, ``gru`` Domino's GRU state (a drafter without a causal state is refused)."""
+    previous token's embedding, ``gru`` Domino's GRU state (a drafter without a causal state is refused),
+    ``hidden+gru`` both."""
     own_head: bool = True
     """A drafter with a confidence head of its own (DSpark) uses it (only calibrated); False trains the add-on
     head on it too (for comparison)."""
@@ -163,9 +164,7 @@ def train_head(drafter, data: dict, settings: AcceptanceSettings) -> AcceptanceH
     """The add-on head trained on the rounds ``data`` (BCE on ``settings.label``; the drafter frozen)."""
     torch.manual_seed(settings.seed)
     d = drafter.config.hidden_size
-    second = (require_causal_state(drafter, "train_head") if settings.inputs == "gru"
-              else int(drafter.embed.weight.shape[1]))
-    head = AcceptanceHead(d, second, settings.inputs)
+    head = AcceptanceHead(d, input_width(drafter, settings.inputs), settings.inputs)
     with torch.no_grad():
         x = head.inputs(drafter, data["H"].to(drafter.embed.weight.device), data["prev"].to(drafter.embed.weight.device))
         x = x.reshape(-1, x.shape[-1]).cpu()
@@ -401,8 +400,8 @@ def build_predictor(target, drafter, prompts, settings: AcceptanceSettings = Acc
     calibration and test, train the add-on head (not for a drafter with its own head), calibrate, report ->
     (predictor, report, test rounds' (z, hard, soft))."""
     drafter.bind_target(target)
-    if settings.inputs == "gru":
-        require_causal_state(drafter, "AcceptanceSettings(inputs='gru')")
+    if "gru" in settings.inputs:
+        require_causal_state(drafter, f"AcceptanceSettings(inputs={settings.inputs!r})")
     own = own_predictor(drafter) if settings.own_head else None
     if own is None and not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"the {drafter.kind} drafter drafts token by token: the add-on acceptance head "

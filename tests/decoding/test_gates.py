@@ -10,7 +10,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.acceptance import (AcceptanceHead, AcceptancePredictor, Calibration, NoAcceptancePredictor,
-                                           attach, drafter_key, load_predictor, predictor_of)
+                                           attach, drafter_key, input_width, load_predictor, predictor_of)
 from lit_domino.decoding.cost_model import CostModel, CostModelError, cost_key, resolve
 from lit_domino.decoding.gates import round_policy
 from lit_domino.models import build_drafter, drafter_config
@@ -59,8 +59,7 @@ def sample_inputs(target, d):
 def spread_head(target, d, scale=1.5, centre=1.5, inputs="hidden"):
     """An add-on head of random weights whose logits on sample stages have mean ``centre`` and std ``scale``
     (random drafters' hidden states differ in scale by kind)."""
-    second = d.causal_state_size if inputs == "gru" else d.embed.weight.shape[1]
-    head = AcceptanceHead(d.config.hidden_size, second, inputs)
+    head = AcceptanceHead(d.config.hidden_size, input_width(d, inputs), inputs)
     H, prev = sample_inputs(target, d)
     with torch.no_grad():
         torch.nn.init.normal_(head.proj.weight)
@@ -91,7 +90,7 @@ GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trun
          "cost:3+trunc@0.2"]
 
 
-@pytest.mark.parametrize("kind", ["backbone", "domino", "domino-gru", "dspark"])
+@pytest.mark.parametrize("kind", ["backbone", "domino", "domino-gru", "domino-hidden+gru", "dspark"])
 def test_gates_are_lossless_greedy(target, kind, tmp_path):
     d = with_predictor(target, kind)
     path = cheap_cost(target, d, 6).save(tmp_path / "cost.json")
@@ -307,6 +306,11 @@ def test_gru_head_reads_the_state_domino_drafts_with_and_only_earlier_tokens(tar
     # a round's positions (two stages, concatenated): the state restarts at the second stage's anchor
     x = pred.head.inputs(d, torch.cat([hidden[1:], hidden[1:]]), torch.cat([prev, prev]))
     torch.testing.assert_close(x[:7], x[7:])
+    # hidden+gru: [H_j ; E[x_{j-1}] ; S_{j-1}]
+    both = AcceptanceHead(d.config.hidden_size, input_width(d, "hidden+gru"), "hidden+gru")
+    y = both.inputs(d, hidden[1:], prev)
+    assert both.embed_size == d.embed.weight.shape[1] + d.causal_state_size
+    torch.testing.assert_close(y, torch.cat([hidden[1:], d.embed_tokens(prev), d.causal_states(prev)], -1))
 
 
 def test_gru_inputs_are_refused_for_a_drafter_without_a_gru(target, tmp_path):
@@ -319,10 +323,12 @@ def test_gru_inputs_are_refused_for_a_drafter_without_a_gru(target, tmp_path):
         gru.head.inputs(backbone, torch.zeros(5, backbone.config.hidden_size), torch.zeros(5, dtype=torch.long))
     wide = build_drafter(drafter_config("domino", target, block_size=6, num_layers=1,
                                         head=dict(rank=8, gru_hidden=32)), target)
-    with pytest.raises(NoAcceptancePredictor, match="width 16"):
+    with pytest.raises(NoAcceptancePredictor, match="reads 16 features besides H_j, the domino drafter has 32"):
         attach(wide, gru, check=False)
     with pytest.raises(ValueError, match="inputs must be one of"):
         AcceptanceHead(8, 8, "state")
+    with pytest.raises(NoAcceptancePredictor, match="inputs 'hidden\\+gru'.*backbone drafter has no causal state"):
+        input_width(backbone, "hidden+gru")
     back = load_predictor(gru.save(tmp_path / "p"))
     assert back.head.input_kind == "gru" and back.head.embed_size == 16
     torch.testing.assert_close(back.head.proj.weight, gru.head.proj.weight)

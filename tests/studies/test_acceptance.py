@@ -29,7 +29,8 @@ def test_every_parallel_drafter_and_the_gru_head_are_in_the_study(target):
     plans = {kind: study.predictor_variants(kind, random_drafter(target, kind)) for kind in study.STUDY_DRAFTERS}
     assert plans["backbone"] == [("backbone", "backbone", {})]
     assert plans["dflash2"] == [("dflash2", "dflash2", {})]  # the add-on head on its block hidden states
-    assert plans["domino"] == [("domino", "domino", {}), ("domino (GRU state)", "domino-gru", {"inputs": "gru"})]
+    assert plans["domino"] == [("domino", "domino", {}), ("domino (GRU state)", "domino-gru", {"inputs": "gru"}),
+                               ("domino (hidden + GRU)", "domino-hidden-gru", {"inputs": "hidden+gru"})]
     assert plans["dspark"] == [("dspark", "dspark", {}), ("dspark (add-on head)", "dspark-addon", {"own_head": False})]
 
 

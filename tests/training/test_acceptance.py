@@ -118,12 +118,13 @@ def test_gru_head_trains_on_domino_and_is_refused_elsewhere(target):
     seqs = [(p + hf_greedy(target, p, 24), len(p)) for p in ([5, 6, 7, 8], [9, 3, 4, 10, 11])]
     s = AcceptanceSettings(stages=2, anchors_per_sequence=4, steps=50, inputs="gru")
     data = collect_rounds(target, d, seqs, s)
-    head = train_head(d, data, s)
-    assert head.input_kind == "gru" and head.embed_size == 12
-    x = head.inputs(d, data["H"], data["prev"])
-    assert x.shape == (*data["hard"].shape, d.config.hidden_size + 12)
-    z = head(x).detach()
-    assert torch.isfinite(z).all() and z.std() > 0
+    for inputs, width in (("gru", 12), ("hidden+gru", d.embed.weight.shape[1] + 12)):
+        head = train_head(d, data, replace(s, inputs=inputs))
+        assert head.input_kind == inputs and head.embed_size == width
+        x = head.inputs(d, data["H"], data["prev"])
+        assert x.shape == (*data["hard"].shape, d.config.hidden_size + width)
+        z = head(x).detach()
+        assert torch.isfinite(z).all() and z.std() > 0
     with pytest.raises(ValueError, match="inputs must be one of"):
         AcceptanceSettings(inputs="state")
     with pytest.raises(NoAcceptancePredictor, match=r"inputs='gru'.*backbone drafter has no causal state"):
