@@ -6,8 +6,9 @@
 Reuses (or trains) each base drafter from ./artifacts ($LIT_DOMINO_CACHE), trains the add-on head on the frozen
 drafter (DSpark: its own head, and the add-on one for comparison; Domino: on its GRU state too), calibrates it
 per position on held-out regenerated rounds, and writes the AUC / ECE table and reliability diagrams to
-results/acceptance/ and MLflow (experiment acceptance-<preset>). The predictors are cached as their own artifacts (acceptance/), keyed by the
-drafter, and used by the DLoop gates conf@P, cost and +trunc@P.
+results/acceptance/ and MLflow (experiment acceptance-<preset>). The predictors are cached as their own
+artifacts (acceptance/), keyed by the drafter, and used by the DLoop gates conf@P, cost and +trunc@P (and by
+experiments/bench.py --acceptance NAME=DIR).
 """
 
 import sys

@@ -3,9 +3,9 @@
 Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, DFlash 2, any
 parallel method registered later): the add-on head trained on the frozen drafter (DSpark: its own head, and the
 add-on one beside it; Domino: on its hidden states and, two more rows, on its GRU state instead of and besides the
-previous token's embedding), calibrated per position
-on held-out rounds (:mod:`lit_domino.training.acceptance`), each cached as its own artifact keyed by the
-drafter. Prompts: each embedded benchmark's items after the ones the DLoop study evaluates on (disjoint).
+previous token's embedding), calibrated per position on held-out rounds (:mod:`lit_domino.training.acceptance`),
+each cached as its own artifact keyed by the drafter. Prompts: each embedded benchmark's items after the ones the
+DLoop study evaluates on (disjoint).
 
 Writes ``results/acceptance/calibration-<preset>.md|json`` (AUC and ECE before and after, per position, of the
 conditional c_j and of the survival S_j) and one reliability diagram per drafter, and logs them to MLflow
