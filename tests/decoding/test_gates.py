@@ -115,7 +115,8 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,spec", [("domino", "conf@0.55:3+trunc@0.4"), ("backbone", "trunc@0.5"),
                                        ("backbone", "conf@0.5:3+trunc@0.45"), ("dspark", "conf@0.4:2+trunc@0.4"),
-                                       ("domino", "cost:3+trunc@0.3"), ("domino-gru", "conf@0.55:3+trunc@0.4")])
+                                       ("domino", "cost:3+trunc@0.3"), ("domino-gru", "conf@0.55:3+trunc@0.4"),
+                                       ("domino-hidden+gru", "cost:3+trunc@0.3")])
 def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
     """T > 0: chi-square on (x1, x2) with q far from p, while the gate cuts stages and (mostly) opens more."""
     target = chi_square_target()
