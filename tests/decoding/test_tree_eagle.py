@@ -12,7 +12,7 @@ import lit_domino.decoding.tree as tree_mod
 from lit_domino.decoding import DLoopConfig, TreeConfig, generate
 from lit_domino.decoding.tree import TreeError
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.testing import chi_square_target, exact_joint, lively_target, passes_chi_square, sampled_pairs
+from lit_domino.testing import exact_joint, lively_target, passes_chi_square, random_target, sampled_pairs
 from tests.decoding.test_tree import greedy, oracle_trees, prompt_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -171,11 +171,21 @@ def test_eagle_path_tree_is_the_best_first_tree(target):
                                                                                     reverse=True)[:10], abs=1e-4)
 
 
+def eagle_chi_target():
+    """:func:`chi_square_target`'s recipe (V = 8, sharpened, no EOS) with the 3 decoder layers EAGLE-3 reads."""
+    target = random_target(vocab_size=8, hidden_size=16, num_layers=3, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32, max_positions=64, seed=3)
+    with torch.no_grad():
+        target.model.model.norm.weight.mul_(6.0)
+    target.model.generation_config.eos_token_id = None
+    return target
+
+
 @pytest.mark.slow
 def test_eagle_tree_sampling_is_distributed_as_the_target():
     """T > 0, the plain walk over EAGLE-2's tree (top-k children) and over a drawn path tree: chi-square on
     (x1, x2)."""
-    target = chi_square_target()
+    target = eagle_chi_target()
     prompt = [3, 5, 2, 6]
     law = exact_joint(target, prompt)
     torch.manual_seed(0)

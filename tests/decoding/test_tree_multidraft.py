@@ -15,6 +15,7 @@ from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import (chi_square_target, exact_joint, lively_target, passes_chi_square,
                                 sampled_pairs)
 from tests.decoding.test_tree import drafter_of, greedy, prompt_of
+from tests.decoding.test_tree_eagle import eagle_chi_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,10 +131,12 @@ def test_multidraft_is_greedy_decoding_at_t0(kind, builder):
 def test_multidraft_sampling_is_distributed_as_the_target():
     """T > 0 through ``generate``: chi-square on (x1, x2) for the sampled chain (speculative sampling), the drawn
     DDTree on a backbone, the drawn path tree on Domino and the drawn EAGLE tree on EAGLE-3."""
-    target = chi_square_target()
     prompt = [3, 5, 2, 6]
-    law = exact_joint(target, prompt)
+    small, deep = chi_square_target(), eagle_chi_target()
+    laws = {id(small): exact_joint(small, prompt), id(deep): exact_joint(deep, prompt)}
     for kind, builder in (("backbone", "chain"), ("backbone", "ddtree"), ("domino", "path"), ("eagle3", "eagle")):
+        target = deep if kind == "eagle3" else small
+        law = laws[id(target)]
         torch.manual_seed(0)
         over = dict(head=dict(rank=8, gru_hidden=8)) if kind == "domino" else {}
         drafter = build_drafter(drafter_config(kind, target, block_size=3, num_layers=1, **over), target)
