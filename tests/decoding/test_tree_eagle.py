@@ -68,6 +68,18 @@ def test_eagle_trees_are_lossless_greedy(target, monkeypatch, builder, static):
         assert {0, 1} <= ranks
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_eagle_chain_tree_with_dloop_is_lossless(target, monkeypatch, static):
+    """DLoop on EAGLE-3 with the chain tree: its chain stages while the gate is open, the last one the tree."""
+    drafter = eagle_of(target)
+    prompt = prompt_of(2, 10)
+    ref = greedy(target, prompt, 40)
+    oracle_trees(monkeypatch, prompt + ref, seed=2)
+    res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=40, static_cache=static,
+                   dloop=DLoopConfig(float("-inf"), 3), tree=TreeConfig("chain", budget=5))
+    assert res.tokens == ref and max(res.drafted_per_round) > 5 and max(res.accepted_per_round) >= 3
+
+
 def test_real_eagle_trees_without_planting(target):
     """The real builders alone at T = 0, a sampled decode reproducible per seed (the plain walk and the drawn
     multi-draft one), and the eagle chain through the tree path equal to the chain engine."""
