@@ -161,7 +161,8 @@ class DraftTree:
     depths: list[int] = field(default_factory=list)
     """1 .. K; the node's position is ``start + depth``."""
     ranks: list[int] = field(default_factory=list)
-    """Each node's rank among its parent's candidates (0 = the drafter's top pick there)."""
+    """Each node's rank among its parent's candidates (0 = the drafter's top pick there; drawn children: the
+    draw order, the order the multi-draft walk tries them in)."""
     stages: int = 1
     """Drafting stages the tree came from (DLoop: its chain stages and the last stage's tree)."""
     q: torch.Tensor | None = None
