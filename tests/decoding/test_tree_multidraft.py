@@ -89,7 +89,6 @@ def test_multidraft_walk_accepts_more_than_the_plain_walk_on_one_tree(monkeypatc
     target = lively_target(128, max_positions=96)
     torch.manual_seed(0)
     eagle = build_drafter(drafter_config("eagle3", target, block_size=6, num_layers=1), target)
-    gains = {}
     for name, drafter, tree in (("eagle3", eagle, TreeConfig("eagle", budget=16, top_k=4, draw="sample")),
                                 ("domino", drafter_of(target, "domino"),
                                  TreeConfig("path", budget=16, top_k=4, draw="sample")),
@@ -111,8 +110,6 @@ def test_multidraft_walk_accepts_more_than_the_plain_walk_on_one_tree(monkeypatc
         g = torch.Generator().manual_seed(1)
         plain = sum(len(walk(fixed, logits, 1.0, g)[0]) for _ in range(600)) / 600
         multi = sum(len(walk_multidraft(fixed, logits, 1.0, g)[0]) for _ in range(600)) / 600
-        gains[name] = (plain, multi)
-        print(name, plain, multi)
         assert multi > plain + 0.05, (name, plain, multi)
 
 
