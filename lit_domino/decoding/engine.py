@@ -638,7 +638,8 @@ def generate(
     ``tree`` (a :class:`lit_domino.decoding.tree.TreeConfig`): tree rounds instead of chain rounds (one target
     forward over a draft tree, the accepted path walked from its root; lossless at every temperature); with
     ``dloop`` the stages drafted while the gate is open stay a chain and the last stage becomes the tree.
-    Parallel drafters only (backbone, domino, dspark); eager only (no ``compile``); sdpa or eager attention.
+    Parallel drafters (backbone, domino, dspark) and EAGLE-3 (its ``eagle`` tree: EAGLE-2's); eager only (no
+    ``compile``); sdpa or eager attention.
     All inputs are validated before any decoding (ValueError with the reason); integer arguments may be numpy
     integers.
     """
@@ -654,7 +655,7 @@ def generate(
         from lit_domino.decoding.tree import check_tree
 
         check_tree(tree, target, drafter, compile=compile, longest_prompt=max(p.shape[0] for p in prompts),
-                   limit=context_limit(target, drafter))
+                   limit=context_limit(target, drafter), dloop=dloop)
     static_cache = bool(static_cache or compile)
     temperature = effective_temperature(temperature)  # below GREEDY_BELOW: exactly the T = 0 path
     device = target.device

@@ -90,6 +90,7 @@ def benchmark(
     progress: bool = True,
     external: Mapping[str, Callable] | None = None,
     repeats: int = 1,
+    trees: Sequence = (None,),
 ) -> list[dict]:
     """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
 
@@ -116,6 +117,8 @@ def benchmark(
     ``repeats`` R: every prompt is decoded R times per method, the method order reversed on every other
     repeat (whoever runs first or after whom is no longer one method's luck); a result's times are the mean
     of its R decodes, whose tokens must agree (they do: decoding is deterministic per seed).
+    ``trees``: the tree settings each drafter decodes with (:class:`lit_domino.decoding.tree.TreeConfig`; None: the
+    chain engine), rows ``<drafter>+tree(<label>)``; a tree whose builder a drafter lacks is skipped for it.
     """
     check_repeats(repeats)
     unknown = set(peers) - {"prompt_lookup", "assisted"}
@@ -142,13 +145,15 @@ def benchmark(
             raise ValueError(f"drafter {name!r} is None (the AR baseline always runs; do not pass it)")
         bs = block_size or int(d.config.block_size)
         budget = max(budget, max((dl.max_stages if dl else 1) for dl in dloops) * (bs - 1))
+    trees = list(trees) or [None]
+    budget += max([0] + [t.budget for t in trees if t is not None])  # room for DLoop's stages and a tree
 
-    def ours(drafter, temperature, dloop, i, pool_size=None):
+    def ours(drafter, temperature, dloop, i, pool_size=None, tree=None):
         return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
                                        block_size=block_size if drafter is not None else None,
                                        dloop=dloop if drafter is not None else None, seed=seed + i,
                                        pool_size=pool_size, static_cache=static_cache, compile=compile,
-                                       record_stages=record_stages and drafter is not None)
+                                       record_stages=record_stages and drafter is not None, tree=tree)
 
     def peer(fn, temperature, i, **kw):
         return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)
@@ -162,13 +167,17 @@ def benchmark(
                             lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
         for name, drafter in drafters.items():
             takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
+            builds = getattr(drafter, "tree_builders", ())
             for pool_size in (pools_of[name] if takes_pool else [None]):
                 for dloop in dloops:
-                    key = replace(MethodKey.of(name), pool=pool_size, gate=None if dloop is None else dloop.label())
-                    label = key.label()
-                    keys[label] = key
-                    methods.append((label, "drafter", name, temperature, dloop,
-                                    lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size: ours(d, t, dl, i, P)))
+                    for tree in (t for t in trees if t is None or t.builder in builds):
+                        key = replace(MethodKey.of(name), pool=pool_size, gate=None if dloop is None else dloop.label(),
+                                      tree=None if tree is None else tree.label())
+                        label = key.label()
+                        keys[label] = key
+                        methods.append((label, "drafter", name, temperature, dloop,
+                                        lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size, tr=tree:
+                                        ours(d, t, dl, i, P, tr)))
         for label, fn in (external or {}).items():
             methods.append((label, "peer", None, temperature, None,
                             lambda i, f=fn, t=temperature: (lambda ids, n: f(ids, n, t, seed + i))))

@@ -14,7 +14,17 @@ One round, with the committed sequence ending in the anchor x at position ``star
      children come from the head run on that node's own path (Domino: one GRU state per node, DARTree; DSpark:
      the Markov head on each node's token, PCTree); each depth keeps the n best of parent × top-k candidates by
      cumulative log-probability, and the n best of all of them are the tree: the exact best-first tree under
-     the path-conditioned scores.
+     the path-conditioned scores;
+   * ``eagle``: EAGLE-2's dynamic tree for the EAGLE-3 drafter: each depth expands the top-k nodes of the frontier
+     by cumulative log-probability (one batched drafter step over them, a tree mask over the drafter's own
+     context: each node sees the committed steps and its ancestors), then all candidates are reranked by
+     cumulative log-probability and the best n kept (parents before children). ``path`` on EAGLE-3 is the same
+     expansion with a frontier of n, the exact best-first tree.
+
+   ``draw="sample"`` (T > 0) draws each node's children from the drafter's q = softmax(logits / T) without
+   replacement instead of taking its top-k; the tree's shape is then chosen on the rank-ordered probabilities of
+   q (what the top-k children would score), never on a drawn token's own score, so that whether a child is in
+   the tree does not depend on which token it drew: what the multi-draft rule needs.
 
 2. verify: ONE target forward over ``[x, nodes]`` with a 4-D additive mask (each node sees the committed
    context, its ancestors and itself) and positions ``start + depth``.
@@ -22,6 +32,10 @@ One round, with the committed sequence ending in the anchor x at position ``star
    token at every node and the walk follows the sample while it is a child. The first miss is the bonus. Every
    committed token is the target's own pick or sample given its committed prefix, and the tree does not depend
    on the target's draws, so the output is exactly the target's at any temperature.
+   ``acceptance="multidraft"`` (SpecTr / Sequoia, without replacement): at a node with target p and draft q, its
+   children x_1, x_2, .. (in draw order) are tried in turn: x accepted with probability min(1, p(x) / q(x)),
+   else p <- norm(max(p - q, 0)) and q <- q without x, renormalised; no child accepted: the bonus is drawn from
+   the residual p. Exact when the children were drawn from q without replacement (``draw="sample"``).
 4. compact: the accepted nodes' K/V move to slots ``start+1 .. start+acc`` (:func:`lit_domino.decoding.kv.
    compact_cache`), the cache is cropped to ``start+acc+1``, and the drafter's session is cropped to ``start`` and
    extended with the anchor and the accepted path with their target features.
@@ -44,7 +58,11 @@ from lit_domino.decoding.cost import VerifyCost
 from lit_domino.decoding.kv import compact_cache
 from lit_domino.runtime.command import UsageError
 
-BUILDERS = ("chain", "ddtree", "path")
+BUILDERS = ("chain", "ddtree", "path", "eagle")
+ACCEPTANCE = ("sample", "multidraft")
+"""The walk: ``sample`` (the target samples at every node, the walk follows it) or ``multidraft`` (q-aware)."""
+DRAWS = ("top", "sample")
+"""How a node's children are chosen: its drafter's top-k, or k draws from q without replacement (T > 0)."""
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 """Target attention implementations that take a 4-D additive mask as it is (flash-attention has no such mask)."""
 
@@ -69,10 +87,28 @@ class TreeConfig:
     cost: VerifyCost | None = None
     """A measured verify-cost curve (:func:`lit_domino.decoding.cost.measure_verify_cost`): grow each round's tree
     while the expected accepted tokens per second rise (CaDDTree), ``budget`` as the cap. None: always ``budget``."""
+    acceptance: str = "sample"
+    """One of :data:`ACCEPTANCE`: ``sample`` (the target samples at each node, the walk follows the sample) or
+    ``multidraft`` (the q-aware rule without replacement, module docstring; needs ``draw="sample"``)."""
+    draw: str = "top"
+    """One of :data:`DRAWS`: ``top`` (each node's top-k children) or ``sample`` (k draws from q without
+    replacement at T > 0; at T = 0 the top-k). The chain samples its tokens at T > 0 either way."""
 
     def __post_init__(self):
         if self.builder not in BUILDERS:
             raise TreeError(f"TreeConfig.builder must be one of {BUILDERS}, got {self.builder!r}")
+        if self.acceptance not in ACCEPTANCE:
+            raise TreeError(f"TreeConfig.acceptance must be one of {ACCEPTANCE}, got {self.acceptance!r}")
+        if self.draw not in DRAWS:
+            raise TreeError(f"TreeConfig.draw must be one of {DRAWS}, got {self.draw!r}")
+        if self.acceptance == "multidraft" and self.draw == "top":
+            raise TreeError("TreeConfig.acceptance='multidraft' needs draw='sample': the rule accepts a child x with "
+                            "probability min(1, p(x)/q(x)), which is exact only if the children were drawn from q "
+                            "(without replacement); deterministic top-k children are not, and would bias the output")
+        if self.acceptance == "multidraft" and self.cost is not None and self.builder != "ddtree":
+            raise TreeError(f"TreeConfig.cost with acceptance='multidraft' works with builder='ddtree' only: the "
+                            f"cost rule's cut of a {self.builder!r} tree reads the drawn tokens' own scores, so "
+                            f"whether a child is kept would depend on its draw (biased)")
         for name in ("budget", "top_k"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -82,8 +118,37 @@ class TreeConfig:
             raise TreeError(f"TreeConfig.cost must be a VerifyCost or None, got {type(self.cost).__name__}")
 
     def label(self) -> str:
+        """``builder:BUDGET[kTOP_K][+cost][+drawn][+multidraft]`` (:meth:`parse` reads it back, ``+cost`` aside)."""
         core = f"{self.builder}:{self.budget}" + (f"k{self.top_k}" if self.builder != "chain" else "")
-        return core + ("+cost" if self.cost is not None else "")
+        return (core + ("+cost" if self.cost is not None else "") + ("+drawn" if self.draw == "sample" else "")
+                + ("+multidraft" if self.acceptance == "multidraft" else ""))
+
+    @classmethod
+    def parse(cls, spec: str) -> "TreeConfig":
+        """A :meth:`label` back into a config: ``chain``, ``ddtree:32k4``, ``eagle:32k4+drawn+multidraft``;
+        a missing budget or top-k takes the default (``+multidraft`` implies ``+drawn``). ``+cost`` needs a
+        measured curve, so it is refused here (:class:`TreeError` naming the spec)."""
+        text = str(spec).strip()
+        core, *flags = text.split("+")
+        builder, _, sizes = core.partition(":")
+        kw = {}
+        if sizes:
+            budget, _, k = sizes.partition("k")
+            try:
+                kw["budget"] = int(budget)
+                if k:
+                    kw["top_k"] = int(k)
+            except ValueError:
+                raise TreeError(f"tree spec {text!r}: expected builder[:BUDGET[kTOP_K]], e.g. ddtree:32k4") from None
+        for flag in flags:
+            if flag == "drawn":
+                kw["draw"] = "sample"
+            elif flag == "multidraft":
+                kw["acceptance"], kw["draw"] = "multidraft", "sample"
+            else:
+                raise TreeError(f"tree spec {text!r}: unknown flag +{flag} (the flags are +drawn and +multidraft; "
+                                f"a cost-aware tree needs a measured curve: TreeConfig(cost=...))")
+        return cls(builder.strip(), **kw)
 
 
 @dataclass
@@ -96,15 +161,20 @@ class DraftTree:
     depths: list[int] = field(default_factory=list)
     """1 .. K; the node's position is ``start + depth``."""
     ranks: list[int] = field(default_factory=list)
-    """Each node's rank among its parent's candidates (0 = the drafter's top pick there)."""
+    """Each node's rank among its parent's candidates (0 = the drafter's top pick there; drawn children: the
+    draw order, the order the multi-draft walk tries them in)."""
     stages: int = 1
     """Drafting stages the tree came from (DLoop: its chain stages and the last stage's tree)."""
+    q: torch.Tensor | None = None
+    """[n+1, V] row u: the draft distribution node u's children were drawn from (``draw="sample"`` at T > 0 and
+    the sampled chain; what the multi-draft walk needs); None otherwise."""
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, limit: int | None) -> None:
+def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, limit: int | None,
+               dloop=None) -> None:
     """Everything a tree request needs, checked before decoding (:class:`TreeError` with the reason)."""
     if not isinstance(tree, TreeConfig):
         raise TreeError(f"tree must be a TreeConfig or None, got {type(tree).__name__}")
@@ -114,10 +184,24 @@ def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, lim
     builders = getattr(drafter, "tree_builders", ())
     if not builders:
         raise TreeError(f"a {kind} drafter drafts token by token and has no tree builder here; tree verification "
-                        f"needs a parallel drafter (backbone, domino, dspark)")
+                        f"needs a parallel drafter (backbone, domino, dspark) or an EAGLE-3 drafter")
     if tree.builder not in builders:
+        if tree.builder == "eagle":
+            raise TreeError(f"the 'eagle' tree builder is EAGLE-2's tree over an EAGLE-3 drafter's own steps; a "
+                            f"{kind} drafter has none (this drafter builds: {', '.join(builders)})")
+        if "eagle" in builders:
+            raise TreeError(f"the {tree.builder!r} tree builder needs a parallel block a {kind} drafter lacks "
+                            f"(this drafter builds: {', '.join(builders)}); use builder='eagle'")
         raise TreeError(f"the {tree.builder!r} tree builder needs a causal head a {kind} drafter lacks "
                         f"(this drafter builds: {', '.join(builders)}); use domino or dspark, or builder='ddtree'")
+    looped = dloop is not None and dloop.max_stages > 1
+    if looped and tree.builder != "chain" and "eagle" in builders:
+        raise TreeError(f"DLoop with the {tree.builder!r} tree on a {kind} drafter is not supported: its tree "
+                        f"grows from the drafter's own steps, not from a drafted stage (use builder='chain' with "
+                        f"DLoop, or no DLoop)")
+    if looped and tree.acceptance == "multidraft":
+        raise TreeError("acceptance='multidraft' with DLoop is not supported: the chain stages' draft "
+                        "distributions are not kept for the walk (use acceptance='sample' with DLoop)")
     if compile:
         raise TreeError("compile=True has one graph per verify width; tree rounds vary it: decode trees eagerly")
     impl = getattr(target.model.config, "_attn_implementation", None) or "eager"
@@ -162,6 +246,21 @@ def _topk_host(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[li
     return [row[:kk] for row in both], [[int(x) for x in row[kk:]] for row in both]
 
 
+def _draws(logq: torch.Tensor, k: int, generator) -> torch.Tensor:
+    """k draws without replacement from each row of exp(``logq``) [F, V], in draw order → ids [F, k]: the top-k
+    of logq + Gumbel noise (Gumbel-top-k: the same law as drawing one at a time and renormalising)."""
+    u = torch.rand(logq.shape, generator=generator, device=logq.device).clamp_min_(torch.finfo(torch.float32).tiny)
+    noise = u.log_().neg_().log_()  # -Gumbel = log Exp(1) (exponential_ measured 5x slower than rand + 2 logs)
+    return (logq - noise).topk(min(k, logq.shape[-1]), -1).indices
+
+
+def _drawn(cfg: TreeConfig, temperature: float) -> bool:
+    """Whether this round's children are drawn from q (``draw="sample"`` at T > 0) rather than its top-k."""
+    from lit_domino.models.sessions import is_greedy
+
+    return cfg.draw == "sample" and not is_greedy(temperature)
+
+
 def _cap(cfg: TreeConfig, gains: list[float], nodes: int, draft_s: float | None) -> int:
     """Nodes to verify: ``nodes`` (the budget left this round), or CaDDTree's choice under it."""
     if cfg.cost is None:
@@ -174,14 +273,21 @@ def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes
     """A tree of at most ``nodes`` nodes and ``depth`` levels below ``anchor`` [1] (see the module docstring)."""
     if cfg.builder == "chain":
         return tree_from_stage(cfg, session, session.draft(anchor, depth, temperature, generator), anchor, nodes,
-                               draft_s)
+                               draft_s, temperature, generator)
     if cfg.builder == "ddtree":  # the marginals (a head's: along its greedy picks)
-        return tree_from_stage(cfg, session, session.draft(anchor, depth, 0.0, None), anchor, nodes, draft_s)
+        return tree_from_stage(cfg, session, session.draft(anchor, depth, 0.0, None), anchor, nodes, draft_s,
+                               temperature, generator)
+    if hasattr(session, "tree_head"):  # EAGLE-3: its own steps over the tree (eagle: EAGLE-2's frontier of k)
+        head = session.tree_head(anchor, depth)
+        width = cfg.top_k if cfg.builder == "eagle" and not _drawn(cfg, temperature) else nodes
+        return _path_tree(cfg, head, depth, nodes, width, draft_s, temperature, generator)
     hidden, anchor = session.draft_hidden(anchor, depth)
-    return _path_tree(cfg, session, hidden, anchor, nodes, draft_s)
+    return _path_tree(cfg, session.path_head(hidden, anchor), hidden.shape[0] - 1, nodes, nodes, draft_s,
+                      temperature, generator)
 
 
-def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: int, draft_s=None) -> DraftTree:
+def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: int, draft_s=None,
+                    temperature: float = 0.0, generator=None) -> DraftTree:
     """The tree of an already drafted stage ``st`` (anchored at ``anchor``; the session's newest stage): its
     chain, its marginals' best-first tree, or the path tree over its block (DLoop's last stage)."""
     if cfg.builder == "chain":
@@ -190,14 +296,30 @@ def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: i
             gains = torch.cumsum(st.logprobs.float(), 0).exp().tolist()
             nodes = _cap(cfg, gains, nodes, draft_s)
         toks = toks[:nodes]
-        return DraftTree(toks, list(range(len(toks))), list(range(1, len(toks) + 1)), [0] * len(toks))
+        q = None
+        if st.probs is not None:  # node u's child was drawn from the chain's row u
+            q = torch.cat([st.probs[: len(toks)].float(), st.probs.new_zeros(1, st.probs.shape[-1]).float()])
+        return DraftTree(toks, list(range(len(toks))), list(range(1, len(toks) + 1)), [0] * len(toks), q=q)
     if cfg.builder == "ddtree":
-        values, ids = _topk_host(st.logits, cfg.top_k)
+        if not _drawn(cfg, temperature):
+            values, ids = _topk_host(st.logits, cfg.top_k)
+            order = best_first(values, nodes)
+            order = order[: _cap(cfg, [math.exp(s) for *_, s in order], nodes, draft_s)]
+            return DraftTree([ids[d][r] for d, _, r, _ in order], [p for _, p, _, _ in order],
+                             [d + 1 for d, *_ in order], [r for _, _, r, _ in order])
+        # drawn: the same best-first shape on the rank-ordered marginals at T (independent of the draws), each
+        # node's children drawn without replacement from its depth's marginal
+        logq = torch.log_softmax(st.logits.float() / temperature, -1)  # [K, V]
+        values = logq.topk(min(cfg.top_k, logq.shape[-1]), -1).values.tolist()
         order = best_first(values, nodes)
         order = order[: _cap(cfg, [math.exp(s) for *_, s in order], nodes, draft_s)]
-        return DraftTree([ids[d][r] for d, _, r, _ in order], [p for _, p, _, _ in order],
-                         [d + 1 for d, *_ in order], [r for _, _, r, _ in order])
-    return _path_tree(cfg, session, session.stages[-1].hidden, anchor.reshape(1), nodes, draft_s)
+        level = torch.tensor([0] + [min(d + 1, logq.shape[0] - 1) for d, *_ in order], device=logq.device)
+        rows = logq.index_select(0, level)  # [n+1, V] row u: the marginal u's children are drawn from
+        ids = _draws(rows, cfg.top_k, generator).tolist()
+        return DraftTree([ids[p][r] for _, p, r, _ in order], [p for _, p, _, _ in order],
+                         [d + 1 for d, *_ in order], [r for _, _, r, _ in order], q=rows.exp())
+    return _path_tree(cfg, session.path_head(session.stages[-1].hidden, anchor.reshape(1)),
+                      session.stages[-1].hidden.shape[0] - 1, nodes, nodes, draft_s, temperature, generator)
 
 
 def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room, nodes, temperature: float,
@@ -212,43 +334,70 @@ def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room
     prefix = torch.cat([st.tokens.reshape(-1) for st in stages[:-1]]).tolist() if len(stages) > 1 else []
     last_anchor = stages[-2].tokens[-1:] if len(stages) > 1 else anchor
     m0 = len(prefix)
-    sub = tree_from_stage(cfg, session, stages[-1], last_anchor, nodes(m0), draft_s)
+    sub = tree_from_stage(cfg, session, stages[-1], last_anchor, nodes(m0), draft_s, temperature, generator)
     return DraftTree(prefix + sub.tokens, list(range(m0)) + [p + m0 for p in sub.parents],
                      list(range(1, m0 + 1)) + [d + m0 for d in sub.depths], [0] * m0 + sub.ranks, len(stages))
 
 
 @torch.no_grad()
-def _path_tree(cfg: TreeConfig, session, hidden: torch.Tensor, anchor: torch.Tensor, nodes: int, draft_s) -> DraftTree:
-    """Best-first under the path-conditioned scores, expanded depth by depth: each depth keeps the ``nodes`` best
-    of (frontier node × its top-k children) by cumulative log-probability, all on the device; then the ``nodes``
-    best of everything expanded are the tree. That is the exact best-first tree (a child never outscores its
-    parent, so the best n nodes at a depth all hang below the best n of the depth above)."""
-    depth, dev, k = hidden.shape[0] - 1, hidden.device, cfg.top_k
-    head = session.path_head(hidden, anchor)
-    states, score = head.start(), torch.zeros(1, device=dev)
-    frontier = torch.zeros(1, dtype=torch.long, device=dev)  # candidate ids (0 = the anchor)
-    cols, next_id = [], 1
+def _path_tree(cfg: TreeConfig, head, depth: int, nodes: int, width: int, draft_s, temperature: float = 0.0,
+               generator=None) -> DraftTree:
+    """Best-first under the path-conditioned scores, expanded depth by depth: each depth scores (frontier node ×
+    its top-k children) by cumulative log-probability and keeps the ``nodes`` best as candidates, of which the
+    ``width`` best are the next frontier, all on the device; then the ``nodes`` best of all candidates are the
+    tree. ``width = nodes`` (``path``) is the exact best-first tree (a child never outscores its parent, so the
+    best n nodes at a depth all hang below the best n of the depth above); ``width = k`` is EAGLE-2's.
+
+    Drawn (:func:`_drawn`): each frontier node's k children are draws from q without replacement, scored by q's
+    rank-ordered probabilities (the i-th draw by the i-th largest q), so a child's place never depends on its
+    own token; the stable sort keeps each node's children a prefix of its draws."""
+    if depth <= 0:
+        return DraftTree()
+    k, drawn = cfg.top_k, _drawn(cfg, temperature)
+    states, score, frontier = head.start(), None, None
+    cols, qrows, next_id = [], [], 1
     for d in range(depth):
         logits, inherited = head.step(d, states)  # [F, V]
-        v, ids = torch.log_softmax(logits.float(), -1).topk(k, -1)  # [F, k]
+        dev = logits.device
+        if score is None:
+            score = torch.zeros(1, device=dev)
+            frontier = torch.zeros(1, dtype=torch.long, device=dev)  # candidate ids (0 = the anchor)
+        if drawn:
+            logq = torch.log_softmax(logits.float() / temperature, -1)
+            v, ids = logq.topk(k, -1).values, _draws(logq, k, generator)  # [F, k]
+            qrows.append((frontier, logq.exp()))
+        else:
+            v, ids = torch.log_softmax(logits.float(), -1).topk(k, -1)  # [F, k]
         cand = (score[:, None] + v).reshape(-1)
-        score, j = cand.topk(min(nodes, cand.numel()))  # the depth's best, best first
+        score, j = cand.sort(descending=True, stable=True)  # ties: the lower rank first
+        q = min(nodes, j.numel())
+        score, j = score[:q], j[:q]
         rows, tok = j // k, ids.reshape(-1).index_select(0, j)
-        q = j.numel()
         cols.append(torch.stack([score, frontier.index_select(0, rows).float(), tok.float(), (j % k).float(),
                                  torch.full((q,), float(d + 1), device=dev)]))
-        frontier = torch.arange(next_id, next_id + q, device=dev)
+        f = min(width, q)
+        frontier = torch.arange(next_id, next_id + f, device=dev)
         next_id += q
-        states = head.child(inherited, rows, tok)
-    if not cols:
-        return DraftTree()
+        score = score[:f]
+        if d + 1 < depth:
+            states = head.child(inherited, rows[:f], tok[:f])
     scores, parents, tokens, ranks, depths = torch.cat(cols, 1).tolist()  # one host copy ([5, M], M <= n·K)
     best = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i]))[:nodes]
     best = best[: _cap(cfg, [math.exp(scores[i]) for i in best], nodes, draft_s)]
     best.sort()  # candidate ids grow with depth: parents first
     new_id = {0: 0, **{i + 1: n + 1 for n, i in enumerate(best)}}
-    return DraftTree([int(tokens[i]) for i in best], [new_id[int(parents[i])] for i in best],
+    tree = DraftTree([int(tokens[i]) for i in best], [new_id[int(parents[i])] for i in best],
                      [int(depths[i]) for i in best], [int(ranks[i]) for i in best])
+    if drawn:  # row u: the q node u's children were drawn from (zeros for the leaves)
+        ids = torch.cat([f for f, _ in qrows]).tolist()
+        table = torch.cat([r for _, r in qrows])
+        where = [0] * (len(tree) + 1)
+        keep = torch.zeros(len(tree) + 1, dtype=torch.bool)
+        for row, cid in enumerate(ids):
+            if cid in new_id:
+                where[new_id[cid]], keep[new_id[cid]] = row, True
+        tree.q = table.index_select(0, torch.tensor(where, device=table.device)) * keep.to(table.device)[:, None]
+    return tree
 
 
 # --------------------------------------------------------------------------- verify, walk
@@ -288,6 +437,42 @@ def walk(tree: DraftTree, logits: torch.Tensor, temperature: float, generator) -
     return path, [tree.tokens[i - 1] for i in path] + [picks[u]]
 
 
+def walk_multidraft(tree: DraftTree, logits: torch.Tensor, temperature: float, generator
+                    ) -> tuple[list[int], list[int]]:
+    """The q-aware walk (SpecTr / Sequoia without replacement; module docstring) → as :func:`walk`. Needs
+    ``tree.q`` (the children drawn from it, in rank order); at T = 0 it is the greedy walk."""
+    from lit_domino.decoding.sampling import residual, target_probs
+    from lit_domino.models.sessions import is_greedy
+
+    if is_greedy(temperature) or not len(tree):
+        return walk(tree, logits, temperature, generator)
+    if tree.q is None:
+        raise ValueError("the multi-draft walk needs the tree's draft distributions (DraftTree.q)")
+    probs = target_probs(logits, temperature)  # [n+1, V]
+    kids: dict[int, list[tuple[int, int]]] = {}
+    for i, (par, r) in enumerate(zip(tree.parents, tree.ranks)):
+        kids.setdefault(par, []).append((r, i + 1))
+    path, u = [], 0
+    while True:
+        p, nxt = probs[u], None
+        if u in kids:
+            q = tree.q[u].to(p.device, p.dtype).clone()
+            for _, c in sorted(kids[u]):  # draw order
+                x = tree.tokens[c - 1]
+                px, qx = float(p[x]), float(q[x])
+                if float(torch.rand((), generator=generator, device=p.device)) * qx < px:  # min(1, p/q)
+                    nxt = c
+                    break
+                p = residual(p, q)
+                q[x] = 0
+                q = q / q.sum().clamp_min(1e-30)
+        if nxt is None:  # no child accepted: the bonus from the residual
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return path, [tree.tokens[i - 1] for i in path] + [bonus]
+        path.append(nxt)
+        u = nxt
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -312,6 +497,7 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
     limit = context_limit(target, drafter)
     dtype = target.model.dtype
     draft_s = None  # the measured draft time per round (an average), the cost rule's C_draft
+    walker = walk_multidraft if cfg.acceptance == "multidraft" else walk
     while not done:
         room = capacity - 1 - start if limit is None else min(capacity, limit) - 1 - start
         wanted = max_new_tokens - len(res.tokens) - 1  # deeper nodes could never be emitted
@@ -331,7 +517,7 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         ids, pos, mask = tree_inputs(tree, anchor, start, kv_len, dtype)
         out = runner.forward(ids, layers is not None, position_ids=pos, attention_mask=mask)
         clock.lap("verify")
-        path, committed = walk(tree, out.logits[0], temperature, generator)
+        path, committed = walker(tree, out.logits[0], temperature, generator)
         acc = len(path)
         compact_cache(runner.cache, [start + i for i in path], start + 1)
         runner.crop(start + acc + 1)

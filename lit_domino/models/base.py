@@ -269,7 +269,8 @@ class Drafter(nn.Module):
 
     tree_builders: ClassVar[tuple[str, ...]] = ()
     """Tree builders (:mod:`lit_domino.decoding.tree`) the method's session supports: ``chain`` and ``ddtree``
-    need a parallel block (``draft_hidden``), ``path`` a causal head (``path_head``); none: no tree rounds."""
+    need a parallel block (``draft_hidden``), ``path`` a causal head (``path_head``), ``eagle`` (and ``path`` on
+    EAGLE-3) the drafter's own steps over the tree (``tree_head``); none: no tree rounds."""
 
     @classmethod
     def stage_tokens(cls, config: DrafterConfig, requested: int | None = None) -> int:

@@ -34,7 +34,7 @@ from lit_domino.models.layers import (Attention, KVCache, RMSNorm, StructuredAtt
                                      flex_block_mask, init_weights)
 from lit_domino.models.loop import ContextFn, check_stages, pad_right
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, draft_chain
+from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, as_ids, draft_chain
 from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
 
 
@@ -161,6 +161,39 @@ class EagleSession(ChainSession):
         self._cached = min(self._cached, max(0, length - 1))  # the step at position p reads g_{p-1}
         self.cache.crop(self._cached)
 
+    def _root_step(self, anchor_token, num_tokens: int) -> tuple[torch.Tensor, int]:
+        """The real steps not cached yet and the anchor's step at ``length``, in one call → (its output h
+        [1, 1, d], the anchor position)."""
+        drafter, dev = self.drafter, self.device
+        start = self._len
+        if start < 1:
+            raise ValueError("an EAGLE-3 session needs at least one committed token with target features "
+                             "(extend the prompt) before drafting")
+        anchor = self._check_draft(anchor_token, num_tokens, start)
+        # real steps at positions _cached+1 .. start-1 and the anchor step at start, in one call
+        toks = torch.cat([self._tokens[self._cached + 1: start], anchor])  # [n]
+        feats = self._g[self._cached: start]  # [n, d] g_{p-1}
+        n = toks.numel()
+        pos = torch.arange(self._cached + 1, start + 1, device=dev)  # [n]
+        mask = None
+        if n > 1:
+            m = len(self.cache)
+            causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+            mask = torch.cat([torch.ones(n, m, dtype=torch.bool, device=dev), causal], dim=1)[None, None]
+        h = drafter.step(drafter.embed_tokens(toks)[None], feats[None], pos, mask, self.cache)[:, -1:]
+        self._cached = start - 1
+        return h, start
+
+    @torch.no_grad()
+    def tree_head(self, anchor_token, depth: int) -> "EagleTreeHead":
+        """The drafter over a draft tree below ``anchor_token`` (at ``length``), ``depth`` levels deep
+        (:class:`EagleTreeHead`); its steps stay in the cache until the next crop/extend."""
+        if self.stages:
+            raise ValueError("a tree grows from the committed context: crop() before drafting a new round")
+        h, start = self._root_step(anchor_token, depth)
+        self.stages.append(Stage(start, as_ids(anchor_token, self.device)))  # dropped (cache cropped) on crop
+        return EagleTreeHead(self.drafter, self.cache, h[0], start)
+
     @torch.no_grad()
     def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
               generator: torch.Generator | None = None) -> StageDraft:
@@ -171,23 +204,7 @@ class EagleSession(ChainSession):
             h = drafter.step(drafter.embed_tokens(anchor)[None], h_prev, torch.tensor([start], device=dev),
                              None, self.cache)  # [1, 1, d]
         else:
-            start = self._len
-            if start < 1:
-                raise ValueError("an EAGLE-3 session needs at least one committed token with target features "
-                                 "(extend the prompt) before drafting")
-            anchor = self._check_draft(anchor_token, num_tokens, start)
-            # real steps at positions _cached+1 .. start-1 and the anchor step at start, in one call
-            toks = torch.cat([self._tokens[self._cached + 1: start], anchor])  # [n]
-            feats = self._g[self._cached: start]  # [n, d] g_{p-1}
-            n = toks.numel()
-            pos = torch.arange(self._cached + 1, start + 1, device=dev)  # [n]
-            mask = None
-            if n > 1:
-                m = len(self.cache)
-                causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-                mask = torch.cat([torch.ones(n, m, dtype=torch.bool, device=dev), causal], dim=1)[None, None]
-            h = drafter.step(drafter.embed_tokens(toks)[None], feats[None], pos, mask, self.cache)[:, -1:]
-            self._cached = start - 1
+            h, start = self._root_step(anchor_token, num_tokens)
         chain = {"h": h, "pos": start}  # h: the step at position pos (its logits predict pos + 1)
 
         def next_logits(prev):
@@ -202,6 +219,43 @@ class EagleSession(ChainSession):
         self._chain = (start + num_tokens, h)
         self.stages.append(Stage(start, out.tokens))
         return out
+
+
+class EagleTreeHead:
+    """EAGLE-3's drafter over a tree's frontier (EAGLE-2's draft tree), in the protocol of the path heads
+    (:func:`lit_domino.decoding.tree._path_tree`): the children of a node come from its own step, which takes the
+    node's token and its parent's step output at position anchor + depth; every frontier node of a depth is one
+    batched step whose mask lets each node see the committed steps (the cache up to the anchor's) and its
+    ancestors' steps (written to the cache depth by depth) and itself.
+
+    States: ready nodes ``(h [F, d], seen [F, S])`` (their step outputs; which of the S tree steps so far each
+    sees) or pending ones ``(tokens [F], parent h [F, d], parent seen [F, S])``."""
+
+    def __init__(self, drafter, cache: KVCache, root: torch.Tensor, start: int):
+        self.drafter, self.cache, self.start_pos = drafter, cache, start
+        self.committed = len(cache)  # the real steps and the anchor's
+        self.root = root  # [1, d] the anchor step's output
+
+    def start(self):
+        return self.root, torch.zeros(1, 0, dtype=torch.bool, device=self.root.device)
+
+    def step(self, i: int, states) -> tuple[torch.Tensor, tuple]:
+        """Depth-i frontier → (its children's logits [F, V], what the children inherit)."""
+        if len(states) == 3:  # pending: the depth's nodes take their one step together
+            tokens, h_par, seen_par = states
+            drafter, F_ = self.drafter, tokens.numel()
+            dev = tokens.device
+            seen = torch.cat([seen_par, torch.eye(F_, dtype=torch.bool, device=dev)], 1)  # [F, S + F]
+            mask = torch.cat([torch.ones(F_, self.committed, dtype=torch.bool, device=dev), seen], 1)[None, None]
+            pos = torch.full((F_,), self.start_pos + i, dtype=torch.long, device=dev)
+            h = drafter.step(drafter.embed_tokens(tokens)[None], h_par[None], pos, mask, self.cache)[0]  # [F, d]
+            states = (h, seen)
+        h, seen = states
+        return self.drafter.compute_logits(h), (h, seen)
+
+    def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
+        h, seen = inherited
+        return tokens, h.index_select(0, rows), seen.index_select(0, rows)
 
 
 def eagle_loop_forward(
@@ -290,6 +344,7 @@ class Eagle3Drafter(Drafter):
     config_class = Eagle3Config
     session_class = EagleSession
     supports_loop_training = True
+    tree_builders = ("chain", "eagle", "path")
 
     @classmethod
     def stage_tokens(cls, config: Eagle3Config, requested: int | None = None) -> int:

@@ -220,6 +220,27 @@ def parse_temperatures(spec: str) -> list[float]:
     return out
 
 
+def parse_trees(spec: str) -> list:
+    """``off,eagle:32k4,ddtree:32k4+drawn+multidraft`` → ``[None, TreeConfig(...), ...]``: ``off`` is the chain
+    engine, anything else :meth:`TreeConfig.parse` (its ``label()`` format; ``chain`` is the chain through the
+    tree path). Imports torch (the tree module): checked after the torch-free checks."""
+    from lit_domino.decoding.tree import TreeConfig, TreeError
+
+    try:
+        out = [None if s.strip().lower() == "off" else TreeConfig.parse(s) for s in str(spec).split(",") if s.strip()]
+    except TreeError as err:
+        raise UsageError(f"--trees: {err}") from None
+    return out or [None]
+
+
+def check_trees(trees: list, drafters: dict) -> None:
+    """Every ``--trees`` builder is built by at least one drafter (a drafter that lacks one skips it)."""
+    for tree in trees:
+        if tree is not None and not any(tree.builder in getattr(d, "tree_builders", ()) for d in drafters.values()):
+            raise UsageError(f"--trees {tree.label()}: no drafter in --drafters builds a {tree.builder!r} tree "
+                             f"({', '.join(f'{n}: {d.kind}' for n, d in drafters.items())})")
+
+
 def check_options(args: Mapping) -> None:
     """Every check of the command's options that needs neither torch nor a model: run before anything loads.
 
@@ -306,12 +327,14 @@ def run_bench(options: Mapping | Any) -> list[dict]:
         if not item.startswith("random:"):
             _usage("--benchmarks", parse_benchmark_list, item)
     temperatures = parse_temperatures(args["temperatures"])
+    trees = parse_trees(args.get("trees") or "off")
     pool_sizes = parse_pool_sizes(args.get("pool_sizes") or "full")
     peers = parse_peers(args["peers"])
     with pinned_threads(args["threads"] or None):
         target = load_target_spec(args["target"], args["device"], args["dtype"])
         drafters = load_drafters(args["drafters"], target, args["device"], args.get("acceptance") or "")
         check_predictors(dloops, drafters)
+        check_trees(trees, drafters)
         external = official_peers(peers, drafters, target)
         peers = [p for p in peers if p not in OFFICIAL_PEERS]
         prompts = load_prompts(args["benchmarks"], target, args["seed"])
@@ -323,7 +346,7 @@ def run_bench(options: Mapping | Any) -> list[dict]:
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
                          seed=args["seed"], progress=not args["no_progress"], external=external,
-                         repeats=int(args.get("repeats") or 1))
+                         repeats=int(args.get("repeats") or 1), trees=trees)
         threads = torch.get_num_threads()
     from lit_domino.decoding.harness import markdown_table
     from lit_domino.runtime.jsonio import write_json
@@ -410,6 +433,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="name=DIR[,name=DIR...]: a trained acceptance predictor per drafter of --drafters for the "
                         "conf, cost and trunc gates (an artifacts/acceptance/<name>-<hash> folder of "
                         "experiments/acceptance.py, or its predictor/ folder; refused for another drafter)")
+    p.add_argument("--trees", default="off",
+                   help="comma-separated tree settings (TreeConfig.label's format): off (the chain engine), chain, "
+                        "ddtree:32k4, path:32k4, eagle:32k4, each optionally +drawn (children drawn from q) and "
+                        "+multidraft (the q-aware walk, implies +drawn); a drafter skips a builder it lacks "
+                        "(default: off)")
     p.add_argument("--block-size", type=int, default=None, help="block size (default: each drafter's own)")
     p.add_argument("--pool-sizes", default="full",
                    help="Domino candidate pools K to run, comma-separated: full (the whole vocabulary, the exact "

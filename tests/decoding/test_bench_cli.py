@@ -126,3 +126,27 @@ def test_bench_takes_a_trained_predictor_per_drafter(tmp_path, capsys):
         with pytest.raises(SystemExit) as done:
             bench.main(common + ["--dloop", "conf@0.5:2"] + argv)
         assert done.value.code == 2 and needle in capsys.readouterr().err, argv
+
+
+def test_bench_cli_trees(tiny_target_dir, tmp_path):
+    """``--trees``: each drafter decodes with every tree its builders cover (rows ``+tree(label)``), lossless at
+    T = 0; a tree no drafter builds and a malformed spec are usage errors."""
+    from lit_domino.runtime.command import UsageError
+    from lit_domino.studies.bench import parse_args, run_bench
+
+    bench = bench_module()
+    rows = bench.main(["--target", str(tiny_target_dir), "--drafters", "bb=random:backbone,ea=random:eagle3",
+                       "--benchmarks", "embedded-math:1", "--trees", "off,ddtree:8k2,eagle:8k2+drawn+multidraft",
+                       "--block-size", "4", "--max-new-tokens", "8", "--out", str(tmp_path), "--no-progress",
+                       "--no-mlflow", "--no-hf-baseline"])
+    methods = {r["method"] for r in rows}
+    assert {"bb", "ea", "bb+tree(ddtree:8k2)", "ea+tree(eagle:8k2+drawn+multidraft)"} <= methods
+    assert not any("bb+tree(eagle" in m or "ea+tree(ddtree" in m for m in methods)
+    assert all(r["match_baseline"] == 1.0 for r in rows)
+    base = dict(target=str(tiny_target_dir), drafters="bb=random:backbone", benchmarks="random:1",
+                out=str(tmp_path), no_mlflow=True)
+    args = vars(parse_args([]))
+    for trees, match in (("eagle:8k2", "no drafter in --drafters builds a 'eagle' tree"),
+                         ("ddtree:x", "--trees: .*expected builder")):
+        with pytest.raises(UsageError, match=match):
+            run_bench({**args, **base, "trees": trees})
