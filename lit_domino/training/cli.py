@@ -405,7 +405,8 @@ def check_config(cfg: dict[str, Any], trainer: bool = True) -> None:
                 raise ConfigError(typed) from None
             lines = [l.strip() for l in text.strip().splitlines() if l.strip() and not l.strip().startswith("Given value")]
             raise ConfigError(f"the training parser refuses this config: {lines[0]} {lines[-1]}") from None
-        raise configs.unknown_key(section, key, _known_keys(cfg, section)) from None
+        sections = configs.model_sections(cfg) if section == "model" else None  # model.rank: now model.head.rank
+        raise configs.unknown_key(section, key, _known_keys(cfg, section), sections) from None
     _CHECKED.add(digest)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -344,13 +345,67 @@ def static_module(class_path: str | None) -> tuple[str, dict[str, str | None]] |
     return kinds[0], keys
 
 
+def _dataclass_fields(cls: ast.ClassDef) -> list[str] | None:
+    """The fields of a ``@dataclass`` class body (its annotated names, ``ClassVar`` aside); None: not a dataclass."""
+    names = [getattr(d.func if isinstance(d, ast.Call) else d, "id", None) for d in cls.decorator_list]
+    if "dataclass" not in names:
+        return None
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            and "ClassVar" not in ast.unparse(n.annotation)]
+
+
+@functools.lru_cache(maxsize=None)
+def static_sections(class_path: str | None) -> dict[str, list[str]] | None:
+    """``{init arg: its dataclass's fields}`` for the ``model.init_args`` typed by a dataclass (``head``,
+    ``curriculum``), read from the source as :func:`static_module` reads the keys; None when it cannot be."""
+    module, _, name = str(class_path or "").rpartition(".")
+    found = _find_class(module, name) if module and static_module(class_path) else None
+    out: dict[str, list[str]] = {}
+    while found:
+        mod, cls = found
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        for arg in [*init.args.args, *init.args.kwonlyargs] if init is not None else ():
+            if isinstance(arg.annotation, ast.Name) and arg.arg not in out:
+                typed = _find_class(mod, arg.annotation.id)
+                fields = _dataclass_fields(typed[1]) if typed else None
+                if fields is not None:
+                    out[arg.arg] = fields
+        ours = [b for b in cls.bases if isinstance(b, ast.Name) and _find_class(mod, b.id)]
+        found = _find_class(mod, ours[0].id) if ours else None
+    return out
+
+
+def model_sections(cfg: dict) -> dict[str, list[str]]:
+    """The ``model.init_args`` of a composed config's module that are dataclass sections → their fields
+    (``{"head": ["rank", "gru_hidden"], "curriculum": [...]}``), statically where it can be, else imported."""
+    static = static_sections((cfg.get("model") or {}).get("class_path"))
+    if static is not None:
+        return static
+    return {n: [f.name for f in dataclasses.fields(p.default)] for n, p in model_parameters(module_class(cfg)).items()
+            if dataclasses.is_dataclass(p.default)}
+
+
+HEAD = "head"
+"""The method's head section (``model.head.rank``): its fields were flat model keys (``model.rank``) before."""
+
+
+def moved_key(key: str, sections: dict[str, list[str]]) -> str | None:
+    """The head section a former flat model key moved into (``rank`` → ``head``), else None."""
+    return HEAD if key in sections.get(HEAD, ()) else None
+
+
 TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", "str": "a string",
               "NoneType": "null", "None": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
 """How a type error names the type a key takes (``model.lr: expected a float, got 'abc'``)."""
 
 
-def unknown_key(section: str, key: str, known: Iterable[str]) -> ConfigError:
-    """``unknown config key model.rnak; did you mean model.rank?`` (else the keys ``section`` takes)."""
+def unknown_key(section: str, key: str, known: Iterable[str], sections: dict | None = None) -> ConfigError:
+    """``unknown config key model.rnak; did you mean model.head.rank?`` (else the keys ``section`` takes); a
+    former flat key of a section (``sections``: :func:`model_sections`) says where it went: ``model.rank moved
+    to model.head.rank``."""
+    moved = moved_key(key, sections or {})
+    if moved:
+        return ConfigError(f"{section}.{key} moved to {section}.{moved}.{key} (the method's {moved} section)")
     known = list(known)
     close = difflib.get_close_matches(key, known, n=3)
     hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
@@ -362,13 +417,17 @@ def check_model_overrides(variant: str, preset: str, overrides: dict) -> None:
     """One variant's ``model.<key>`` and ``methods.<kind>.<key>`` overrides, as the training parser would refuse
     them (an unknown key with its close matches, text for a number), from the module's source: no Lightning."""
     methods, rest = _split_methods(overrides)
-    keys = model_keys(compose(variant, preset, methods=methods))  # compose checks the methods keys
+    cfg = compose(variant, preset, methods=methods)  # compose checks the methods keys
+    keys, sections = model_keys(cfg), model_sections(cfg)
     for key, value in rest.items():
         path = _model_path(key)
         if path[:2] == ["model", "init_args"] and len(path) == 3:
             if path[2] not in keys:
-                raise unknown_key("model", path[2], keys)
+                raise unknown_key("model", path[2], keys, sections)
             check_number(key, value, keys[path[2]])
+        elif path[:2] == ["model", "init_args"] and len(path) == 4 and path[2] in sections:
+            if path[3] not in sections[path[2]]:  # model.head.rnak
+                raise unknown_key(f"model.{path[2]}", path[3], sections[path[2]])
 
 
 def check_number(key: str, value: Any, annotation: str | None) -> None:
@@ -441,11 +500,16 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
             names = [(path + [last])[1]]
         else:  # domino={rank: 8}
             names = list(value) if isinstance(value, dict) else []
-        keys = model_keys(cfg)
+        keys, sections = model_keys(cfg), model_sections(cfg)
         for name in names:
             if name not in keys and name != "data":  # data: the method's own data keys (below)
+                if moved_key(name, sections):
+                    raise unknown_key(f"{METHODS}.{kind}", name, keys, sections)
                 raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
                                   f"{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+        inner = (path + [last])[1:3]
+        if len(inner) == 2 and inner[0] in sections and inner[1] not in sections[inner[0]]:  # domino.head.rnak
+            raise unknown_key(f"{METHODS}.{kind}.{inner[0]}", inner[1], sections[inner[0]])
         node = section
         for part in path:
             node = node.setdefault(part, {})
@@ -458,6 +522,10 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
         if not isinstance(section[kind], dict):
             raise ConfigError(f"{METHODS}.{kind}: expected a mapping of model keys, got {section[kind]!r}")
         method = dict(section[kind])
+        sections = model_sections(cfg)
+        for name in method:  # a preset written before the head section (methods: {domino: {rank: 8}})
+            if moved_key(name, sections) and name not in model_keys(cfg):
+                raise unknown_key(f"{METHODS}.{kind}", name, (), sections)
         data = method.pop("data", None)  # a method's own data keys (DSpark's block size on the paper preset)
         cfg = deep_merge(cfg, {"model": {"init_args": method}, **({"data": data} if data else {})})
     return cfg
@@ -497,8 +565,10 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
     info = {}  # variant -> (kind, model keys): every variant's, for the hints
     for v in every:
         cfg = compose(v, preset, config_dir)
-        info[v] = (method_kind(cfg), model_keys(cfg))
-    kinds = sorted({kind for kind, _ in info.values()})
+        sections = model_sections(cfg)
+        info[v] = (method_kind(cfg), model_keys(cfg),  # the dotted section fields too (head.rank)
+                   {f"{name}.{f}" for name, fields in sections.items() for f in fields}, sections)
+    kinds = sorted({kind for kind, *_ in info.values()})
     per_variant: dict[str, dict] = {v: {} for v in variants}
     notes = []
     for key, value in (overrides or {}).items():
@@ -514,21 +584,29 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
                 names = list(value)
             else:
                 raise ConfigError(f"{key}: expected a mapping of {kind}'s model keys, got {value!r}")
-            keys = next(k for kind_, k in info.values() if kind_ == kind)
+            keys, fields, sections = next((k, f, sc) for kind_, k, f, sc in info.values() if kind_ == kind)
             for name in names:
+                if name not in keys and moved_key(name, sections):
+                    raise unknown_key(f"{METHODS}.{kind}", name, keys, sections)
                 if name not in keys:
-                    takers = [v for v, (kd, _) in info.items() if kd == kind]
+                    takers = [v for v, (kd, *_) in info.items() if kd == kind]
                     raise ConfigError(f"{METHODS}.{kind}.{name}: the {kind} method ({_names(takers)}) has no model "
                                       f"key {name!r}{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
             takes = [v for v in variants if info[v][0] == kind]
             why = "other methods"
         elif parts[0] == "model" and _model_path(key)[1] == "init_args" and len(_model_path(key)) > 2:
-            name = _model_path(key)[2]
-            takes = [v for v in variants if name in info[v][1]]
+            path = _model_path(key)
+            nested = len(path) > 3 and any(path[2] in info[v][3] for v in every)
+            name = ".".join(path[2:4]) if nested else path[2]  # head.rank: the variants whose head has it
+            known = {v: set(info[v][1]) | info[v][2] for v in every}
+            takes = [v for v in variants if name in known[v]]
             if not takes:
+                for v in [*variants, *every]:
+                    if name not in info[v][1] and moved_key(name, info[v][3]):  # model.rank: now model.head.rank
+                        raise unknown_key("model", name, (), info[v][3])
                 owners = {}
                 for v in [*variants, *(x for x in every if x not in variants)]:  # this run's variants first
-                    for match in difflib.get_close_matches(name, list(info[v][1]), n=1):
+                    for match in difflib.get_close_matches(name, list(known[v]), n=1):
                         owners.setdefault(match, []).append(v)
                 hint = "; ".join(f"did you mean model.{m} ({_names(vs)})?" for m, vs in owners.items())
                 raise ConfigError(f"{key}: no variant of this run takes it ({_names(variants)})"
