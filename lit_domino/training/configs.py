@@ -399,6 +399,14 @@ TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", 
 """How a type error names the type a key takes (``model.lr: expected a float, got 'abc'``)."""
 
 
+def close_keys(key: str, known: Iterable[str], sections: dict | None = None, n: int = 3) -> list[str]:
+    """The keys closest to ``key``; a section's field matches by its own name and shows dotted (``rnak`` ->
+    ``head.rank``)."""
+    shown = {k: k for k in known}
+    shown.update({f: f"{name}.{f}" for name, fields in (sections or {}).items() for f in fields if f not in shown})
+    return [shown[c] for c in difflib.get_close_matches(key, list(shown), n=n)]
+
+
 def unknown_key(section: str, key: str, known: Iterable[str], sections: dict | None = None) -> ConfigError:
     """``unknown config key model.rnak; did you mean model.head.rank?`` (else the keys ``section`` takes); a
     former flat key of a section (``sections``: :func:`model_sections`) says where it went: ``model.rank moved
@@ -407,7 +415,7 @@ def unknown_key(section: str, key: str, known: Iterable[str], sections: dict | N
     if moved:
         return ConfigError(f"{section}.{key} moved to {section}.{moved}.{key} (the method's {moved} section)")
     known = list(known)
-    close = difflib.get_close_matches(key, known, n=3)
+    close = close_keys(key, known, sections)
     hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
             else f"; {section} takes {', '.join(sorted(known))}" if known else "")
     return ConfigError(f"unknown config key {section}.{key}{hint}")
@@ -505,8 +513,9 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
             if name not in keys and name != "data":  # data: the method's own data keys (below)
                 if moved_key(name, sections):
                     raise unknown_key(f"{METHODS}.{kind}", name, keys, sections)
+                close = close_keys(name, keys, sections, n=1)
                 raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
-                                  f"{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+                                  + (f" (did you mean {METHODS}.{kind}.{close[0]}?)" if close else ""))
         inner = (path + [last])[1:3]
         if len(inner) == 2 and inner[0] in sections and inner[1] not in sections[inner[0]]:  # domino.head.rnak
             raise unknown_key(f"{METHODS}.{kind}.{inner[0]}", inner[1], sections[inner[0]])
@@ -590,8 +599,10 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
                     raise unknown_key(f"{METHODS}.{kind}", name, keys, sections)
                 if name not in keys:
                     takers = [v for v, (kd, *_) in info.items() if kd == kind]
+                    close = close_keys(name, keys, sections, n=1)
+                    hint = f" (did you mean {METHODS}.{kind}.{close[0]}?)" if close else ""
                     raise ConfigError(f"{METHODS}.{kind}.{name}: the {kind} method ({_names(takers)}) has no model "
-                                      f"key {name!r}{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+                                      f"key {name!r}{hint}")
             takes = [v for v in variants if info[v][0] == kind]
             why = "other methods"
         elif parts[0] == "model" and _model_path(key)[1] == "init_args" and len(_model_path(key)) > 2:
@@ -606,7 +617,7 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
                         raise unknown_key("model", name, (), info[v][3])
                 owners = {}
                 for v in [*variants, *(x for x in every if x not in variants)]:  # this run's variants first
-                    for match in difflib.get_close_matches(name, list(known[v]), n=1):
+                    for match in close_keys(name, known[v], info[v][3], n=1):
                         owners.setdefault(match, []).append(v)
                 hint = "; ".join(f"did you mean model.{m} ({_names(vs)})?" for m, vs in owners.items())
                 raise ConfigError(f"{key}: no variant of this run takes it ({_names(variants)})"
