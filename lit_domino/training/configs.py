@@ -4,13 +4,13 @@
 ``default`` preset; ``<variant>.yaml`` holds its LightningModule and what differs (``extends:``
 names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset changes, with a
 ``methods:`` section keyed by drafter kind for keys that only one method's module takes
-(``methods: {domino: {rank: 32}}``; a ``data:`` key inside one goes to the data section, for that method's
+(``methods: {domino: {head: {rank: 32}}}``; a ``data:`` key inside one goes to the data section, for that method's
 variants only). :func:`load_config` composes them, in that order, into
 the dict the training parser (``lit_domino.training.cli.DrafterCLI``) reads; ``experiments/train.py
 fit --variant V --preset P`` composes the very same files.
 
-Overrides (``--set KEY=VALUE``) are dotted keys: ``data.batch_size``, ``model.rank`` (short for
-``model.init_args.rank``) and ``methods.<kind>.<key>`` (the preset's per-method section, for the
+Overrides (``--set KEY=VALUE``) are dotted keys: ``data.batch_size``, ``model.head.rank`` (short for
+``model.init_args.head.rank``) and ``methods.<kind>.<key>`` (the preset's per-method section, for the
 variants of that drafter method only). :func:`study_overrides` spreads a study's overrides over its
 variants: a method's key reaches the variants whose module takes it, and says which it skipped.
 
@@ -57,7 +57,7 @@ class ConfigError(UsageError):
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """``" (did you mean model.rank?)"`` for the closest of ``choices`` to ``word``, else ``""``."""
+    """``" (did you mean model.lr?)"`` for the closest of ``choices`` to ``word``, else ``""``."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
@@ -506,7 +506,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
         *path, last = key.split(".")
         if path:  # domino.rank or domino.curriculum.kind: the model key is the one after the method
             names = [(path + [last])[1]]
-        else:  # domino={rank: 8}
+        else:  # domino={head: {rank: 8}}
             names = list(value) if isinstance(value, dict) else []
         keys, sections = model_keys(cfg), model_sections(cfg)
         for name in names:
@@ -524,7 +524,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {METHODS}.{key}: {part!r} is not a section")
-        # a mapping merges into the preset's (methods.domino={rank: 8} keeps its gru_hidden)
+        # a mapping merges into the preset's (methods.domino={head: {rank: 8}} keeps its gru_hidden)
         node[last] = deep_merge(node[last], value) if isinstance(value, dict) and isinstance(node.get(last), dict) \
             else value
     if section.get(kind):
@@ -543,7 +543,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
 def load_config(variant: str, preset: str = "default", seed: int = 0, overrides: dict | None = None,
                 config_dir: Path = CONFIG_DIR) -> dict:
     """The composed config of ``variant`` under ``preset`` with ``seed`` and dotted ``overrides``
-    (``{"data.batch_size": 8, "model.rank": 32, "methods.domino.gru_hidden": 32}``), tagged with the
+    (``{"data.batch_size": 8, "model.head.rank": 32, "methods.domino.head.gru_hidden": 32}``), tagged with the
     variant and preset."""
     methods, rest = _split_methods(overrides)
     cfg = compose(variant, preset, config_dir, methods)
@@ -564,8 +564,9 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
     """A study's ``--set`` overrides spread over its ``variants``: ``({variant: its overrides}, notes)``.
 
     A key of another section (``data.``, ``trainer.``, ...) goes to every variant. A model key
-    (``model.rank``) goes to the variants whose module takes it, ``methods.<kind>.<key>`` to the variants of
-    that drafter method; each such key that skips some variants gets a note naming both sides. A key that
+    (``model.lr``, ``model.head.rank``) goes to the variants whose module takes it (whose head has that field),
+    ``methods.<kind>.<key>`` to the variants of that drafter method; each such key that skips some variants gets
+    a note naming both sides. A key that
     reaches none of them is a :class:`ConfigError` with the close matches and the variants that take them.
     """
     config_dir = Path(config_dir)
@@ -635,7 +636,7 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
         for v in takes:
             name = (parts[2] if len(parts) == 3 else None) if parts[0] == METHODS else \
                 (_model_path(key)[2] if parts[0] == "model" and len(_model_path(key)) == 3 else None)
-            if name is not None:  # model.lr, methods.domino.rank: a number's type, before the parser
+            if name is not None:  # model.lr, methods.eagle3.ttt_steps: a number's type, before the parser
                 try:
                     check_number(key, value, info[v][1].get(name))
                 except ConfigError as err:
