@@ -394,6 +394,19 @@ def moved_key(key: str, sections: dict[str, list[str]]) -> str | None:
     return HEAD if key in sections.get(HEAD, ()) else None
 
 
+def check_flat_head_keys(cfg: dict) -> None:
+    """A config (a user's YAML) whose ``model.init_args`` spell a head field flat (``rank: 8``) →
+    ``model.rank moved to model.head.rank``, read from the module's source, before the parser's usage dump."""
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    init = model.get("init_args") if isinstance(model, dict) else None
+    if not isinstance(init, dict) or not model.get("class_path"):
+        return
+    sections, keys = model_sections(cfg), model_keys(cfg)
+    for key in init:
+        if key not in keys and moved_key(key, sections):
+            raise unknown_key("model", key, keys, sections)
+
+
 TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", "str": "a string",
               "NoneType": "null", "None": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
 """How a type error names the type a key takes (``model.lr: expected a float, got 'abc'``)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -199,6 +200,23 @@ def test_a_bad_set_is_one_line(train, tmp_path, capsys, extra, message):
                     *extra], run=False)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(message), err
+
+
+@pytest.mark.parametrize("with_variant", [False, True])
+def test_a_users_yaml_with_a_flat_head_key_is_one_line(train, tmp_path, capsys, with_variant):
+    """A config written for the flat keys (``model.init_args.rank``), given with ``--config``, alone or over a
+    variant: one line naming the new key, not the parser's usage."""
+    model = {"init_args": {"rank": 8}}
+    if not with_variant:
+        model["class_path"] = "lit_domino.lit.DominoModule"
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"model": model}))
+    argv = ["fit", *(["--variant", "domino", "--preset", "smoke"] if with_variant else []), "--config", str(path)]
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv, run=False)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err == "train: error: model.rank moved to model.head.rank (the method's head " \
+                                           "section)\n", err
 
 
 def test_set_reaches_the_presets_method_section_and_checks_keys_without_building_the_trainer(train, tiny_target_dir,
