@@ -291,6 +291,28 @@ def test_plain_mlflow_run_marked_failed(mlflow_uri):
     assert MlflowClient(uri).get_run(run.info.run_id).info.status == "FAILED"
 
 
+def test_a_checkpoint_keeps_the_head_as_plain_types_and_a_flat_one_is_refused(tmp_path, target):
+    """The head travels in the hparams as a plain dict (``torch.load(weights_only=True)`` reads it) and rebuilds
+    the same module; a checkpoint written with the head's fields flat (before the head section) is refused
+    naming the new key, not read with the default head."""
+    import lightning
+
+    module = DominoModule(target=target, head=DominoHeadConfig(rank=8, gru_hidden=16), **SMALL)
+    module.build_drafter(FEATURE_LAYERS)
+    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": lightning.__version__}
+    torch.save(ckpt, tmp_path / "new.ckpt")
+    hparams = torch.load(tmp_path / "new.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["head"] == {"rank": 8, "gru_hidden": 16}
+    restored = DominoModule.load_from_checkpoint(tmp_path / "new.ckpt", target=target)
+    assert restored.head_config == module.head_config and restored.drafter_options() == module.drafter_options()
+    flat = {k: v for k, v in hparams.items() if k != "head"} | {"rank": 8, "gru_hidden": 16}
+    torch.save({**ckpt, "hyper_parameters": flat}, tmp_path / "old.ckpt")
+    with pytest.raises(ValueError, match=r"rank moved to head\.rank, gru_hidden moved to head\.gru_hidden: .*"
+                                         r"written by an older lit_domino"):
+        DominoModule.load_from_checkpoint(tmp_path / "old.ckpt", target=target)
+
+
 def test_save_drafter_roundtrip(tmp_path, target):
     from lit_domino.interop import load_drafter
 
