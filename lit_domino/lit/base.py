@@ -81,13 +81,14 @@ def check_positive(**values) -> None:
 
 
 def method_config(config_class: type, value, name: str = "head"):
-    """``value`` as a ``config_class`` dataclass (a method's section, e.g. ``DominoHeadConfig``): an instance as
-    is, a mapping of its fields (a checkpoint's hparams, a dict in code), None = its defaults. The dataclass
-    checks its own fields (``__post_init__``); an unknown field is a ``ValueError`` naming it."""
+    """``value`` as a ``config_class`` dataclass (a method's section, e.g. ``DominoHeadConfig``): a copy of an
+    instance (the signature's default is shared), a mapping of its fields (a checkpoint's hparams, a dict in
+    code), None = its defaults. The dataclass checks its own fields (``__post_init__``, the copy too); an unknown
+    field is a ``ValueError`` naming it."""
     if value is None:
         return config_class()
     if isinstance(value, config_class):
-        return value
+        return dataclasses.replace(value)
     if isinstance(value, dict):
         known = [f.name for f in dataclasses.fields(config_class)]
         unknown = sorted(set(value) - set(known))
