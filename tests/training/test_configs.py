@@ -14,6 +14,7 @@ from lit_domino.training.experiment import drafter_artifact, train_variant, trai
     ({"model.rank": 3}, "model.rank moved to model.head.rank (the method's head section)"),
     ({"model.head.rnak": 3}, "unknown config key model.head.rnak; did you mean model.head.rank?"),
     ({"model.head.rank": 0}, "head.rank must be a positive integer (the Domino correction's rank r), got 0"),
+    ({"model.head.rank": "abc"}, "model.head.rank: expected an integer, got 'abc'"),
     ({"trainer.max_step": 3}, "unknown config key trainer.max_step; did you mean trainer.max_steps"),
     ({"data.batch_sise": 3}, "unknown config key data.batch_sise; did you mean data.batch_size"),
     ({"model.curriculum.knd": "none"}, "unknown config key model.curriculum.knd; did you mean model.curriculum.kind?"),
