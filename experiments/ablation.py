@@ -5,7 +5,7 @@
     python experiments/ablation.py --preset paper       # Qwen/Qwen3-8B on a GPU box
     python experiments/ablation.py --variants backbone,domino --seeds 0,1,2
     python experiments/ablation.py --variants domino --set "data.train_examples={math: 4000}" --out results/more-data
-    python experiments/ablation.py --preset smoke --set methods.domino.rank=16   # the preset's Domino section
+    python experiments/ablation.py --preset smoke --set methods.domino.head.rank=16   # the preset's Domino section
 
 Everything is cached under ./artifacts ($LIT_DOMINO_CACHE): a rerun reuses what did not
 change. Tables go to results/ablation-<preset>/, runs to MLflow (sqlite:///mlflow.db).

@@ -1,6 +1,6 @@
 """Train one drafter variant: the suite's LightningCLI (``lit_domino.training.cli``) on the command line.
 
-    python experiments/train.py fit --variant domino --preset smoke [--seed 1] [--set model.rank=16]
+    python experiments/train.py fit --variant domino --preset smoke [--seed 1] [--set model.head.rank=16]
     python experiments/train.py fit --variant domino --preset smoke --ckpt_path last   # resume a killed run
     python experiments/train.py fit --variant domino --print_config                    # every resolved key
     python experiments/train.py fit --config results/train/<run>/config.yaml           # a saved, complete config

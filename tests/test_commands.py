@@ -295,7 +295,7 @@ REAL_ERRORS = [  # (command, argv, the start of its one line)
      "ablation: error: model.rnak: no variant of this run takes it (eagle3, small_lm, backbone, domino"),
     ("ablation.py", ["--set", "model.lr=abc"], "ablation: error: variant eagle3: model.lr: expected a float, got 'abc'"),
     ("train.py", ["fit", "--variant", "domino", "--set", "model.rnak=8"],
-     "train: error: unknown config key model.rnak; did you mean model.rank?"),
+     "train: error: unknown config key model.rnak; did you mean model.head.rank?"),
 ]
 
 

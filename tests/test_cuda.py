@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_domino.training.datamodule import collate, sample_anchors
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module, SmallLMModule
-from lit_domino.models import build_drafter, drafter_config, kinds
+from lit_domino.models import DominoHeadConfig, build_drafter, drafter_config, kinds
 from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
 
 KINDS = kinds()
@@ -122,8 +122,8 @@ class _Data(L.LightningDataModule):
 
 VARIANTS = {
     "backbone": lambda t: BackboneModule(target=t, num_layers=1, block_size=4, lr=1e-2, warmup_ratio=0.0),
-    "domino": lambda t: DominoModule(target=t, num_layers=1, block_size=4, rank=16, gru_hidden=32, lr=1e-2,
-                                     warmup_ratio=0.0),
+    "domino": lambda t: DominoModule(target=t, num_layers=1, block_size=4, head=DominoHeadConfig(rank=16, gru_hidden=32),
+                                     lr=1e-2, warmup_ratio=0.0),
     "eagle3": lambda t: Eagle3Module(target=t, ttt_steps=3, num_layers=1, lr=1e-2, warmup_ratio=0.0),
     "small_lm": lambda t: SmallLMModule(target=t, num_layers=1, block_size=4, lr=1e-2, warmup_ratio=0.0),
 }

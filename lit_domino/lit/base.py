@@ -24,6 +24,7 @@ A variant names its drafter class (``drafter_class``, a registered method of
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import math
@@ -77,6 +78,34 @@ def check_positive(**values) -> None:
     for name, value in values.items():
         if value is None or isinstance(value, bool) or int(value) < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def method_config(config_class: type, value, name: str = "head"):
+    """``value`` as a ``config_class`` dataclass (a method's section, e.g. ``DominoHeadConfig``): a copy of an
+    instance (the signature's default is shared), a mapping of its fields (a checkpoint's hparams, a dict in
+    code), None = its defaults. The dataclass checks its own fields (``__post_init__``, the copy too); an unknown
+    field is a ``ValueError`` naming it."""
+    if value is None:
+        return config_class()
+    if isinstance(value, config_class):
+        return dataclasses.replace(value)
+    if isinstance(value, dict):
+        known = [f.name for f in dataclasses.fields(config_class)]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"{name}: unknown {config_class.__name__} field(s) {unknown}; it has {', '.join(known)}")
+        return config_class(**value)
+    raise ValueError(f"{name}: expected a {config_class.__name__} or a mapping of its fields, got {value!r}")
+
+
+def refuse_moved(kwargs: dict, config_class: type, name: str = "head") -> None:
+    """A former flat argument that is now a field of the ``name`` section (``rank=8``, or a checkpoint written
+    before the move) → ``ValueError`` naming its new place, instead of Python's bare unexpected-keyword error."""
+    moved = [f.name for f in dataclasses.fields(config_class) if f.name in kwargs]
+    if moved:
+        raise ValueError(", ".join(f"{k} moved to {name}.{k}" for k in moved)
+                         + f": pass {name}={config_class.__name__}(...) in Python, model.{name}.<field> in a config "
+                         "(a checkpoint with them flat was written by an older lit_domino: retrain it)")
 
 
 def warmup_cosine(step: int, total: int, warmup_ratio: float, min_lr_ratio: float) -> float:
@@ -171,6 +200,14 @@ class DrafterModule(L.LightningModule):
         """The method's config fields from this variant's hyper-parameters (beyond num_layers, block_size,
         feature_layers); none by default."""
         return {}
+
+    def check_drafter_options(self) -> None:
+        """The ``drafter_options`` argument may not repeat a field this module sets itself (``head``: the
+        module's own argument, the one place it is set)."""
+        clash = sorted(set(self.hparams.drafter_options or {}) & set(self.drafter_options()))
+        if clash:
+            raise ValueError(f"drafter_options {clash}: set by {type(self).__name__}'s own argument(s) of that name "
+                             f"(model.{clash[0]} in a config), not in drafter_options")
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         """Loss, logs and metric inputs of one batch (``stage`` is ``train`` or ``val``)."""

@@ -7,8 +7,8 @@ import dataclasses
 import math
 
 from lit_domino.lit.backbone import BackboneModule
-from lit_domino.lit.base import check_positive
-from lit_domino.models import DFlash2Drafter
+from lit_domino.lit.base import method_config, refuse_moved
+from lit_domino.models import DFlash2Drafter, DFlash2HeadConfig
 from lit_domino.models.objectives import LossSettings
 
 
@@ -20,10 +20,9 @@ class DFlash2Module(BackboneModule):
     Its training step is the backbone's (the drafter's own ``block_loss`` holds the objective).
 
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s):
-        rank: rank r of the selector's transition score (paper 256).
-        top_k: candidates c the selector reranks (the unary top-c; paper 16), at most the vocabulary.
-        conv_kernel_size: causal taps of each dynamic convolution (paper 2), at most the block size.
-        conv_group_size: channels sharing one dynamic tap (paper 16), a divisor of the width.
+        head: the convolutions and the candidate selector, :class:`~lit_domino.models.dflash2.DFlash2HeadConfig`
+            (rank r, ``top_k``, ``conv_kernel_size``, ``conv_group_size``, declared and checked there; the bounds
+            that need the target's widths when the drafter is built; ``model.head.rank`` in a config).
         selector_weight: α, the selector CE's weight (speculators' ``selector_loss_alpha``, 1.0).
 
     Logs ``train/loss_kl``, ``train/loss_selector``, ``train/unary_accept_rate`` (1 − TV of the unary q) and
@@ -35,22 +34,21 @@ class DFlash2Module(BackboneModule):
 
     def __init__(
         self,
-        rank: int = 256,
-        top_k: int = 16,
-        conv_kernel_size: int = 2,
-        conv_group_size: int = 16,
+        head: DFlash2HeadConfig = DFlash2HeadConfig(),
         selector_weight: float = 1.0,
         **kwargs,
     ):
-        check_positive(rank=rank, top_k=top_k, conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size)
+        refuse_moved(kwargs, DFlash2HeadConfig)
+        head = method_config(DFlash2HeadConfig, head)
         if not math.isfinite(float(selector_weight)) or float(selector_weight) < 0:
             raise ValueError(f"selector_weight must be a finite number >= 0, got {selector_weight}")
         super().__init__(**kwargs)
+        self.head_config = head
+        self.hparams["head"] = dataclasses.asdict(head)  # plain types: torch.load(weights_only=True) reads it
+        self.check_drafter_options()
 
     def drafter_options(self) -> dict:
-        h = self.hparams
-        return {"head": {"rank": int(h.rank), "top_k": int(h.top_k), "conv_kernel_size": int(h.conv_kernel_size),
-                         "conv_group_size": int(h.conv_group_size)}}
+        return {"head": dataclasses.asdict(self.head_config)}
 
     def loss_settings(self, lam: float = 0.0) -> LossSettings:
         return dataclasses.replace(super().loss_settings(lam), selector_weight=float(self.hparams.selector_weight))

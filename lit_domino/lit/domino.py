@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
-from lit_domino.models import DominoDrafter
+from lit_domino.lit.base import DrafterModule, StepOutput, method_config, refuse_moved
+from lit_domino.models import DominoDrafter, DominoHeadConfig
 from lit_domino.models.domino import CAUSAL_INPUTS
 from lit_domino.models.objectives import LambdaSchedule
 
@@ -15,8 +15,8 @@ class DominoModule(DrafterModule):
     """Domino: ``loss = λ_t·CE(L_base) + (1−λ_t)·CE(L_final)``, both position-weighted.
 
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s):
-        rank: rank r of the head's low-rank logit correction (paper 256).
-        gru_hidden: the head's GRU state size d_s (paper 1024).
+        head: the causal head, :class:`~lit_domino.models.domino.DominoHeadConfig` (its rank r and GRU
+            state size d_s, declared and checked there; ``model.head.rank`` in a config).
         causal_inputs: GRU inputs in training: ``teacher_forced`` (ground-truth
             tokens, one parallel pass; the paper's better setting) or
             ``training_time_test`` (the draft's own argmax picks, sequential).
@@ -33,24 +33,27 @@ class DominoModule(DrafterModule):
 
     def __init__(
         self,
-        rank: int = 256,
-        gru_hidden: int = 1024,
+        head: DominoHeadConfig = DominoHeadConfig(),
         causal_inputs: Literal["teacher_forced", "training_time_test"] = "teacher_forced",
         curriculum: LambdaSchedule = LambdaSchedule("linear"),
         **kwargs,
     ):
-        check_positive(rank=rank, gru_hidden=gru_hidden)
+        refuse_moved(kwargs, DominoHeadConfig)
+        head = method_config(DominoHeadConfig, head)
         if causal_inputs not in CAUSAL_INPUTS:
             raise ValueError(f"causal_inputs must be one of {CAUSAL_INPUTS}, got {causal_inputs!r}")
         if isinstance(curriculum, dict):
             curriculum = LambdaSchedule(**curriculum)
         super().__init__(**kwargs)
+        self.head_config = head
         self.curriculum = curriculum
         # plain types in hparams: checkpoints stay loadable with torch.load(weights_only=True)
+        self.hparams["head"] = dataclasses.asdict(head)
         self.hparams["curriculum"] = dataclasses.asdict(curriculum)
+        self.check_drafter_options()
 
     def drafter_options(self) -> dict:
-        return {"head": {"rank": int(self.hparams.rank), "gru_hidden": int(self.hparams.gru_hidden)}}
+        return {"head": dataclasses.asdict(self.head_config)}
 
     def current_lambda(self) -> float:
         """λ_t at the current optimizer step."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lit_domino.lit.base import DrafterModule, StepOutput, check_positive
-from lit_domino.models import Eagle3Drafter
+from lit_domino.models import Eagle3Config, Eagle3Drafter
 from lit_domino.models.objectives import IGNORE_INDEX
 
 
@@ -25,7 +25,7 @@ class Eagle3Module(DrafterModule):
     drafter_class = Eagle3Drafter
     uses_blocks = False
 
-    def __init__(self, ttt_steps: int = 7, step_decay: float = 0.8, **kwargs):
+    def __init__(self, ttt_steps: int = Eagle3Config.ttt_steps, step_decay: float = 0.8, **kwargs):
         check_positive(ttt_steps=ttt_steps)
         if not 0.0 < step_decay <= 1.0:
             raise ValueError(f"step_decay must be in (0, 1], got {step_decay}")

@@ -77,6 +77,19 @@ class DFlash2HeadConfig:
     conv_group_size: int = 16
     """Channels g sharing one dynamic tap; must divide ``hidden_size``. Default 16 (speculators')."""
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "DFlash2HeadConfig":
+        """Raise ``ValueError`` naming the bad field (at construction: Python, YAML and ``--set`` alike); the
+        bounds that need the drafter's widths are :meth:`DFlash2Config.validate`'s."""
+        for name, what in (("rank", "the DFlash 2 selector's rank r"), ("top_k", "the selector's candidates"),
+                           ("conv_kernel_size", "the convolutions' taps"),
+                           ("conv_group_size", "channels per dynamic tap")):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"head.{name} must be a positive integer ({what}), got {getattr(self, name)!r}")
+        return self
+
 
 @dataclass
 class DFlash2Config(BackboneConfig):
@@ -102,9 +115,7 @@ class DFlash2Config(BackboneConfig):
 
     def validate(self) -> "DFlash2Config":
         super().validate()
-        h = self.head
-        if not _positive_int(h.rank):
-            raise ValueError(f"rank must be a positive integer (the DFlash 2 selector's rank r), got {h.rank!r}")
+        h = self.head.validate()  # again: a field may have been set after construction
         if not _positive_int(h.top_k) or h.top_k > self.vocab_size:
             raise ValueError(f"top_k (the selector's candidates per position) must be an integer in "
                              f"1..{self.vocab_size} (the vocabulary size), got {h.top_k!r}")

@@ -47,6 +47,17 @@ class DominoHeadConfig:
     gru_hidden: int = 1024
     """GRU state size d_s. Default 1024, the paper's for an 8B target."""
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "DominoHeadConfig":
+        """Raise ``ValueError`` naming the bad field (at construction: Python, YAML and ``--set`` alike)."""
+        for name, what in (("rank", "the Domino correction's rank r"), ("gru_hidden", "the Domino GRU state size d_s")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"head.{name} must be a positive integer ({what}), got {value!r}")
+        return self
+
 
 @dataclass
 class DominoConfig(BackboneConfig):
@@ -57,10 +68,7 @@ class DominoConfig(BackboneConfig):
 
     def validate(self) -> "DominoConfig":
         super().validate()
-        if self.head.rank <= 0:
-            raise ValueError(f"rank must be > 0 (the Domino correction's rank r), got {self.head.rank}")
-        if self.head.gru_hidden <= 0:
-            raise ValueError(f"gru_hidden must be > 0 (the Domino GRU state size d_s), got {self.head.gru_hidden}")
+        self.head.validate()  # again: a field may have been set after construction
         return self
 
     @classmethod

@@ -72,6 +72,22 @@ class DSparkHeadConfig:
     confidence_with_markov: bool = True
     """The confidence head reads ``[H_k ; W1[x_{k-1}]]`` (True) or ``H_k`` alone. Default True (speculators')."""
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "DSparkHeadConfig":
+        """Raise ``ValueError`` naming the bad field (at construction: Python, YAML and ``--set`` alike)."""
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+            raise ValueError(f"head.rank must be a positive integer (the DSpark Markov head's rank r), got "
+                             f"{self.rank!r}")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head.head_type: unknown DSpark head type {self.head_type!r}; choose one of "
+                             f"{', '.join(HEAD_TYPES)}")
+        for name in ("confidence", "confidence_with_markov"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"head.{name} must be true or false, got {getattr(self, name)!r}")
+        return self
+
 
 @dataclass
 class DSparkConfig(BackboneConfig):
@@ -91,11 +107,7 @@ class DSparkConfig(BackboneConfig):
 
     def validate(self) -> "DSparkConfig":
         super().validate()
-        h = self.head
-        if isinstance(h.rank, bool) or not isinstance(h.rank, int) or h.rank <= 0:
-            raise ValueError(f"rank must be a positive integer (the DSpark Markov head's rank r), got {h.rank!r}")
-        if h.head_type not in HEAD_TYPES:
-            raise ValueError(f"unknown DSpark head_type {h.head_type!r}; choose one of {', '.join(HEAD_TYPES)}")
+        self.head.validate()  # again: a field may have been set after construction
         if not isinstance(self.sample_from_anchor, bool):
             raise ValueError(f"sample_from_anchor must be true or false, got {self.sample_from_anchor!r}")
         if len(self.feature_layers) < 2:

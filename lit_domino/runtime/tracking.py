@@ -331,7 +331,7 @@ def make_mlflow_logger(
     )
     logger._lit_domino_resumed = run_id is not None
     # the config is logged once, under its dotted names (log_config, by the CLI); Lightning would log the module's
-    # and the DataModule's hyper-parameters again under their bare names (``rank`` beside ``model.rank``)
+    # and the DataModule's hyper-parameters again under their bare names (``head/rank`` beside ``model.head.rank``)
     logger.log_hyperparams = lambda params: None
     return logger
 

@@ -106,7 +106,7 @@ def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] 
 
 def study_configs(preset: str, plan: dict, overrides: dict | None = None) -> tuple[list[dict], list[str]]:
     """Every variant x seed's training config with the overrides that reach it (``configs.study_overrides``:
-    ``model.rank`` only for the variants whose module takes it, ``methods.<kind>.<key>`` for that method's), and
+    ``model.head.rank`` only for the variants whose module takes it, ``methods.<kind>.<key>`` for that method's), and
     the notes naming the variants an override skipped. Each variant's config is parsed by the training parser
     here, so a mistyped key or value fails before any training or cache reuse, naming the variant."""
     per_variant, notes = study_overrides(plan["variants"], preset, overrides)  # keys and numbers: no Lightning yet
@@ -581,7 +581,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
     """The whole study; returns ``{"tables": ..., "records": ..., "trained": ..., "seconds": ...}``.
 
     ``overrides``: dotted config keys of the variants' training configs (for example
-    ``{"data.train_examples": {"math": 4000}}``): a model key (``model.rank``) reaches the variants whose
+    ``{"data.train_examples": {"math": 4000}}``): a model key (``model.head.rank``) reaches the variants whose
     module takes it and ``methods.<kind>.<key>`` the preset's section of that drafter method, the log naming
     the variants skipped (:func:`study_configs`); they change the drafters' cache keys, so the plain study's
     artifacts are left alone. Pair them with ``out_dir``.
@@ -775,8 +775,8 @@ def build_parser() -> CommandParser:
     parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
                         help="override a training config key, VALUE in YAML, e.g. "
                              "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable); a model "
-                             "key (model.rank) reaches the variants whose module takes it, methods.<kind>.<key> "
-                             "(methods.domino.rank=16) the preset's section of that drafter method")
+                             "key (model.head.rank) reaches the variants whose module takes it, methods.<kind>.<key> "
+                             "(methods.domino.head.rank=16) the preset's section of that drafter method")
     parser.add_argument("--train-only", action="store_true",
                         help="train (or find cached) every drafter, then stop; rerun without it to decode and tabulate")
     parser.add_argument("--jobs", default="auto", type=jobs_arg,

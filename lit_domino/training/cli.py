@@ -267,6 +267,15 @@ def expand_variant_args(argv: list[str]) -> list[str]:
     ``--trainer.accelerator`` may still change it), so a mistyped one is one line, not the parser's usage.
     """
     known, rest = variant_arguments(argv)
+    for i, arg in enumerate(argv[:-1]):  # a user's YAML with a flat head key: one line naming the new key
+        path = Path(argv[i + 1]) if arg == "--config" else None
+        if path is not None and path.suffix in (".yaml", ".yml") and path.is_file():
+            data = yaml.safe_load(path.read_text()) or {}
+            if known.variant is not None and isinstance(data.get("model"), dict) and "class_path" not in data["model"]:
+                # a delta over the variant (model.init_args only): checked against the variant's module
+                data = {**data, "model": {"class_path": configs.compose(known.variant, known.preset)["model"][
+                    "class_path"], **data["model"]}}
+            configs.check_flat_head_keys(data)
     if known.variant is None:
         return [a for a in argv if a != DEBUG_FLAG]
     overrides = dict(known.set)
@@ -405,7 +414,8 @@ def check_config(cfg: dict[str, Any], trainer: bool = True) -> None:
                 raise ConfigError(typed) from None
             lines = [l.strip() for l in text.strip().splitlines() if l.strip() and not l.strip().startswith("Given value")]
             raise ConfigError(f"the training parser refuses this config: {lines[0]} {lines[-1]}") from None
-        raise configs.unknown_key(section, key, _known_keys(cfg, section)) from None
+        sections = configs.model_sections(cfg) if section == "model" else None  # model.rank: now model.head.rank
+        raise configs.unknown_key(section, key, _known_keys(cfg, section), sections) from None
     _CHECKED.add(digest)
 
 

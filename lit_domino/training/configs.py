@@ -4,13 +4,13 @@
 ``default`` preset; ``<variant>.yaml`` holds its LightningModule and what differs (``extends:``
 names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset changes, with a
 ``methods:`` section keyed by drafter kind for keys that only one method's module takes
-(``methods: {domino: {rank: 32}}``; a ``data:`` key inside one goes to the data section, for that method's
+(``methods: {domino: {head: {rank: 32}}}``; a ``data:`` key inside one goes to the data section, for that method's
 variants only). :func:`load_config` composes them, in that order, into
 the dict the training parser (``lit_domino.training.cli.DrafterCLI``) reads; ``experiments/train.py
 fit --variant V --preset P`` composes the very same files.
 
-Overrides (``--set KEY=VALUE``) are dotted keys: ``data.batch_size``, ``model.rank`` (short for
-``model.init_args.rank``) and ``methods.<kind>.<key>`` (the preset's per-method section, for the
+Overrides (``--set KEY=VALUE``) are dotted keys: ``data.batch_size``, ``model.head.rank`` (short for
+``model.init_args.head.rank``) and ``methods.<kind>.<key>`` (the preset's per-method section, for the
 variants of that drafter method only). :func:`study_overrides` spreads a study's overrides over its
 variants: a method's key reaches the variants whose module takes it, and says which it skipped.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -56,7 +57,7 @@ class ConfigError(UsageError):
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """``" (did you mean model.rank?)"`` for the closest of ``choices`` to ``word``, else ``""``."""
+    """``" (did you mean model.lr?)"`` for the closest of ``choices`` to ``word``, else ``""``."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
@@ -344,15 +345,90 @@ def static_module(class_path: str | None) -> tuple[str, dict[str, str | None]] |
     return kinds[0], keys
 
 
+def _dataclass_fields(cls: ast.ClassDef) -> list[str] | None:
+    """The fields of a ``@dataclass`` class body (its annotated names, ``ClassVar`` aside); None: not a dataclass."""
+    names = [getattr(d.func if isinstance(d, ast.Call) else d, "id", None) for d in cls.decorator_list]
+    if "dataclass" not in names:
+        return None
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            and "ClassVar" not in ast.unparse(n.annotation)]
+
+
+@functools.lru_cache(maxsize=None)
+def static_sections(class_path: str | None) -> dict[str, list[str]] | None:
+    """``{init arg: its dataclass's fields}`` for the ``model.init_args`` typed by a dataclass (``head``,
+    ``curriculum``), read from the source as :func:`static_module` reads the keys; None when it cannot be."""
+    module, _, name = str(class_path or "").rpartition(".")
+    found = _find_class(module, name) if module and static_module(class_path) else None
+    out: dict[str, list[str]] = {}
+    while found:
+        mod, cls = found
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        for arg in [*init.args.args, *init.args.kwonlyargs] if init is not None else ():
+            if isinstance(arg.annotation, ast.Name) and arg.arg not in out:
+                typed = _find_class(mod, arg.annotation.id)
+                fields = _dataclass_fields(typed[1]) if typed else None
+                if fields is not None:
+                    out[arg.arg] = fields
+        ours = [b for b in cls.bases if isinstance(b, ast.Name) and _find_class(mod, b.id)]
+        found = _find_class(mod, ours[0].id) if ours else None
+    return out
+
+
+def model_sections(cfg: dict) -> dict[str, list[str]]:
+    """The ``model.init_args`` of a composed config's module that are dataclass sections → their fields
+    (``{"head": ["rank", "gru_hidden"], "curriculum": [...]}``), statically where it can be, else imported."""
+    static = static_sections((cfg.get("model") or {}).get("class_path"))
+    if static is not None:
+        return static
+    return {n: [f.name for f in dataclasses.fields(p.default)] for n, p in model_parameters(module_class(cfg)).items()
+            if dataclasses.is_dataclass(p.default)}
+
+
+HEAD = "head"
+"""The method's head section (``model.head.rank``): its fields were flat model keys (``model.rank``) before."""
+
+
+def moved_key(key: str, sections: dict[str, list[str]]) -> str | None:
+    """The head section a former flat model key moved into (``rank`` → ``head``), else None."""
+    return HEAD if key in sections.get(HEAD, ()) else None
+
+
+def check_flat_head_keys(cfg: dict) -> None:
+    """A config (a user's YAML) whose ``model.init_args`` spell a head field flat (``rank: 8``) →
+    ``model.rank moved to model.head.rank``, read from the module's source, before the parser's usage dump."""
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    init = model.get("init_args") if isinstance(model, dict) else None
+    if not isinstance(init, dict) or not model.get("class_path"):
+        return
+    sections, keys = model_sections(cfg), model_keys(cfg)
+    for key in init:
+        if key not in keys and moved_key(key, sections):
+            raise unknown_key("model", key, keys, sections)
+
+
 TYPE_NAMES = {"float": "a float", "int": "an integer", "bool": "true or false", "str": "a string",
               "NoneType": "null", "None": "null", "list": "a list", "tuple": "a list", "dict": "a mapping"}
 """How a type error names the type a key takes (``model.lr: expected a float, got 'abc'``)."""
 
 
-def unknown_key(section: str, key: str, known: Iterable[str]) -> ConfigError:
-    """``unknown config key model.rnak; did you mean model.rank?`` (else the keys ``section`` takes)."""
+def close_keys(key: str, known: Iterable[str], sections: dict | None = None, n: int = 3) -> list[str]:
+    """The keys closest to ``key``; a section's field matches by its own name and shows dotted (``rnak`` ->
+    ``head.rank``)."""
+    shown = {k: k for k in known}
+    shown.update({f: f"{name}.{f}" for name, fields in (sections or {}).items() for f in fields if f not in shown})
+    return [shown[c] for c in difflib.get_close_matches(key, list(shown), n=n)]
+
+
+def unknown_key(section: str, key: str, known: Iterable[str], sections: dict | None = None) -> ConfigError:
+    """``unknown config key model.rnak; did you mean model.head.rank?`` (else the keys ``section`` takes); a
+    former flat key of a section (``sections``: :func:`model_sections`) says where it went: ``model.rank moved
+    to model.head.rank``."""
+    moved = moved_key(key, sections or {})
+    if moved:
+        return ConfigError(f"{section}.{key} moved to {section}.{moved}.{key} (the method's {moved} section)")
     known = list(known)
-    close = difflib.get_close_matches(key, known, n=3)
+    close = close_keys(key, known, sections)
     hint = (f"; did you mean {', '.join(f'{section}.{c}' for c in close)}?" if close
             else f"; {section} takes {', '.join(sorted(known))}" if known else "")
     return ConfigError(f"unknown config key {section}.{key}{hint}")
@@ -362,13 +438,17 @@ def check_model_overrides(variant: str, preset: str, overrides: dict) -> None:
     """One variant's ``model.<key>`` and ``methods.<kind>.<key>`` overrides, as the training parser would refuse
     them (an unknown key with its close matches, text for a number), from the module's source: no Lightning."""
     methods, rest = _split_methods(overrides)
-    keys = model_keys(compose(variant, preset, methods=methods))  # compose checks the methods keys
+    cfg = compose(variant, preset, methods=methods)  # compose checks the methods keys
+    keys, sections = model_keys(cfg), model_sections(cfg)
     for key, value in rest.items():
         path = _model_path(key)
         if path[:2] == ["model", "init_args"] and len(path) == 3:
             if path[2] not in keys:
-                raise unknown_key("model", path[2], keys)
+                raise unknown_key("model", path[2], keys, sections)
             check_number(key, value, keys[path[2]])
+        elif path[:2] == ["model", "init_args"] and len(path) == 4 and path[2] in sections:
+            if path[3] not in sections[path[2]]:  # model.head.rnak
+                raise unknown_key(f"model.{path[2]}", path[3], sections[path[2]])
 
 
 def check_number(key: str, value: Any, annotation: str | None) -> None:
@@ -439,25 +519,35 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
         *path, last = key.split(".")
         if path:  # domino.rank or domino.curriculum.kind: the model key is the one after the method
             names = [(path + [last])[1]]
-        else:  # domino={rank: 8}
+        else:  # domino={head: {rank: 8}}
             names = list(value) if isinstance(value, dict) else []
-        keys = model_keys(cfg)
+        keys, sections = model_keys(cfg), model_sections(cfg)
         for name in names:
             if name not in keys and name != "data":  # data: the method's own data keys (below)
+                if moved_key(name, sections):
+                    raise unknown_key(f"{METHODS}.{kind}", name, keys, sections)
+                close = close_keys(name, keys, sections, n=1)
                 raise ConfigError(f"{METHODS}.{kind}.{name}: variant {variant} ({kind}) has no model key {name!r}"
-                                  f"{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+                                  + (f" (did you mean {METHODS}.{kind}.{close[0]}?)" if close else ""))
+        inner = (path + [last])[1:3]
+        if len(inner) == 2 and inner[0] in sections and inner[1] not in sections[inner[0]]:  # domino.head.rnak
+            raise unknown_key(f"{METHODS}.{kind}.{inner[0]}", inner[1], sections[inner[0]])
         node = section
         for part in path:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {METHODS}.{key}: {part!r} is not a section")
-        # a mapping merges into the preset's (methods.domino={rank: 8} keeps its gru_hidden)
+        # a mapping merges into the preset's (methods.domino={head: {rank: 8}} keeps its gru_hidden)
         node[last] = deep_merge(node[last], value) if isinstance(value, dict) and isinstance(node.get(last), dict) \
             else value
     if section.get(kind):
         if not isinstance(section[kind], dict):
             raise ConfigError(f"{METHODS}.{kind}: expected a mapping of model keys, got {section[kind]!r}")
         method = dict(section[kind])
+        sections = model_sections(cfg)
+        for name in method:  # a preset written before the head section (methods: {domino: {rank: 8}})
+            if moved_key(name, sections) and name not in model_keys(cfg):
+                raise unknown_key(f"{METHODS}.{kind}", name, (), sections)
         data = method.pop("data", None)  # a method's own data keys (DSpark's block size on the paper preset)
         cfg = deep_merge(cfg, {"model": {"init_args": method}, **({"data": data} if data else {})})
     return cfg
@@ -466,7 +556,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
 def load_config(variant: str, preset: str = "default", seed: int = 0, overrides: dict | None = None,
                 config_dir: Path = CONFIG_DIR) -> dict:
     """The composed config of ``variant`` under ``preset`` with ``seed`` and dotted ``overrides``
-    (``{"data.batch_size": 8, "model.rank": 32, "methods.domino.gru_hidden": 32}``), tagged with the
+    (``{"data.batch_size": 8, "model.head.rank": 32, "methods.domino.head.gru_hidden": 32}``), tagged with the
     variant and preset."""
     methods, rest = _split_methods(overrides)
     cfg = compose(variant, preset, config_dir, methods)
@@ -487,8 +577,9 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
     """A study's ``--set`` overrides spread over its ``variants``: ``({variant: its overrides}, notes)``.
 
     A key of another section (``data.``, ``trainer.``, ...) goes to every variant. A model key
-    (``model.rank``) goes to the variants whose module takes it, ``methods.<kind>.<key>`` to the variants of
-    that drafter method; each such key that skips some variants gets a note naming both sides. A key that
+    (``model.lr``, ``model.head.rank``) goes to the variants whose module takes it (whose head has that field),
+    ``methods.<kind>.<key>`` to the variants of that drafter method; each such key that skips some variants gets
+    a note naming both sides. A key that
     reaches none of them is a :class:`ConfigError` with the close matches and the variants that take them.
     """
     config_dir = Path(config_dir)
@@ -497,8 +588,10 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
     info = {}  # variant -> (kind, model keys): every variant's, for the hints
     for v in every:
         cfg = compose(v, preset, config_dir)
-        info[v] = (method_kind(cfg), model_keys(cfg))
-    kinds = sorted({kind for kind, _ in info.values()})
+        sections = model_sections(cfg)
+        info[v] = (method_kind(cfg), model_keys(cfg),  # the dotted section fields too (head.rank)
+                   {f"{name}.{f}" for name, fields in sections.items() for f in fields}, sections)
+    kinds = sorted({kind for kind, *_ in info.values()})
     per_variant: dict[str, dict] = {v: {} for v in variants}
     notes = []
     for key, value in (overrides or {}).items():
@@ -514,21 +607,31 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
                 names = list(value)
             else:
                 raise ConfigError(f"{key}: expected a mapping of {kind}'s model keys, got {value!r}")
-            keys = next(k for kind_, k in info.values() if kind_ == kind)
+            keys, fields, sections = next((k, f, sc) for kind_, k, f, sc in info.values() if kind_ == kind)
             for name in names:
+                if name not in keys and moved_key(name, sections):
+                    raise unknown_key(f"{METHODS}.{kind}", name, keys, sections)
                 if name not in keys:
-                    takers = [v for v, (kd, _) in info.items() if kd == kind]
+                    takers = [v for v, (kd, *_) in info.items() if kd == kind]
+                    close = close_keys(name, keys, sections, n=1)
+                    hint = f" (did you mean {METHODS}.{kind}.{close[0]}?)" if close else ""
                     raise ConfigError(f"{METHODS}.{kind}.{name}: the {kind} method ({_names(takers)}) has no model "
-                                      f"key {name!r}{did_you_mean(name, keys, f'{METHODS}.{kind}.')}")
+                                      f"key {name!r}{hint}")
             takes = [v for v in variants if info[v][0] == kind]
             why = "other methods"
         elif parts[0] == "model" and _model_path(key)[1] == "init_args" and len(_model_path(key)) > 2:
-            name = _model_path(key)[2]
-            takes = [v for v in variants if name in info[v][1]]
+            path = _model_path(key)
+            nested = len(path) > 3 and any(path[2] in info[v][3] for v in every)
+            name = ".".join(path[2:4]) if nested else path[2]  # head.rank: the variants whose head has it
+            known = {v: set(info[v][1]) | info[v][2] for v in every}
+            takes = [v for v in variants if name in known[v]]
             if not takes:
+                for v in [*variants, *every]:
+                    if name not in info[v][1] and moved_key(name, info[v][3]):  # model.rank: now model.head.rank
+                        raise unknown_key("model", name, (), info[v][3])
                 owners = {}
                 for v in [*variants, *(x for x in every if x not in variants)]:  # this run's variants first
-                    for match in difflib.get_close_matches(name, list(info[v][1]), n=1):
+                    for match in close_keys(name, known[v], info[v][3], n=1):
                         owners.setdefault(match, []).append(v)
                 hint = "; ".join(f"did you mean model.{m} ({_names(vs)})?" for m, vs in owners.items())
                 raise ConfigError(f"{key}: no variant of this run takes it ({_names(variants)})"
@@ -546,7 +649,7 @@ def study_overrides(variants: list[str], preset: str, overrides: dict | None,
         for v in takes:
             name = (parts[2] if len(parts) == 3 else None) if parts[0] == METHODS else \
                 (_model_path(key)[2] if parts[0] == "model" and len(_model_path(key)) == 3 else None)
-            if name is not None:  # model.lr, methods.domino.rank: a number's type, before the parser
+            if name is not None:  # model.lr, methods.eagle3.ttt_steps: a number's type, before the parser
                 try:
                     check_number(key, value, info[v][1].get(name))
                 except ConfigError as err:

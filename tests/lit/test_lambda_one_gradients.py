@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lit_domino.lit import DominoModule
+from lit_domino.models import DominoHeadConfig
 from lit_domino.models.objectives import LambdaSchedule, curriculum_loss
 from lit_domino.testing import random_target
 
@@ -29,7 +30,7 @@ def _batch(target, layers, n=2, T=20, prompt=5, A=3):
 def test_lambda_one_gives_every_parameter_a_gradient(causal):
     target = random_target(vocab_size=48, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
                            intermediate_size=32, max_positions=64, seed=0)
-    module = DominoModule(target=target, rank=4, gru_hidden=8, num_layers=1, block_size=4,
+    module = DominoModule(target=target, head=DominoHeadConfig(rank=4, gru_hidden=8), num_layers=1, block_size=4,
                           causal_inputs=causal, curriculum=LambdaSchedule("constant", start=1.0))
     drafter = module.build_drafter([0, 1])
     out = module.forward_step(_batch(target, [0, 1]), "train")

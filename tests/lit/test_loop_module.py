@@ -12,7 +12,7 @@ from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.lit import BackboneModule, DFlash2Module, DominoModule, DSparkModule, Eagle3Module
 from lit_domino.lit.loop import LoopModule
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.models import DrafterMismatchError
+from lit_domino.models import DFlash2HeadConfig, DrafterMismatchError, DSparkHeadConfig
 from lit_domino.interop import load_drafter
 from lit_domino.models.objectives import LambdaSchedule
 from lit_domino.testing import hf_greedy, lively_dflash2_, random_target
@@ -90,10 +90,10 @@ def test_stage_one_only_reproduces_ordinary_training_loss(target, drafter_dirs, 
                 "domino": lambda: DominoModule(target=target, block_size=B,
                                                curriculum=LambdaSchedule("constant", start=0.3)),
                 "eagle3": lambda: Eagle3Module(target=target, block_size=B, ttt_steps=K),
-                "dspark": lambda: DSparkModule(target=target, block_size=B, rank=8, head_type="rnn",
-                                               sample_from_anchor=True),
-                "dflash2": lambda: DFlash2Module(target=target, block_size=B, rank=8, top_k=8,
-                                                 conv_group_size=8)}[kind]()
+                "dspark": lambda: DSparkModule(target=target, block_size=B, sample_from_anchor=True,
+                                               head=DSparkHeadConfig(rank=8, head_type="rnn")),
+                "dflash2": lambda: DFlash2Module(target=target, block_size=B,
+                                                 head=DFlash2HeadConfig(rank=8, top_k=8, conv_group_size=8))}[kind]()
     ordinary.drafter = load_drafter(path, target=target).train()
     loop = loop_module(target, path, max_stages=3,
                        **({"curriculum": {"kind": "constant", "start": 0.3}} if kind == "domino" else {}))

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_domino.decoding import generate
 from lit_domino.lit import BackboneModule, DominoModule, Eagle3Module, SmallLMModule
+from lit_domino.models import DominoHeadConfig
 from lit_domino.models.objectives import LambdaSchedule
 from lit_domino.testing import hf_greedy, random_target
 
@@ -91,8 +92,9 @@ SMALL = dict(num_layers=1, block_size=4, lr=1e-2, warmup_ratio=0.0, min_lr_ratio
 
 VARIANTS = {
     "backbone": lambda t: BackboneModule(target=t, **SMALL),
-    "domino": lambda t: DominoModule(target=t, rank=16, gru_hidden=32, **SMALL),
-    "domino_ttt": lambda t: DominoModule(target=t, rank=16, gru_hidden=32, causal_inputs="training_time_test",
+    "domino": lambda t: DominoModule(target=t, head=DominoHeadConfig(rank=16, gru_hidden=32), **SMALL),
+    "domino_ttt": lambda t: DominoModule(target=t, head=DominoHeadConfig(rank=16, gru_hidden=32),
+                                         causal_inputs="training_time_test",
                                          curriculum=LambdaSchedule("linear", ratio=0.5), **SMALL),
     "eagle3": lambda t: Eagle3Module(target=t, ttt_steps=3, num_layers=1, lr=1e-2, warmup_ratio=0.0),
     "small_lm": lambda t: SmallLMModule(target=t, num_layers=1, block_size=4, lr=1e-2, warmup_ratio=0.0),
@@ -172,7 +174,7 @@ def test_eagle_head_only_at_labels_equals_the_full_loss(target):
 
 
 def test_domino_logs_curriculum_and_lambda_falls(tmp_path, target):
-    module = DominoModule(target=target, rank=8, gru_hidden=16, **SMALL)
+    module = DominoModule(target=target, head=DominoHeadConfig(rank=8, gru_hidden=16), **SMALL)
     lams = []
 
     class Grab(Callback):
@@ -185,7 +187,7 @@ def test_domino_logs_curriculum_and_lambda_falls(tmp_path, target):
 
 
 def test_domino_zero_up_projection_final_equals_base(target):
-    module = DominoModule(target=target, rank=8, gru_hidden=16, **SMALL)
+    module = DominoModule(target=target, head=DominoHeadConfig(rank=8, gru_hidden=16), **SMALL)
     module.build_drafter(FEATURE_LAYERS)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -202,8 +204,16 @@ def test_domino_zero_up_projection_final_equals_base(target):
 
 
 def test_bad_hyperparameters_fail_clearly(target):
-    with pytest.raises(ValueError, match="rank"):
-        DominoModule(target=target, rank=0)
+    with pytest.raises(ValueError, match=r"head\.rank must be a positive integer .*got 0"):
+        DominoModule(target=target, head={"rank": 0})  # a mapping (a checkpoint's hparams) is checked the same
+    with pytest.raises(ValueError, match=r"head\.gru_hidden must be a positive integer .*got True"):
+        DominoModule(target=target, head=DominoHeadConfig(gru_hidden=True))
+    with pytest.raises(ValueError, match=r"rank moved to head\.rank: pass head=DominoHeadConfig"):
+        DominoModule(target=target, rank=8)  # the former flat argument names its new place
+    with pytest.raises(ValueError, match=r"head: unknown DominoHeadConfig field\(s\) \['rnak'\]"):
+        DominoModule(target=target, head={"rnak": 8})
+    with pytest.raises(ValueError, match=r"drafter_options \['head'\]: set by DominoModule's own argument"):
+        DominoModule(target=target, drafter_options={"head": {"rank": 8}})  # one place per setting
     with pytest.raises(ValueError, match="block_size"):
         BackboneModule(target=target, block_size=1)
     with pytest.raises(ValueError, match="gamma"):
@@ -225,7 +235,7 @@ class Crash(Callback):
 
 def _fit(tmp_path, target, name, callbacks=(), ckpt_path=None):
     L.seed_everything(0, workers=True)
-    module = DominoModule(target=target, rank=8, gru_hidden=16, **SMALL)
+    module = DominoModule(target=target, head=DominoHeadConfig(rank=8, gru_hidden=16), **SMALL)
     ckpt = ModelCheckpoint(dirpath=tmp_path / name, save_last=True, every_n_epochs=1)
     t = trainer(tmp_path / name, max_epochs=3, callbacks=[ckpt, *callbacks], val=True)
     t.fit(module, datamodule=FixedData(target, n_seq=8, batch_size=2, shuffle=True, val=True), ckpt_path=ckpt_path)
@@ -279,6 +289,28 @@ def test_plain_mlflow_run_marked_failed(mlflow_uri):
         with mlflow_run("plain", "r", tracking_uri=uri) as run:
             raise ValueError("bad")
     assert MlflowClient(uri).get_run(run.info.run_id).info.status == "FAILED"
+
+
+def test_a_checkpoint_keeps_the_head_as_plain_types_and_a_flat_one_is_refused(tmp_path, target):
+    """The head travels in the hparams as a plain dict (``torch.load(weights_only=True)`` reads it) and rebuilds
+    the same module; a checkpoint written with the head's fields flat (before the head section) is refused
+    naming the new key, not read with the default head."""
+    import lightning
+
+    module = DominoModule(target=target, head=DominoHeadConfig(rank=8, gru_hidden=16), **SMALL)
+    module.build_drafter(FEATURE_LAYERS)
+    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": lightning.__version__}
+    torch.save(ckpt, tmp_path / "new.ckpt")
+    hparams = torch.load(tmp_path / "new.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["head"] == {"rank": 8, "gru_hidden": 16}
+    restored = DominoModule.load_from_checkpoint(tmp_path / "new.ckpt", target=target)
+    assert restored.head_config == module.head_config and restored.drafter_options() == module.drafter_options()
+    flat = {k: v for k, v in hparams.items() if k != "head"} | {"rank": 8, "gru_hidden": 16}
+    torch.save({**ckpt, "hyper_parameters": flat}, tmp_path / "old.ckpt")
+    with pytest.raises(ValueError, match=r"rank moved to head\.rank, gru_hidden moved to head\.gru_hidden: .*"
+                                         r"written by an older lit_domino"):
+        DominoModule.load_from_checkpoint(tmp_path / "old.ckpt", target=target)
 
 
 def test_save_drafter_roundtrip(tmp_path, target):

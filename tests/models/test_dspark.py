@@ -47,7 +47,7 @@ def test_config_refuses_bad_heads(target):
         drafter_config("dspark", target, head=dict(rank=0))
     with pytest.raises(ValueError, match="rank must be a positive integer"):
         drafter_config("dspark", target, head=dict(rank=-3))
-    with pytest.raises(ValueError, match="unknown DSpark head_type 'lstm'"):
+    with pytest.raises(ValueError, match="head.head_type: unknown DSpark head type 'lstm'"):
         drafter_config("dspark", target, head=dict(head_type="lstm"))
     with pytest.raises(ValueError, match="at least 2"):
         drafter_config("dspark", target, feature_layers=[3])

@@ -56,22 +56,22 @@ def test_overrides_and_links(tmp_path):
     """Overrides land in the composed config; the training parser (the one pipeline) links data to the model."""
     from lit_domino.training.cli import DrafterCLI, cli_args
 
-    cfg = load_config("domino", "smoke", seed=3, overrides={"model.rank": 7, "data.block_size": 4})
-    assert cfg["model"]["init_args"]["rank"] == 7 and cfg["data"]["block_size"] == 4
+    cfg = load_config("domino", "smoke", seed=3, overrides={"model.head.rank": 7, "data.block_size": 4})
+    assert cfg["model"]["init_args"]["head"]["rank"] == 7 and cfg["data"]["block_size"] == 4
     cfg["tracking"]["enabled"] = False
     cfg["trainer"]["default_root_dir"] = str(tmp_path)
     cli = DrafterCLI(args=cli_args(cfg), run=False)
     h = cli.model.hparams
-    assert h.rank == 7 and h.block_size == 4 and h.target == cfg["data"]["target"]
+    assert h.head["rank"] == 7 and h.block_size == 4 and h.target == cfg["data"]["target"]
     assert cli.datamodule.hparams.seed == cfg["seed_everything"] == 3
 
 
 def test_command_line_overrides_are_yaml(capsys):
-    items = ["data.train_examples={math: 4000, code: 10}", "model.rank=32", "model.gamma=null"]
+    items = ["data.train_examples={math: 4000, code: 10}", "model.head.rank=32", "model.gamma=null"]
     assert dict(map(parse_override, items)) == {
-        "data.train_examples": {"math": 4000, "code": 10}, "model.rank": 32, "model.gamma": None}
+        "data.train_examples": {"math": 4000, "code": 10}, "model.head.rank": 32, "model.gamma": None}
     with pytest.raises(SystemExit):
-        main(["--set", "model.rank"])
+        main(["--set", "model.head.rank"])
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
@@ -81,8 +81,9 @@ class Reached(Exception):
 
 def test_a_method_key_is_applied_to_that_methods_variants_and_the_log_names_those_skipped(tmp_path, monkeypatch,
                                                                                           capsys):
-    """``--set model.rank=8`` on the whole study: the Domino variants get it, the others are named as skipped
-    (before: an error listing EAGLE-3's keys); ``methods.domino.gru_hidden`` reaches the preset's section."""
+    """``--set model.head.rank=8`` on the whole study: the variants with a head get it, the others are named as
+    skipped (before: an error listing EAGLE-3's keys); ``methods.domino.head.gru_hidden`` reaches the preset's
+    section."""
     from lit_domino.studies import ablation
     from lit_domino.target import load as target, recipe as tiny_target
 
@@ -101,15 +102,16 @@ def test_a_method_key_is_applied_to_that_methods_variants_and_the_log_names_thos
 
     monkeypatch.setattr(ablation, "study_configs", spy)
     with pytest.raises(Reached):
-        main(["--preset", "smoke", "--train-only", "--out", str(tmp_path), "--set", "model.rank=8",
-              "--set", "methods.domino.gru_hidden=16"])
+        main(["--preset", "smoke", "--train-only", "--out", str(tmp_path), "--set", "model.head.rank=8",
+              "--set", "methods.domino.head.gru_hidden=16"])
     out = capsys.readouterr().out
-    assert ("model.rank=8: applied to domino, dspark, dflash2, domino_ttt, domino_nocurriculum; not to eagle3, "
+    assert ("model.head.rank=8: applied to domino, dspark, dflash2, domino_ttt, domino_nocurriculum; not to eagle3, "
             "small_lm, backbone (no such key)") in out
-    assert ("methods.domino.gru_hidden=16: applied to domino, domino_ttt, domino_nocurriculum; not to eagle3, "
+    assert ("methods.domino.head.gru_hidden=16: applied to domino, domino_ttt, domino_nocurriculum; not to eagle3, "
             "small_lm, backbone, dspark, dflash2 (other methods)") in out
-    assert [(seen[v].get("rank"), seen[v].get("gru_hidden")) for v in ("domino", "domino_ttt", "backbone", "eagle3")] \
-        == [(8, 16), (8, 16), (None, None), (None, None)]
+    assert [seen[v].get("head") for v in ("domino", "domino_ttt", "backbone", "eagle3")] \
+        == [{"rank": 8, "gru_hidden": 16}, {"rank": 8, "gru_hidden": 16}, None, None]
+    assert seen["dspark"]["head"]["rank"] == 8 and "gru_hidden" not in seen["dspark"]["head"]
 
 
 def test_a_bad_preset_is_answered_in_one_line_before_torch_is_imported():
@@ -221,7 +223,7 @@ def _check_study_run(client, exp, runs, plan, trained: set) -> None:
         for domain in plan["prompts"]:
             assert f"{variant}/{domain}/tau" in metrics and f"{variant}/{domain}/speedup_spread" in metrics
         params = run.data.params
-        assert "rank" not in params and "seed" not in params  # one name per setting (model.rank, seed_everything)
+        assert "rank" not in params and "seed" not in params  # one name per setting (model.head.rank, seed_everything)
         assert not [k for k in params if "/" in k], "Lightning's hparams names (curriculum/kind) are not logged"
         assert not [k for k, v in params.items() if v.startswith("/")], "no machine paths"
     artifacts = {a.path for folder in ("tables", "plots") for a in client.list_artifacts(study.info.run_id, folder)}
@@ -235,7 +237,7 @@ def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeyp
     assert ablation.default_out_dir("smoke", full).name == "ablation-smoke"
     subset = study_plan("smoke", variants=["backbone", "domino"], seeds=[1])
     assert ablation.default_out_dir("smoke", subset).name == "ablation-smoke-backbone+domino-s1"
-    tuned = {**full, "overrides": {"model.rank": 8}}
+    tuned = {**full, "overrides": {"model.head.rank": 8}}
     assert ablation.default_out_dir("smoke", tuned).name.startswith("ablation-smoke-set-")
     # an explicit --out that holds another plan's tables is replaced with a note, not silently
     (tmp_path / "summary.json").write_text(json.dumps({"variants": ["domino"], "seeds": [0], "overrides": None}))

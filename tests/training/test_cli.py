@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -60,10 +61,12 @@ def test_variant_files_hold_only_their_deltas():
 def test_preset_method_sections_reach_only_their_method():
     from lit_domino.training.configs import load_config
 
-    assert load_config("domino", "smoke")["model"]["init_args"]["rank"] == 32
-    assert load_config("domino_ttt", "smoke")["model"]["init_args"]["gru_hidden"] == 64
+    assert load_config("domino", "smoke")["model"]["init_args"]["head"]["rank"] == 32
+    assert load_config("domino_ttt", "smoke")["model"]["init_args"]["head"]["gru_hidden"] == 64
+    assert load_config("dspark", "smoke")["model"]["init_args"]["head"] == {
+        "rank": 32, "head_type": "vanilla", "confidence": True, "confidence_with_markov": True}  # merged into its YAML
     assert load_config("eagle3", "smoke")["model"]["init_args"]["ttt_steps"] == 3
-    assert "rank" not in load_config("backbone", "smoke")["model"]["init_args"]
+    assert "head" not in load_config("backbone", "smoke")["model"]["init_args"]
     assert "ttt_steps" not in load_config("domino", "smoke")["model"]["init_args"]
 
 
@@ -128,8 +131,8 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.tags["variant"] == "domino" and run.data.tags["preset"] == "smoke"
     assert run.data.tags["seed"] == "0" and run.data.tags["mlflow.runName"] == "domino-smoke-s0"
-    assert run.data.params["model.rank"] == "32" and run.data.params["data.block_size"] == "8"
-    # one name per setting (not Lightning's hparams beside them: rank, curriculum/kind), no output folder
+    assert run.data.params["model.head.rank"] == "32" and run.data.params["data.block_size"] == "8"
+    # one name per setting (not Lightning's hparams beside them: head/rank, curriculum/kind), no output folder
     assert "rank" not in run.data.params and not [k for k in run.data.params if "/" in k]
     assert "checkpoint.dirpath" not in run.data.params and "trainer.default_root_dir" not in run.data.params
     assert "config.yaml" in {a.path for a in client.list_artifacts(run_id)}
@@ -180,10 +183,13 @@ def test_cli_crash_before_training_is_recorded_failed(train, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--set", "model.rnak=8"], "train: error: unknown config key model.rnak; did you mean model.rank?"),
+    (["--set", "model.rnak=8"], "train: error: unknown config key model.rnak; did you mean model.head.rank?"),
+    (["--set", "model.rank=8"], "train: error: model.rank moved to model.head.rank (the method's head section)"),
+    (["--set", "model.head.rank=0"], "train: error: head.rank must be a positive integer (the Domino correction's "
+                                     "rank r), got 0"),
     (["--set", "model.lr=abc"], "train: error: model.lr: expected a float, got 'abc'"),
     (["--set", "methods.domino.rnak=8"], "train: error: methods.domino.rnak: variant domino (domino) has no model key "
-                                         "'rnak' (did you mean methods.domino.rank?)"),
+                                         "'rnak' (did you mean methods.domino.head.rank?)"),
     (["--set", "data.target=embedded:nosuch"], "train: error: data.target: unknown embedded target 'nosuch'"),
     (["--preset", "nosuch"], "train: error: unknown preset 'nosuch'"),
 ])
@@ -196,10 +202,28 @@ def test_a_bad_set_is_one_line(train, tmp_path, capsys, extra, message):
     assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(message), err
 
 
+@pytest.mark.parametrize("with_variant", [False, True])
+def test_a_users_yaml_with_a_flat_head_key_is_one_line(train, tmp_path, capsys, with_variant):
+    """A config written for the flat keys (``model.init_args.rank``), given with ``--config``, alone or over a
+    variant: one line naming the new key, not the parser's usage."""
+    model = {"init_args": {"rank": 8}}
+    if not with_variant:
+        model["class_path"] = "lit_domino.lit.DominoModule"
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"model": model}))
+    argv = ["fit", *(["--variant", "domino", "--preset", "smoke"] if with_variant else []), "--config", str(path)]
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv, run=False)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err == "train: error: model.rank moved to model.head.rank (the method's head " \
+                                           "section)\n", err
+
+
 def test_set_reaches_the_presets_method_section_and_checks_keys_without_building_the_trainer(train, tiny_target_dir,
                                                                                             tmp_path):
-    cli = train.main(_args("domino", "smoke", tiny_target_dir, tmp_path, "--set", "methods.domino.rank=8"), run=False)
-    assert cli.model.hparams.rank == 8 and cli.model.hparams.gru_hidden == 64
+    cli = train.main(_args("domino", "smoke", tiny_target_dir, tmp_path, "--set", "methods.domino.head.rank=8"),
+                     run=False)
+    assert cli.model.hparams.head == {"rank": 8, "gru_hidden": 64}
     # the paper preset's Trainer wants a GPU: the --set check parses it but leaves it to --trainer.accelerator cpu
-    cli = train.main(_args("domino", "paper", tiny_target_dir, tmp_path, "--set", "model.rank=16"), run=False)
-    assert cli.model.hparams.rank == 16 and cli.trainer.accelerator.__class__.__name__ == "CPUAccelerator"
+    cli = train.main(_args("domino", "paper", tiny_target_dir, tmp_path, "--set", "model.head.rank=16"), run=False)
+    assert cli.model.hparams.head["rank"] == 16 and cli.trainer.accelerator.__class__.__name__ == "CPUAccelerator"

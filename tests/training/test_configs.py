@@ -1,5 +1,7 @@
 """lit_domino.training.configs + cli.check_config: configs compose from deltas; a mistyped key is a loud error."""
 
+import dataclasses
+
 import pytest
 
 from lit_domino.training.cli import ConfigError, check_config
@@ -8,7 +10,11 @@ from lit_domino.training.experiment import drafter_artifact, train_variant, trai
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"model.rnak": 3}, "unknown config key model.rnak; did you mean model.rank?"),
+    ({"model.rnak": 3}, "unknown config key model.rnak; did you mean model.head.rank?"),
+    ({"model.rank": 3}, "model.rank moved to model.head.rank (the method's head section)"),
+    ({"model.head.rnak": 3}, "unknown config key model.head.rnak; did you mean model.head.rank?"),
+    ({"model.head.rank": 0}, "head.rank must be a positive integer (the Domino correction's rank r), got 0"),
+    ({"model.head.rank": "abc"}, "model.head.rank: expected an integer, got 'abc'"),
     ({"trainer.max_step": 3}, "unknown config key trainer.max_step; did you mean trainer.max_steps"),
     ({"data.batch_sise": 3}, "unknown config key data.batch_sise; did you mean data.batch_size"),
     ({"model.curriculum.knd": "none"}, "unknown config key model.curriculum.knd; did you mean model.curriculum.kind?"),
@@ -27,9 +33,59 @@ def test_mistyped_keys_are_errors_with_close_matches(override, message):
 
 
 def test_a_method_key_on_another_method_is_an_error():
-    check_config(load_config("domino", "smoke", 0, {"model.rank": 16}))  # the Domino module takes it
-    with pytest.raises(ConfigError, match="model.rank"):
-        check_config(load_config("backbone", "smoke", 0, {"model.rank": 16}))
+    check_config(load_config("domino", "smoke", 0, {"model.head.rank": 16}))  # the Domino module takes it
+    with pytest.raises(ConfigError, match="unknown config key model.head.rank; model takes activation"):
+        check_config(load_config("backbone", "smoke", 0, {"model.head.rank": 16}))
+    with pytest.raises(ConfigError, match="unknown config key model.head.gru_hidden; model.head takes confidence"):
+        check_config(load_config("dspark", "smoke", 0, {"model.head.gru_hidden": 16}))  # Domino's field
+
+
+def test_a_flat_head_key_names_its_new_place():
+    """A head field spelled flat, as before the head section (``--set``, a preset's ``methods:`` section or a
+    user's YAML), is one line naming the new key, from the modules' source (before Lightning) and the parser."""
+    from lit_domino.training import configs
+
+    for where in ({"model.rank": 8}, {"model.init_args.top_k": 8}):
+        with pytest.raises(ConfigError, match=r"^model\.(rank|top_k) moved to model\.head\.(rank|top_k) "):
+            configs.check_model_overrides("dflash2", "smoke", where)
+    with pytest.raises(ConfigError, match=r"^methods\.dspark\.head_type moved to methods\.dspark\.head\.head_type"):
+        load_config("dspark", "smoke", 0, {"methods.dspark.head_type": "rnn"})
+    cfg = load_config("domino", "smoke", 0)
+    cfg["model"]["init_args"]["gru_hidden"] = 16  # a YAML written for the flat keys
+    with pytest.raises(ConfigError, match=r"^model\.gru_hidden moved to model\.head\.gru_hidden "):
+        check_config(cfg)
+
+
+def test_an_old_preset_with_flat_head_keys_is_refused(tmp_path):
+    import shutil
+    from lit_domino.training.configs import CONFIG_DIR, compose
+
+    shutil.copytree(CONFIG_DIR, tmp_path / "configs")
+    preset = tmp_path / "configs" / "presets" / "smoke.yaml"
+    preset.write_text(preset.read_text().replace("domino: {head: {rank: 32, gru_hidden: 64}}",
+                                                 "domino: {rank: 32, gru_hidden: 64}"))
+    with pytest.raises(ConfigError, match=r"^methods\.domino\.rank moved to methods\.domino\.head\.rank"):
+        compose("domino", "smoke", tmp_path / "configs")
+
+
+def test_a_module_from_yaml_equals_the_module_built_in_python():
+    """The variant's YAML (parsed and instantiated by the training parser) and the Python constructor with the
+    same head config give the same hyper-parameters and the same drafter options."""
+    from lit_domino.lit import DominoModule, DSparkModule
+    from lit_domino.models import DominoHeadConfig, DSparkHeadConfig
+    from lit_domino.training.cli import _ParseOnlyCLI, cli_args
+
+    for variant, cls, head in (("domino", DominoModule, DominoHeadConfig(rank=32, gru_hidden=64)),
+                               ("dspark", DSparkModule, DSparkHeadConfig(rank=12, head_type="gated"))):
+        cfg = load_config(variant, "smoke", 0, {"methods.dspark.head.rank": 12, "model.head.head_type": "gated"}
+                          if variant == "dspark" else None)
+        from_yaml = _ParseOnlyCLI(args=cli_args(cfg), run=False).model
+        init = {k: v for k, v in cfg["model"]["init_args"].items() if k != "head"}
+        in_python = cls(**init, head=head, block_size=cfg["data"]["block_size"], target=cfg["data"]["target"])
+        assert type(from_yaml) is cls and from_yaml.head_config == head
+        assert from_yaml.drafter_options() == in_python.drafter_options()
+        drop = ("_class_path", "_instantiator")
+        assert {k: v for k, v in from_yaml.hparams.items() if k not in drop} == dict(in_python.hparams)
 
 
 def test_a_typo_is_never_answered_from_the_cache(tmp_path):
@@ -63,18 +119,21 @@ def test_the_cheap_target_check_knows_the_embedded_targets_and_their_recipe_spec
 
 
 def test_the_presets_method_sections_can_be_overridden():
-    """``--set methods.domino.rank=8`` reaches the preset's per-method section (it was an unknown section)."""
-    cfg = load_config("domino_ttt", "smoke", 0, {"methods.domino.rank": 8})
-    assert cfg["model"]["init_args"]["rank"] == 8 and cfg["model"]["init_args"]["gru_hidden"] == 64
+    """``--set methods.domino.head.rank=8`` reaches the preset's per-method section (it was an unknown section)."""
+    cfg = load_config("domino_ttt", "smoke", 0, {"methods.domino.head.rank": 8})
+    assert cfg["model"]["init_args"]["head"] == {"rank": 8, "gru_hidden": 64}
     assert "methods" not in cfg
     check_config(cfg)
-    merged = load_config("domino", "smoke", 0, {"methods.domino": {"gru_hidden": 32}})["model"]["init_args"]
-    assert (merged["rank"], merged["gru_hidden"]) == (32, 32)  # a mapping merges into the preset's section
+    merged = load_config("domino", "smoke", 0, {"methods.domino": {"head": {"gru_hidden": 32}}})["model"]["init_args"]
+    assert merged["head"] == {"rank": 32, "gru_hidden": 32}  # a mapping merges into the preset's section
     assert load_config("eagle3", "default", 0, {"methods.eagle3.ttt_steps": 2})["model"]["init_args"]["ttt_steps"] == 2
     with pytest.raises(ConfigError, match="variant backbone is a backbone drafter; methods.domino reaches only"):
-        load_config("backbone", "smoke", 0, {"methods.domino.rank": 8})
-    with pytest.raises(ConfigError, match=r"methods.domino.rnak: .*did you mean methods.domino.rank\?"):
+        load_config("backbone", "smoke", 0, {"methods.domino.head.rank": 8})
+    with pytest.raises(ConfigError, match=r"methods.domino.rnak: .*did you mean methods.domino.head.rank\?"):
         load_config("domino", "smoke", 0, {"methods.domino.rnak": 8})
+    with pytest.raises(ConfigError, match=r"unknown config key methods.domino.head.rnak; did you mean "
+                                          r"methods.domino.head.rank\?"):
+        load_config("domino", "smoke", 0, {"methods.domino.head.rnak": 8})
 
 
 STUDY = ["eagle3", "small_lm", "backbone", "domino", "domino_ttt", "domino_nocurriculum"]
@@ -83,26 +142,32 @@ STUDY = ["eagle3", "small_lm", "backbone", "domino", "domino_ttt", "domino_nocur
 def test_a_method_key_reaches_the_variants_that_take_it_and_names_those_it_skipped():
     from lit_domino.training.configs import study_overrides
 
-    per_variant, notes = study_overrides(STUDY, "smoke", {"model.rank": 8, "data.batch_size": 2})
-    assert notes == ["model.rank=8: applied to domino, domino_ttt, domino_nocurriculum; "
+    per_variant, notes = study_overrides(STUDY, "smoke", {"model.head.rank": 8, "data.batch_size": 2})
+    assert notes == ["model.head.rank=8: applied to domino, domino_ttt, domino_nocurriculum; "
                      "not to eagle3, small_lm, backbone (no such key)"]
-    assert {v: o.get("model.rank") for v, o in per_variant.items()} == {
+    assert {v: o.get("model.head.rank") for v, o in per_variant.items()} == {
         "eagle3": None, "small_lm": None, "backbone": None, "domino": 8, "domino_ttt": 8, "domino_nocurriculum": 8}
     assert all(o["data.batch_size"] == 2 for o in per_variant.values())  # other sections: every variant
     per_variant, notes = study_overrides(STUDY, "smoke", {"methods.eagle3.ttt_steps": 2})
     assert notes == ["methods.eagle3.ttt_steps=2: applied to eagle3; not to small_lm, backbone, domino, domino_ttt, "
                      "domino_nocurriculum (other methods)"]
     assert load_config("eagle3", "smoke", 0, per_variant["eagle3"])["model"]["init_args"]["ttt_steps"] == 2
-    assert study_overrides(["domino", "domino_ttt"], "smoke", {"model.rank": 8})[1] == []  # none skipped, no note
+    assert study_overrides(["domino", "domino_ttt"], "smoke", {"model.head.rank": 8})[1] == []  # none skipped
+    # a head field reaches the variants whose head has it (DSpark's head has no GRU)
+    assert study_overrides(["domino", "dspark"], "smoke", {"model.head.gru_hidden": 8})[1] == [
+        "model.head.gru_hidden=8: applied to domino; not to dspark (no such key)"]
 
 
 @pytest.mark.parametrize("variants,override,message", [
     (STUDY, {"model.rnak": 8}, "model.rnak: no variant of this run takes it (eagle3, small_lm, backbone, domino, "
-                               "domino_ttt, domino_nocurriculum); did you mean model.rank (domino, "),
-    (["backbone"], {"model.rank": 8}, "model.rank: no variant of this run takes it (backbone); did you mean model.rank"),
+                               "domino_ttt, domino_nocurriculum); did you mean model.head.rank (domino, "),
+    (["backbone"], {"model.head.rank": 8}, "model.head.rank: no variant of this run takes it (backbone); did you "
+                                           "mean model.head.rank (dflash2, domino, "),
+    (["backbone"], {"model.rank": 8}, "model.rank moved to model.head.rank"),
+    (STUDY, {"methods.domino.gru_hidden": 8}, "methods.domino.gru_hidden moved to methods.domino.head.gru_hidden"),
     (STUDY, {"methods.domnio.rank": 8}, "unknown method 'domnio' (did you mean domino?)"),
-    (STUDY, {"methods.domino.rnak": 8}, "(did you mean methods.domino.rank?)"),
-    (["eagle3"], {"methods.domino.rank": 8}, "methods.domino.rank=8: reaches none of this run's variants "
+    (STUDY, {"methods.domino.rnak": 8}, "(did you mean methods.domino.head.rank?)"),
+    (["eagle3"], {"methods.domino.head.rank": 8}, "methods.domino.head.rank=8: reaches none of this run's variants "
                                              "(eagle3 is a eagle3 drafter)"),
     (STUDY, {"methods": 3}, "name the method and its key"),
     (STUDY, {"tranier.max_epochs": 3}, "unknown config section 'tranier' (did you mean trainer?)"),
@@ -145,13 +210,16 @@ def test_a_plausible_target_spec_passes(tmp_path):
     (["--seeds", "abc"], "seeds are integers >= 0"),
     (["--seeds", "0,-1"], "got '-1'"),
     (["--preset", "smoke", "--variants", "domino", "--set", "model.rnak=3"],
-     "model.rnak: no variant of this run takes it (domino); did you mean model.rank (domino, "),
-    (["--preset", "smoke", "--variants", "domino", "--set", "model.rank=0"], "rank must be a positive integer, got 0"),
-    (["--preset", "smoke", "--set", "model.rnak=8"], "did you mean model.rank (domino, dspark, dflash2, domino_ttt, domino_nocurriculum)?"),
+     "model.rnak: no variant of this run takes it (domino); did you mean model.head.rank (domino, "),
+    (["--preset", "smoke", "--variants", "domino", "--set", "model.head.rank=0"],
+     "head.rank must be a positive integer (the Domino correction's rank r), got 0"),
+    (["--preset", "smoke", "--variants", "domino", "--set", "model.rank=8"], "model.rank moved to model.head.rank"),
+    (["--preset", "smoke", "--set", "model.rnak=8"],
+     "did you mean model.head.rank (domino, dspark, dflash2, domino_ttt, domino_nocurriculum)?"),
     (["--preset", "smoke", "--set", "model.lr=abc"], "ablation: error: variant eagle3: model.lr: expected a float, "
                                                      "got 'abc'"),
-    (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "variant domino: unknown config key "
-                                                                  "model.curriculum.knd; did you mean"),
+    (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "model.curriculum.knd: no variant of this run "
+                                                                  "takes it (eagle3, small_lm, backbone, domino, "),
     (["--preset", "nosuch"], "ablation: error: unknown preset 'nosuch'; choose one of default, paper, smoke"),
     (["--preset", "smoke", "--variants", "domino,domnio"], "unknown variants 'domnio' (did you mean domino?)"),
     (["--preset", "smoke", "--set", "data.target=embedded:nosuch"], "data.target: unknown embedded target 'nosuch'"),
@@ -189,6 +257,11 @@ def test_static_model_keys_equal_the_module_signatures():
         assert static == (cls.drafter_class.kind,
                           {n: None if p.annotation is p.empty else p.annotation for n, p in params.items()}), variant
         assert configs.model_keys(cfg) == static[1] and configs.method_kind(cfg) == cls.drafter_class.kind
+        # the dataclass sections (head, curriculum) and their fields, as the import sees them
+        imported = {n: [f.name for f in dataclasses.fields(p.default)] for n, p in params.items()
+                    if dataclasses.is_dataclass(p.default)}
+        assert configs.static_sections(cfg["model"]["class_path"]) == imported, variant
+        assert ("head" in imported) == (cls.drafter_class.kind in ("domino", "dspark", "dflash2")), variant
     assert configs.static_module("lit_domino.lit.loop.LoopModule") is None  # drafter_class set at run time: import
 
 

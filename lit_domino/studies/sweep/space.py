@@ -48,13 +48,15 @@ class StudyMismatchError(SweepError):
     """A study of this name exists with a different search space, objective or settings."""
 
 
+POSITIVE_HEAD_FIELDS = ("rank", "gru_hidden", "top_k", "conv_kernel_size", "conv_group_size")
+"""The methods' head fields (``model.head.<field>``) that are positive integers."""
 _TYPES = ("int", "float", "categorical")
 _PARAM_KEYS = {"type", "target", "low", "high", "log", "step", "choices", "help"}
 _CHOICE_TYPES = (str, int, float, bool, type(None))
 
 
 def config_key(target: str) -> str:
-    """``model.rank`` / ``model.curriculum.kind`` → the config key under ``model.init_args``."""
+    """``model.head.rank`` / ``model.curriculum.kind`` → the config key under ``model.init_args``."""
     parts = target.split(".")
     if parts[0] == "model" and (len(parts) < 2 or parts[1] != "init_args"):
         parts = ["model", "init_args", *parts[1:]]
@@ -65,7 +67,7 @@ def _domain_check(name: str, target: str, values: list) -> str | None:
     """What the model would reject among the range's extreme values, else None."""
     key = config_key(target)
     bad = None
-    if key in ("model.init_args.rank", "model.init_args.gru_hidden", "model.init_args.num_layers"):
+    if key in ("model.init_args.num_layers", *(f"model.init_args.head.{f}" for f in POSITIVE_HEAD_FIELDS)):
         bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 1]
         what = "a positive integer"
     elif key == "model.init_args.curriculum.kind":
@@ -80,7 +82,7 @@ def _domain_check(name: str, target: str, values: list) -> str | None:
     elif key == "model.init_args.curriculum.step_every":
         bad = [v for v in values if not isinstance(v, (int, float)) or not 0.0 < v <= 1.0]
         what = "in (0, 1]"
-    elif key == "model.init_args.head_type":  # DSpark's Markov head variants
+    elif key == "model.init_args.head.head_type":  # DSpark's Markov head variants
         from lit_domino.models.dspark import HEAD_TYPES
 
         bad = [v for v in values if v not in HEAD_TYPES]
@@ -141,7 +143,7 @@ class SearchSpace:
         return {p.name: p.suggest(trial) for p in self.params}
 
     def overrides(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Sampled values → dotted config overrides (``model.init_args.rank`` ...)."""
+        """Sampled values → dotted config overrides (``model.init_args.head.rank`` ...)."""
         return {config_key(p.target): values[p.name] for p in self.params if p.name in values}
 
 
@@ -168,7 +170,7 @@ def parse_param(name: str, spec: Any) -> ParamSpec:
     target = spec.get("target")
     if not isinstance(target, str) or target.split(".")[0] not in ("model", "data", "trainer") or "." not in target:
         raise SearchSpaceError(f"parameter {name!r}: target must be a dotted config key under model/data/trainer "
-                               f"(e.g. model.rank), got {target!r}")
+                               f"(e.g. model.head.rank), got {target!r}")
     if kind == "categorical":
         if "low" in spec or "high" in spec or "log" in spec or "step" in spec:
             raise SearchSpaceError(f"parameter {name!r} is categorical: give choices, not low/high/log/step")

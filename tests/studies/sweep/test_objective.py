@@ -18,7 +18,7 @@ def test_trial_config_of_the_shipped_space():
                              {"rank": 17, "gru_hidden": 40, "lambda_kind": "cosine", "lambda_start": 0.5,
                               "lambda_ratio": 0.75})
     init = cfg["model"]["init_args"]
-    assert (init["rank"], init["gru_hidden"]) == (17, 40)
+    assert init["head"] == {"rank": 17, "gru_hidden": 40}
     assert init["curriculum"] == {"kind": "cosine", "start": 0.5, "ratio": 0.75, "step_every": 0.25}
     assert cfg["trainer"]["max_steps"] == 5 and cfg["trainer"]["val_check_interval"] == 5  # validation happens
 
@@ -110,7 +110,7 @@ def test_real_sweep_trains_and_decodes(tiny_target_dir, tmp_path):
     parent = study.user_attrs[sweep.RUN_ATTR]
     run = client.get_run(done.user_attrs["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent
-    assert run.data.tags["variant"] == "domino" and run.data.params["model.rank"] == str(done.params["rank"])
+    assert run.data.tags["variant"] == "domino" and run.data.params["model.head.rank"] == str(done.params["rank"])
     for key in ("objective", "tau", "speedup", "embedded-math/tau", "embedded-chat/speedup", "val/tau_sim"):
         assert key in run.data.metrics, key
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) >= 1  # the training curve

@@ -176,6 +176,11 @@ def test_a_mistyped_target_key_fails_before_any_trial(tmp_path):
     settings = fake_settings(tmp_path, "typo", evaluator=None, n_trials=1)
     space = sweep.parse_space({"variant": "domino", "params": {
         "rank": {"type": "int", "low": 16, "high": 64, "target": "model.rnak"}}})
-    with pytest.raises(ConfigError, match="model.rnak; did you mean model.rank"):
+    with pytest.raises(ConfigError, match="model.rnak; did you mean model.head.rank"):
         sweep.run_sweep(settings, space)
+    assert not (tmp_path / "typo.db").exists()
+    flat = sweep.parse_space({"variant": "domino", "params": {  # a space written before the head section
+        "rank": {"type": "int", "low": 16, "high": 64, "target": "model.rank"}}})
+    with pytest.raises(ConfigError, match=r"model\.rank moved to model\.head\.rank"):
+        sweep.run_sweep(settings, flat)
     assert not (tmp_path / "typo.db").exists()
