@@ -113,8 +113,10 @@ def test_lean_loss_equals_full_logits_loss(target, chunk):
     assert set(g_lean) == set(g_full)
     assert {"selector.successor_codebook", "layers.0.attention_conv.kernel_projection.weight",
             "layers.1.mlp_conv.base_kernel"} <= set(g_full)
-    for name in g_full:
-        torch.testing.assert_close(g_lean[name], g_full[name], rtol=1e-4, atol=1e-6, msg=name)
+    for name in g_full:  # atol relative to the gradient's scale: threaded matmuls sum in another order on each path
+        scale = float(g_full[name].abs().max())
+        torch.testing.assert_close(g_lean[name], g_full[name], rtol=1e-4, atol=1e-4 * scale + 1e-8,
+                                   msg=lambda m: f"{name}: {m}")
     # validation picks: the selector's teacher-forced choice on both paths
     out_full = d.forward_train(*batch, with_logits=True)
     out_lean = d.forward_train(*batch, with_logits=False)
