@@ -816,10 +816,16 @@ def _main(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script): errors the
+    """Command line of ``experiments/ablation.py`` (the console script: :func:`console_main`): errors the
     user can fix are one line (``ablation: error: ...``, rc 2), an interrupt ``ablation: interrupted`` (rc 130)."""
     try:
         return run_command("ablation", _main, argv)
     except SystemExit:
         gc.freeze()  # the process ends: skip the final collection of torch's heap (7 of 7.5 s on a busy machine)
         raise
+
+
+def console_main() -> None:
+    """The ``lit-domino-ablation`` console script: :func:`main` without its return value (a console script's
+    return is its exit status, and ``sys.exit`` of the study's dict printed it and ended with rc 1)."""
+    main()
