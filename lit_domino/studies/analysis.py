@@ -43,6 +43,8 @@ SPEC = load_spec()
 """The ablation study's table spec (row order, labels): ``experiments/configs/studies/ablation.yaml``."""
 VARIANT_ORDER = SPEC.variants
 _POS = re.compile(r"^acc_rate_pos_(\d+)$")
+URI_ATTR = "tracking_uri"
+"""``DataFrame.attrs`` key of the store :func:`load_runs` read (pandas keeps attrs through filters and sorts)."""
 _NON_DOMAINS = {"train", "val", "sweep", "importance", "optuna", EXACT_HEAD_METRICS}
 
 
@@ -121,7 +123,9 @@ def load_runs(uri: str | None = None, *, experiments: Iterable[str] | None = Non
     order = {v: i for i, v in enumerate(VARIANT_ORDER)}
     df["_order"] = df["variant"].map(lambda v: order.get(v, len(order)))
     df = df.sort_values(["preset", "_order", "variant", "seed", "start_time"], na_position="last")
-    return df.drop(columns="_order").reset_index(drop=True)
+    df = df.drop(columns="_order").reset_index(drop=True)
+    df.attrs[URI_ATTR] = uri  # rebuild_tables reads the study rows of the same store
+    return df
 
 
 def latest_per_seed(df: pd.DataFrame) -> pd.DataFrame:
@@ -190,10 +194,12 @@ def rebuild_tables(df: pd.DataFrame, preset: str | None = None, uri: str | None 
 
     From the preset's study run's ``tables/rows.json`` (:func:`study_rows`) through
     :func:`lit_domino.studies.tables.tables_from_rows`, the job's own code: the pool rows (``<variant>@full``) and
-    the inner backbone's τ come from the rows' keys, as in the job. Without a study run (runs logged by another
+    the inner backbone's τ come from the rows' keys, as in the job; ``uri``: default the store ``df`` was loaded
+    from (:func:`load_runs`), else the usual rule. Without a study run (runs logged by another
     tool, an older store), from the runs' per-benchmark metrics in ``df`` (no pool rows: those need the rows).
     Returns ``{"main": table, "ablations": table}`` (each with ``rows`` and ``markdown``), or {} without runs.
     """
+    uri = uri or df.attrs.get(URI_ATTR)  # the store the runs came from, not the default one
     rows = study_rows(uri, preset).get(preset) if preset not in (None, "(none)") else None
     if rows:
         return tables_from_rows(rows)
