@@ -89,10 +89,11 @@ class OracleMix:
     probability ``p`` (never a stage's last token, which anchors the next DLoop stage), so real
     sessions see accepted drafts, partial acceptances and rejections.
 
-    ``reference``: prompt + the target's greedy continuation, long enough for every round."""
+    ``reference``: prompt + the target's greedy continuation, long enough for every round. ``every_token``: a
+    stage's last token too (with ``p = 1`` a drafter that is always right, where no DLoop stage follows)."""
 
-    def __init__(self, drafter, reference: list[int], seed: int = 0, p: float = 0.6):
-        self.inner, self.reference, self.p = drafter, reference, p
+    def __init__(self, drafter, reference: list[int], seed: int = 0, p: float = 0.6, every_token: bool = False):
+        self.inner, self.reference, self.p, self.every_token = drafter, reference, p, every_token
         self.config = drafter.config
         self.rng = torch.Generator().manual_seed(seed)
 
@@ -131,7 +132,7 @@ class _OracleSession:
     def draft(self, anchor, num_tokens, temperature, generator):
         out = self.inner.draft(anchor, num_tokens, temperature, generator)
         toks, ref = out.tokens.clone(), self.mix.reference
-        for k in range(num_tokens - 1):
+        for k in range(num_tokens if self.mix.every_token else num_tokens - 1):
             if torch.rand((), generator=self.mix.rng) < self.mix.p and self.pos + 1 + k < len(ref):
                 toks[k] = ref[self.pos + 1 + k]
         self.pos += num_tokens

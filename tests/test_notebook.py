@@ -159,6 +159,7 @@ def _execute(uri: str, tmp_path: Path, monkeypatch):
     return text, images
 
 
+@pytest.mark.slow  # starts a Jupyter kernel
 def test_notebook_executes_end_to_end(store, tmp_path, monkeypatch):
     uri, _ = store
     assert not any(c.get("outputs") for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"), \
@@ -170,7 +171,39 @@ def test_notebook_executes_end_to_end(store, tmp_path, monkeypatch):
     assert images >= 4  # acceptance curves, τ histogram, speedup bars, sweep scatter
 
 
+@pytest.mark.slow  # starts a Jupyter kernel
 def test_notebook_says_no_runs_on_an_empty_store(tmp_path, monkeypatch):
     text, images = _execute(f"sqlite:///{tmp_path / 'empty.db'}", tmp_path, monkeypatch)
     assert "no runs" in text and "no sweep trials" in text
     assert images == 0
+
+
+@pytest.mark.slow
+def test_the_notebooks_tables_are_the_ones_the_job_wrote(smoke_ablation, tmp_path, monkeypatch):
+    """The smoke ablation's own store: the rebuilt tables (and what the executed notebook displays) are
+    ``results/``' Markdown, pool and exact-head rows included; the pooled runs' ``exact_head/...`` metrics are
+    no benchmark."""
+    import os
+
+    from lit_domino.studies import analysis
+
+    results, uri = smoke_ablation["results"], os.environ["MLFLOW_TRACKING_URI"]
+    written = {name: (results / f"{name}.md").read_text() for name in ("main", "ablations")}
+    runs = analysis.load_runs(uri)
+    assert "exact_head/tau" in runs and "exact_head" not in analysis.domains(runs)
+    tables = analysis.rebuild_tables(runs, "smoke", uri)
+    for name, markdown in written.items():
+        assert tables[name]["markdown"] + "\n" == markdown
+    pool = [r for r in tables["ablations"]["rows"] if r["study"] == "pool"]
+    assert [(r["from"], r["to"], r["metric"]) for r in pool] == [("domino@full", "domino", "tau"),
+                                                                   ("domino@full", "domino", "speedup")]
+    # without the study run's rows (another store), the runs' own metrics give the same main table
+    fallback = analysis.rebuild_tables(runs, "smoke", f"sqlite:///{tmp_path / 'no-store.db'}")
+    assert fallback["main"]["markdown"] + "\n" == written["main"]
+    assert "@full" not in fallback["ablations"]["markdown"]  # the exact head's rows need the raw rows
+    hist = analysis.tau_histograms(uri, "smoke")
+    assert {"domino", "domino@full"} <= set(hist["variant"])  # the exact head's rounds are not Domino's pooled ones
+
+    text, _ = _execute(uri, tmp_path, monkeypatch)
+    for markdown in written.values():
+        assert markdown.strip() in text

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""The ``lit_domino`` package folder (a checkout's, or an installed copy's in site-packages)."""
+
 
 def project_root() -> Path:
-    """The repository root: the nearest ancestor of this package holding ``pyproject.toml`` (else the cwd)."""
-    here = Path(__file__).resolve().parent
-    for parent in [here, *here.parents]:
-        if (parent / "pyproject.toml").is_file():
-            return parent
+    """The checkout this package runs from (the folder holding ``lit_domino/`` and ``pyproject.toml``), else the
+    cwd: an installed copy writes its results, cache and MLflow store where it is run. Only the package's own
+    parent counts: a venv inside another project (``other/.venv/lib/.../site-packages``) must not adopt that
+    project's ``pyproject.toml``."""
+    root = PACKAGE_DIR.parent
+    if (root / "pyproject.toml").is_file():
+        return root
     return Path.cwd().resolve()

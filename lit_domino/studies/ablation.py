@@ -46,7 +46,8 @@ from lit_domino.studies.common import cached_rows, log_metrics
 from lit_domino.decoding.metric_names import MethodKey, drafter_metrics
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.jsonio import write_json
-from lit_domino.studies.tables import STUDY_FILE, ablation_table, aggregate, fmt, load_spec, main_table, write_table
+from lit_domino.studies.tables import (EXACT_HEAD, EXACT_HEAD_METRICS, STUDY_FILE, aggregate, fmt, load_spec,
+                                       records_from_rows, tables_from_rows, write_table)
 from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, run_tags
 from lit_domino.studies.study_runs import StudyRun, plot_study
 
@@ -121,10 +122,6 @@ def study_configs(preset: str, plan: dict, overrides: dict | None = None) -> tup
             raise ConfigError(f"variant {variant}: {err}") from None
         configs += mine
     return configs, notes
-
-
-EXACT_HEAD = "@full"
-"""Suffix of a variant decoded with the exact head beside the preset's candidate pool (``domino@full``)."""
 
 
 ROWS_FORMAT = 2
@@ -485,31 +482,6 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
                          pool_sizes=pools, progress=progress)
 
 
-def records_from_rows(rows: list[dict]) -> list[dict]:
-    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``, read from each
-    row's :class:`MethodKey`; a drafter decoded with the exact head beside a candidate pool (the plan's
-    ``exact_head``) is the variant ``<variant>@full``; Domino's backbone decoded alone (view ``backbone``) is its
-    record's ``backbone_tau``."""
-    keys = [MethodKey.of(r["key"]) if r["kind"] == "drafter" else None for r in rows]
-    pooled = {k.base() for k in keys if k is not None and k.pool is not None}
-    inner_tau = {(k.whole(), r["benchmark"], r["temperature"]): r["tau"]
-                 for k, r in zip(keys, rows) if k is not None and k.view == "backbone"}
-    records = []
-    for k, r in zip(keys, rows):
-        if k is not None and k.view is not None:
-            continue
-        if k is not None:
-            variant, seed = k.drafter + (EXACT_HEAD if k.base() in pooled and k.pool is None else ""), k.seed
-        elif r["method"] == "ar":
-            continue
-        else:
-            variant, seed = r["method"], 0
-        rec = {"variant": variant, "seed": int(seed or 0), "domain": r["benchmark"], **r}
-        rec["backbone_tau"] = inner_tau.get((k.base(), r["benchmark"], r["temperature"])) if k else None
-        records.append(rec)
-    return records
-
-
 def peer_table(records: list[dict], domains: list[str]) -> str:
     """Markdown: our drafters' speedups beside the two HF peers, per domain."""
     speed = aggregate(records, "speedup")
@@ -559,7 +531,7 @@ def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path
         exact = [r for r in records if r["variant"] == t.variant + EXACT_HEAD and r["seed"] == t.seed
                  and r["temperature"] == 0]
         if exact:  # the same drafter decoded with the exact head, for the pool rows
-            log_metrics(client, t.run_id, {f"exact_head/{k}": v for k, v in drafter_metrics(exact).items()})
+            log_metrics(client, t.run_id, {f"{EXACT_HEAD_METRICS}/{k}": v for k, v in drafter_metrics(exact).items()})
         for name, fig in (("acceptance_per_position.png", plot_position_acceptance(per_domain, t.variant)),
                           ("tau_histogram.png", plot_tau_histogram(per_domain, t.variant))):
             path = out_dir / "plots" / f"{t.variant}-s{t.seed}-{name}"
@@ -695,9 +667,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
     _log("stage 4/4 tables", t0)
     records = records_from_rows(rows)
     domains = list(plan["prompts"])
-    drafter_records = [r for r in records if r["kind"] == "drafter"]
-    spec = load_spec(STUDY_FILE)
-    tables = {"main": main_table(drafter_records, domains, spec), "ablations": ablation_table(drafter_records, spec)}
+    tables = tables_from_rows(rows, domains, load_spec(STUDY_FILE))  # the notebook's too (analysis.rebuild_tables)
     for name, table in tables.items():
         write_table(table, out_dir, name)
     peers = peer_table(records, domains)
@@ -816,10 +786,16 @@ def _main(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Command line of ``experiments/ablation.py`` (also the ``lit-domino-ablation`` console script): errors the
+    """Command line of ``experiments/ablation.py`` (the console script: :func:`console_main`): errors the
     user can fix are one line (``ablation: error: ...``, rc 2), an interrupt ``ablation: interrupted`` (rc 130)."""
     try:
         return run_command("ablation", _main, argv)
     except SystemExit:
         gc.freeze()  # the process ends: skip the final collection of torch's heap (7 of 7.5 s on a busy machine)
         raise
+
+
+def console_main() -> None:
+    """The ``lit-domino-ablation`` console script: :func:`main` without its return value (a console script's
+    return is its exit status, and ``sys.exit`` of the study's dict printed it and ended with rc 1)."""
+    main()

@@ -6,10 +6,12 @@ Conventions read (those of ``lit_domino.studies.ablation`` and ``lit_domino.stud
 * a *result run* has the tag ``variant`` (plus ``preset``, ``seed``, ``table``) and the
   metric ``tau``; per benchmark/domain ``{name}/tau``, ``{name}/speedup``,
   ``{name}/backbone_tau``, ``{name}/acc_rate_pos_XX``; over all of them ``tau``,
-  ``speedup``, ``acc_rate_pos_XX`` (conditional acceptance of draft position XX);
+  ``speedup``, ``acc_rate_pos_XX`` (conditional acceptance of draft position XX); ``exact_head/...``: the
+  same drafter decoded with the exact head beside its candidate pool (no benchmark);
 * sweep trials carry the tag ``sweep`` (left out of the ablation tables unless asked);
 * the ablation's study run (tag ``table=summary``; ``lit_domino.study_runs``, the training runs nested under it)
-  holds ``tables/rows.json``, the raw benchmark rows with each method's per-round ``tau_histogram``.
+  holds ``tables/rows.json``, the raw benchmark rows with each method's per-round ``tau_histogram``: the tables
+  are rebuilt from them by the job's own code (``tables.tables_from_rows``), so they equal ``results/``'.
 
 The tracking URI is the argument, else ``$MLFLOW_TRACKING_URI``, else the project's
 ``sqlite:///<project>/mlflow.db``. A missing or empty store gives empty frames, never an error.
@@ -31,9 +33,9 @@ from matplotlib.figure import Figure
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from lit_domino.decoding.metric_names import MethodKey
 from lit_domino.runtime.paths import project_root
-from lit_domino.studies.tables import ablation_table, load_spec, main_table
+from lit_domino.studies.tables import (EXACT_HEAD_METRICS, ablation_table, load_spec, main_table, records_from_rows,
+                                       tables_from_rows)
 
 TAG_COLUMNS = ("variant", "preset", "seed", "table", "sweep")
 BASE_COLUMNS = ("run_id", "experiment", "run_name", "status", "start_time", *TAG_COLUMNS)
@@ -41,7 +43,9 @@ SPEC = load_spec()
 """The ablation study's table spec (row order, labels): ``experiments/configs/studies/ablation.yaml``."""
 VARIANT_ORDER = SPEC.variants
 _POS = re.compile(r"^acc_rate_pos_(\d+)$")
-_NON_DOMAINS = {"train", "val", "sweep", "importance", "optuna"}
+URI_ATTR = "tracking_uri"
+"""``DataFrame.attrs`` key of the store :func:`load_runs` read (pandas keeps attrs through filters and sorts)."""
+_NON_DOMAINS = {"train", "val", "sweep", "importance", "optuna", EXACT_HEAD_METRICS}
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -119,7 +123,9 @@ def load_runs(uri: str | None = None, *, experiments: Iterable[str] | None = Non
     order = {v: i for i, v in enumerate(VARIANT_ORDER)}
     df["_order"] = df["variant"].map(lambda v: order.get(v, len(order)))
     df = df.sort_values(["preset", "_order", "variant", "seed", "start_time"], na_position="last")
-    return df.drop(columns="_order").reset_index(drop=True)
+    df = df.drop(columns="_order").reset_index(drop=True)
+    df.attrs[URI_ATTR] = uri  # rebuild_tables reads the study rows of the same store
+    return df
 
 
 def latest_per_seed(df: pd.DataFrame) -> pd.DataFrame:
@@ -183,17 +189,58 @@ def _for_preset(df: pd.DataFrame, preset: str | None) -> pd.DataFrame:
     return df[df["preset"] == preset]
 
 
-def rebuild_tables(df: pd.DataFrame, preset: str | None = None) -> dict:
-    """The main table and the Domino ablations of ``preset`` (``lit_domino.studies.tables``, same code as the ablation).
+def rebuild_tables(df: pd.DataFrame, preset: str | None = None, uri: str | None = None) -> dict:
+    """The main table and the Domino ablations of ``preset``, as the ablation job wrote them to ``results/``.
 
+    From the preset's study run's ``tables/rows.json`` (:func:`study_rows`) through
+    :func:`lit_domino.studies.tables.tables_from_rows`, the job's own code: the pool rows (``<variant>@full``) and
+    the inner backbone's τ come from the rows' keys, as in the job; ``uri``: default the store ``df`` was loaded
+    from (:func:`load_runs`), else the usual rule. Without a study run (runs logged by another
+    tool, an older store), from the runs' per-benchmark metrics in ``df`` (no pool rows: those need the rows).
     Returns ``{"main": table, "ablations": table}`` (each with ``rows`` and ``markdown``), or {} without runs.
     """
+    uri = uri or df.attrs.get(URI_ATTR)  # the store the runs came from, not the default one
+    rows = study_rows(uri, preset).get(preset) if preset not in (None, "(none)") else None
+    if rows:
+        return tables_from_rows(rows)
     runs = latest_per_seed(_for_preset(df, preset))
     recs = records(runs)
     if not recs:
         return {}
     doms = domains(runs)
     return {"main": main_table(recs, doms), "ablations": ablation_table(recs)}
+
+
+def study_rows(uri: str | None = None, preset: str | None = None) -> dict[str, list[dict]]:
+    """Preset → the raw benchmark rows (``tables/rows.json``) of its ablation study run (tag ``table=summary``,
+    FINISHED): the full study's (``study`` tag ``ablation-<preset>``, whose tables are ``results/ablation-<preset>``)
+    when there is one, else the latest subset's. Only ``preset`` when given; {} without study runs."""
+    uri = tracking_uri(uri)
+    if _store_missing(uri):
+        return {}
+    client = _client(uri)
+    exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not exps:
+        return {}
+    runs = client.search_runs(exps, filter_string="tags.table = 'summary' and attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time DESC"], max_results=200)
+    chosen: dict[str, object] = {}
+    for run in runs:
+        p = run.data.tags.get("preset")
+        if p is None or (preset is not None and p != preset):
+            continue
+        full = run.data.tags.get("study") == f"ablation-{p}"
+        if p not in chosen or (full and chosen[p].data.tags.get("study") != f"ablation-{p}"):
+            chosen[p] = run
+    out = {}
+    for p, run in chosen.items():
+        try:
+            with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+                path = client.download_artifacts(run.info.run_id, "tables/rows.json", tmp)
+                out[p] = json.loads(Path(path).read_text())
+        except Exception:  # noqa: BLE001 (a study run without its rows: the caller falls back)
+            continue
+    return out
 
 
 def _cell(v) -> str:
@@ -264,36 +311,16 @@ def tau_histograms(uri: str | None = None, preset: str | None = None) -> pd.Data
     if _store_missing(uri):
         return empty
 
-    client = _client(uri)
-    exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
-    if not exps:
-        return empty
-    runs = client.search_runs(exps, filter_string="tags.table = 'summary' and attributes.status = 'FINISHED'",
-                              order_by=["attributes.start_time DESC"], max_results=200)
-    seen, rows = set(), []
-    for run in runs:
-        p = run.data.tags.get("preset")
-        if p in seen or (preset is not None and p != preset):
-            continue
-        try:
-            with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
-                path = client.download_artifacts(run.info.run_id, "tables/rows.json", tmp)
-                data = json.loads(Path(path).read_text())
-        except Exception:
-            continue
-        seen.add(p)
-        for r in data:
-            if r.get("kind") != "drafter" or float(r.get("temperature", 0)) != 0.0:
+    rows = []
+    for p, data in study_rows(uri, preset).items():
+        # rows of a store written before rows carried their MethodKey are left out
+        keyed = [r for r in data if r.get("kind") != "drafter" or r.get("key")]
+        for r in records_from_rows(keyed):  # the tables' variants: the exact head beside a pool is <variant>@full
+            if r["kind"] != "drafter" or float(r.get("temperature", 0)) != 0.0:
                 continue
-            if not r.get("key"):
-                continue  # rows of a store written before rows carried their MethodKey
-            key = MethodKey.of(r["key"])
-            if key.view is not None:
-                continue
-            variant = key.drafter
             for tau, count in enumerate(r.get("tau_histogram") or []):
                 if count:
-                    rows.append({"preset": p, "variant": variant, "tau": tau, "rounds": int(count)})
+                    rows.append({"preset": p, "variant": r["variant"], "tau": tau, "rounds": int(count)})
     if not rows:
         return empty
     return pd.DataFrame(rows).groupby(["preset", "variant", "tau"], sort=False)["rounds"].sum().reset_index()

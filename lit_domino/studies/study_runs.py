@@ -52,7 +52,7 @@ def view_state(benchmarks: Sequence[str]) -> dict:
 
 def study_metrics(records: Iterable[Mapping], benchmarks: Sequence[str], metrics: Sequence[str] = KEY_METRICS
                   ) -> dict[str, float]:
-    """Table records (one per variant, seed and benchmark; ``ablation.records_from_rows``) → the study run's
+    """Table records (one per variant, seed and benchmark; ``tables.records_from_rows``) → the study run's
     metrics: per variant the mean over seeds of the benchmarks' mean (``<variant>/tau``) and its spread (sample
     standard deviation over seeds, 0 with one seed: ``<variant>/tau_spread``), and the same per benchmark
     (``<variant>/<benchmark>/tau``, ``..._spread``); ``domino@full`` (the exact head beside a pool) is named

@@ -1,7 +1,9 @@
 """The papers' tables, rebuilt from measured results: main comparison and Domino ablations.
 
 Input is a list of result records, one per (variant, seed, domain):
-``{"variant", "seed", "domain", "tau", "speedup", ...}``. Seeds are aggregated to
+``{"variant", "seed", "domain", "tau", "speedup", ...}``, made from the decode's benchmark rows by
+:func:`records_from_rows` (:func:`tables_from_rows`: rows → tables, the one path the ablation job and the
+notebook share). Seeds are aggregated to
 mean ± spread (sample standard deviation; 0 with one seed). A difference between
 two variants smaller than their combined spread is reported as "within spread",
 never as a win. Every table is written as Markdown (for people) and JSON (for code).
@@ -17,10 +19,16 @@ from pathlib import Path
 
 import yaml
 
+from lit_domino.decoding.metric_names import MethodKey
 from lit_domino.training.configs import CONFIG_DIR
 from lit_domino.runtime.jsonio import write_json
 
 STUDY_FILE = CONFIG_DIR / "studies" / "ablation.yaml"
+
+EXACT_HEAD = "@full"
+"""Suffix of a variant decoded with the exact head beside the preset's candidate pool (``domino@full``)."""
+EXACT_HEAD_METRICS = "exact_head"
+"""Prefix of the exact head's metrics in a pooled variant's MLflow run (``exact_head/tau``): no benchmark."""
 
 
 def decode_pool_size(preset: str, study_file: Path = STUDY_FILE) -> int | None:
@@ -144,6 +152,42 @@ def ablation_table(records: list[dict], spec: TableSpec | None = None) -> dict:
                                          fmt(r["to_value"], suffix=suffix), r["verdict"], inner,
                                          r["published"]]) + " |")
     return {"name": "ablations", "rows": rows, "markdown": "\n".join(lines)}
+
+
+def records_from_rows(rows: list[dict]) -> list[dict]:
+    """Benchmark rows → table records ``{variant, seed, domain, temperature, tau, speedup, ...}``, read from each
+    row's :class:`MethodKey`; a drafter decoded with the exact head beside a candidate pool (the plan's
+    ``exact_head``) is the variant ``<variant>@full``; Domino's backbone decoded alone (view ``backbone``) is its
+    record's ``backbone_tau``."""
+    keys = [MethodKey.of(r["key"]) if r["kind"] == "drafter" else None for r in rows]
+    pooled = {k.base() for k in keys if k is not None and k.pool is not None}
+    inner_tau = {(k.whole(), r["benchmark"], r["temperature"]): r["tau"]
+                 for k, r in zip(keys, rows) if k is not None and k.view == "backbone"}
+    records = []
+    for k, r in zip(keys, rows):
+        if k is not None and k.view is not None:
+            continue
+        if k is not None:
+            variant, seed = k.drafter + (EXACT_HEAD if k.base() in pooled and k.pool is None else ""), k.seed
+        elif r["method"] == "ar":
+            continue
+        else:
+            variant, seed = r["method"], 0
+        rec = {"variant": variant, "seed": int(seed or 0), "domain": r["benchmark"], **r}
+        rec["backbone_tau"] = inner_tau.get((k.base(), r["benchmark"], r["temperature"])) if k else None
+        records.append(rec)
+    return records
+
+
+def tables_from_rows(rows: list[dict], domains: list[str] | None = None, spec: TableSpec | None = None) -> dict:
+    """The main table and the ablations (``{"main", "ablations"}``) of a decode's benchmark rows: what the ablation
+    job writes to ``results/`` and the notebook rebuilds from the study run's ``tables/rows.json``. ``domains``:
+    the column order (default: the benchmarks in the rows' order)."""
+    records = [r for r in records_from_rows(rows) if r["kind"] == "drafter"]
+    if domains is None:
+        domains = list(dict.fromkeys(r["benchmark"] for r in rows))
+    spec = spec or load_spec()
+    return {"main": main_table(records, list(domains), spec), "ablations": ablation_table(records, spec)}
 
 
 def _cell(obj):

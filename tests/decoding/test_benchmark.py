@@ -71,13 +71,25 @@ def test_benchmark_rows(target, small_lm):
     assert methods[:2] == [("ar", 0.0), ("hf_generate", 0.0)]
     assert ("backbone+dloop(-0.5:2)", 1.0) in methods and ("hf_assisted", 0.0) in methods
     assert len(rows) == 2 * (2 + 2 * 2 + 2)
+    ar_at = {r["temperature"]: r for r in rows if r["method"] == "ar"}
+    hf_at = {r["temperature"]: r for r in rows if r["method"] == "hf_generate"}
+    drafters = {"backbone": backbone, "small": small_lm}
     for r in rows:
-        assert r["speedup"] > 0 and r["speedup_vs_hf_generate"] > 0 and r["tpot_ms"] > 0
+        # the ratios of the same run's mean times per output token: our AR baseline's, HF generate's, over this row's
+        assert r["tpot_ms"] > 0
+        assert r["speedup"] == pytest.approx(ar_at[r["temperature"]]["tpot_ms"] / r["tpot_ms"])
+        assert r["speedup_vs_hf_generate"] == pytest.approx(hf_at[r["temperature"]]["tpot_ms"] / r["tpot_ms"])
         assert r["num_prompts"] == 3 and r["benchmark"] == "toy"
         if r["temperature"] == 0:
             assert r["match_baseline"] == 1.0  # lossless, and HF peers agree
         if r["kind"] == "drafter":
-            assert r["tau"] >= 1 and "acc_rate_pos_01" in r and sum(r["tau_histogram"]) == r["rounds"]
+            hist = r["tau_histogram"]
+            assert "acc_rate_pos_01" in r and sum(hist) == r["rounds"]
+            assert r["tau_per_round"] == pytest.approx(sum(k * c for k, c in enumerate(hist)) / sum(hist))
+        if r["kind"] == "drafter" and r["temperature"] == 0 and r["method"] in drafters:
+            # τ: the mean over prompts of the engine's own τ, each prompt decoded alone here
+            alone = [generate(target, drafters[r["method"]], torch.tensor([p]), max_new_tokens=10) for p in PROMPTS]
+            assert r["tau"] == pytest.approx(sum(a.tau for a in alone) / len(alone))
     ar = rows[0]
     assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
     table = markdown_table(rows)

@@ -361,6 +361,7 @@ _BUILDER = """
 """
 
 
+@pytest.mark.slow  # two Python processes
 def test_concurrent_builders_build_once(tmp_path):
     path, log = tmp_path / "kind" / "a-1", tmp_path / "builds.log"
     code = f"import sys; sys.argv[1:] = [{str(path)!r}, {str(log)!r}]\n" + textwrap.dedent(_BUILDER)
@@ -371,6 +372,7 @@ def test_concurrent_builders_build_once(tmp_path):
     assert log.read_text() == "built\n" and cache.is_complete(path)
 
 
+@pytest.mark.slow  # a child process, killed
 def test_lock_of_a_killed_process_is_released(tmp_path):
     path = tmp_path / "kind" / "a-1"
     held = tmp_path / "held"

@@ -20,6 +20,7 @@ from lit_domino.runtime import tracking
 ROOT = Path(lit_domino.__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # two Python processes importing MLflow
 def test_two_processes_create_a_fresh_store_at_once(tmp_path):
     """Both workers start together on a store that does not exist yet: both succeed, one experiment."""
     uri, go = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}", tmp_path / "go"

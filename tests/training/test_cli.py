@@ -59,15 +59,29 @@ def test_variant_files_hold_only_their_deltas():
 
 
 def test_preset_method_sections_reach_only_their_method():
-    from lit_domino.training.configs import load_config
+    """Each key of a preset's ``methods.<kind>`` section lands in the model of that method's variants and changes
+    no other variant (read from the preset file: the tuned values may change, the routing may not)."""
+    import yaml
 
-    assert load_config("domino", "smoke")["model"]["init_args"]["head"]["rank"] == 32
-    assert load_config("domino_ttt", "smoke")["model"]["init_args"]["head"]["gru_hidden"] == 64
-    assert load_config("dspark", "smoke")["model"]["init_args"]["head"] == {
-        "rank": 32, "head_type": "vanilla", "confidence": True, "confidence_with_markov": True}  # merged into its YAML
-    assert load_config("eagle3", "smoke")["model"]["init_args"]["ttt_steps"] == 3
-    assert "head" not in load_config("backbone", "smoke")["model"]["init_args"]
-    assert "ttt_steps" not in load_config("domino", "smoke")["model"]["init_args"]
+    from lit_domino.training.configs import load_config, method_kind
+
+    def holds(value, section):  # a preset's section merges into the variant's: its keys (nested too) hold its values
+        if isinstance(section, dict):
+            return isinstance(value, dict) and all(holds(value.get(k), v) for k, v in section.items())
+        return value == section
+
+    sections = yaml.safe_load((CONFIGS / "presets" / "smoke.yaml").read_text())["methods"]
+    reached = set()
+    for v in VARIANTS:
+        cfg = load_config(v, "smoke")
+        kind, init = method_kind(cfg), cfg["model"]["init_args"]
+        mine = sections.get(kind, {})
+        assert holds(init, mine), v
+        reached |= {kind} if mine else set()
+        without = load_config(v, "default")["model"]["init_args"]  # the default preset has no methods section
+        foreign = {k for other, sec in sections.items() if other != kind for k in sec} - set(mine)
+        assert {k: init.get(k) for k in foreign} == {k: without.get(k) for k in foreign}, v
+    assert reached == set(sections) and len(sections) >= 2  # every section reached a variant of its own
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -116,6 +130,7 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
 
     from lit_domino.interop import load_drafter
     from lit_domino.runtime.tracking import default_tracking_uri
+    from lit_domino.training.configs import load_config
 
     uri = default_tracking_uri()  # $MLFLOW_TRACKING_URI: the tests' session store (conftest)
     assert uri.startswith("sqlite:///") and str(ROOT) not in uri
@@ -131,7 +146,9 @@ def test_cli_fit_logs_exports_and_resumes(train, tiny_target_dir, tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.tags["variant"] == "domino" and run.data.tags["preset"] == "smoke"
     assert run.data.tags["seed"] == "0" and run.data.tags["mlflow.runName"] == "domino-smoke-s0"
-    assert run.data.params["model.head.rank"] == "32" and run.data.params["data.block_size"] == "8"
+    composed = load_config("domino", "smoke")  # the preset's values, as the run logs them
+    assert run.data.params["model.head.rank"] == str(composed["model"]["init_args"]["head"]["rank"])
+    assert run.data.params["data.block_size"] == str(composed["data"]["block_size"])
     # one name per setting (not Lightning's hparams beside them: head/rank, curriculum/kind), no output folder
     assert "rank" not in run.data.params and not [k for k in run.data.params if "/" in k]
     assert "checkpoint.dirpath" not in run.data.params and "trainer.default_root_dir" not in run.data.params
@@ -221,9 +238,13 @@ def test_a_users_yaml_with_a_flat_head_key_is_one_line(train, tmp_path, capsys, 
 
 def test_set_reaches_the_presets_method_section_and_checks_keys_without_building_the_trainer(train, tiny_target_dir,
                                                                                             tmp_path):
+    from lit_domino.training.configs import load_config
+
+    preset = load_config("domino", "smoke")["model"]["init_args"]["head"]
     cli = train.main(_args("domino", "smoke", tiny_target_dir, tmp_path, "--set", "methods.domino.head.rank=8"),
                      run=False)
-    assert cli.model.hparams.head == {"rank": 8, "gru_hidden": 64}
+    assert preset["rank"] != 8  # else the override would not show
+    assert cli.model.hparams.head == {**preset, "rank": 8}  # the rest of the preset's head kept
     # the paper preset's Trainer wants a GPU: the --set check parses it but leaves it to --trainer.accelerator cpu
     cli = train.main(_args("domino", "paper", tiny_target_dir, tmp_path, "--set", "model.head.rank=16"), run=False)
     assert cli.model.hparams.head["rank"] == 16 and cli.trainer.accelerator.__class__.__name__ == "CPUAccelerator"

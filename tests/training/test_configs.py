@@ -120,12 +120,15 @@ def test_the_cheap_target_check_knows_the_embedded_targets_and_their_recipe_spec
 
 def test_the_presets_method_sections_can_be_overridden():
     """``--set methods.domino.head.rank=8`` reaches the preset's per-method section (it was an unknown section)."""
+    preset = load_config("domino_ttt", "smoke", 0)["model"]["init_args"]["head"]
+    assert preset["rank"] != 8 and preset["gru_hidden"] != 2 * preset["rank"] + 1  # else the overrides would not show
     cfg = load_config("domino_ttt", "smoke", 0, {"methods.domino.head.rank": 8})
-    assert cfg["model"]["init_args"]["head"] == {"rank": 8, "gru_hidden": 64}
+    assert cfg["model"]["init_args"]["head"] == {**preset, "rank": 8}
     assert "methods" not in cfg
     check_config(cfg)
-    merged = load_config("domino", "smoke", 0, {"methods.domino": {"head": {"gru_hidden": 32}}})["model"]["init_args"]
-    assert merged["head"] == {"rank": 32, "gru_hidden": 32}  # a mapping merges into the preset's section
+    gru = 2 * preset["rank"] + 1
+    merged = load_config("domino", "smoke", 0, {"methods.domino": {"head": {"gru_hidden": gru}}})["model"]["init_args"]
+    assert merged["head"] == {**preset, "gru_hidden": gru}  # a mapping merges into the preset's section
     assert load_config("eagle3", "default", 0, {"methods.eagle3.ttt_steps": 2})["model"]["init_args"]["ttt_steps"] == 2
     with pytest.raises(ConfigError, match="variant backbone is a backbone drafter; methods.domino reaches only"):
         load_config("backbone", "smoke", 0, {"methods.domino.head.rank": 8})

@@ -19,6 +19,7 @@ from lit_domino.studies.sweep.tracking import start_trial_run
 from lit_domino.runtime.tracking import default_tracking_uri
 
 
+@pytest.mark.slow  # two worker processes, one killed
 def test_kill_a_worker_then_resume(tmp_path, importable_tests, monkeypatch, capsys):
     """Two worker processes on one study; the one running trial 2 is SIGKILLed (its heartbeat stops); --resume
     fails that trial once its heartbeat is stale, retries its configuration and finishes the study.
