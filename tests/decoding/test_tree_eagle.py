@@ -34,10 +34,18 @@ def eagle_of(target, block_size=6, seed=0):
     return drafter
 
 
-def session_with(drafter, prompt: list[int]):
+def session_and_features(drafter, prompt: list[int], seed: int | None = None):
+    """A session over ``prompt`` with random target features (seeded when ``seed`` is given), and the features."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    feats = torch.randn(len(prompt), drafter.config.num_features * 32)
     session = drafter.new_session()
-    session.extend(torch.tensor(prompt), torch.randn(len(prompt), drafter.config.num_features * 32))
-    return session
+    session.extend(torch.tensor(prompt), feats)
+    return session, feats
+
+
+def session_with(drafter, prompt: list[int]):
+    return session_and_features(drafter, prompt)[0]
 
 
 def path_of(tree, u: int) -> list[int]:
@@ -115,11 +123,8 @@ def test_eagle_tree_is_eagle2(target):
     session's own greedy chain; and ``path`` (the frontier of n) is at least as likely in total."""
     drafter = eagle_of(target, block_size=6)
     prompt, anchor = prompt_of(4, 9), 11
-    torch.manual_seed(1)
-    feats = torch.randn(9, drafter.config.num_features * 32)
     with torch.inference_mode():
-        s = drafter.new_session()
-        s.extend(torch.tensor(prompt), feats)
+        s, feats = session_and_features(drafter, prompt, seed=1)
         tree = tree_mod.build_tree(TreeConfig("eagle", budget=14, top_k=3), s, torch.tensor([anchor]), 5, 14, 0.0,
                                    None)
         assert s.stages  # the tree's steps are speculative: dropped by the next crop
@@ -159,11 +164,8 @@ def test_eagle_path_tree_is_the_best_first_tree(target):
     """``path`` on EAGLE-3: the 10 best of every path of top-3 children, 3 deep, each scored by the plain chain."""
     drafter = eagle_of(target, block_size=4)
     prompt, anchor = prompt_of(5, 7), 13
-    torch.manual_seed(2)
-    feats = torch.randn(7, drafter.config.num_features * 32)
     with torch.inference_mode():
-        s = drafter.new_session()
-        s.extend(torch.tensor(prompt), feats)
+        s, feats = session_and_features(drafter, prompt, seed=2)
         tree = tree_mod.build_tree(TreeConfig("path", budget=10, top_k=3), s, torch.tensor([anchor]), 3, 10, 0.0,
                                    None)
         scores = {}
