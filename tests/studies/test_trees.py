@@ -174,3 +174,17 @@ def test_a_budget_above_the_context_is_refused_before_decoding():
     plan.update(prompts={"random": 1}, max_new_tokens=4)
     with pytest.raises(UsageError, match="tree budget 32 is above what the context leaves"):
         ts.measure(target, drafters, {"random": [list(range(3, 13))]}, plan, progress=False)
+
+
+def test_rows_carry_nodes_per_round_and_the_accepted_ranks_of_every_turn():
+    from lit_domino.decoding.engine import GenerationResult
+    from lit_domino.decoding.metrics import merge_results, summarize
+
+    turns = [GenerationResult(tokens=[5, 6, 7], accepted_per_round=[1, 0], drafted_per_round=[8, 4],
+                              accepted_ranks=[1]).finish(),
+             GenerationResult(tokens=[8, 9, 10, 11], accepted_per_round=[2], drafted_per_round=[6],
+                              accepted_ranks=[0, 2]).finish()]
+    row = summarize([merge_results(turns)])
+    assert row["nodes_per_round"] == pytest.approx(6.0) and row["accepted_rank_counts"] == [1, 1, 1]
+    assert "accepted_rank_counts" not in summarize([GenerationResult(tokens=[1, 2], accepted_per_round=[0],
+                                                                     drafted_per_round=[3]).finish()])
