@@ -123,6 +123,7 @@ def study_plan(preset: str, drafters=None, builders=None, budgets=None, top_k=No
     plan["repeats"] = check_repeats(plan.get("repeats", 1))
     plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # the ablation's; V checked by the engine
     plan["seed"] = int(plan.get("seed", 0))
+    plan["curve_repeats"] = _positive_int(study.get("curve_repeats", 3), "curve_repeats")
     return plan
 
 
@@ -182,7 +183,7 @@ def measure(target, drafters: dict, prompts: dict, plan: dict, progress: bool = 
     record (the curve the cost-aware rows used)."""
     with pinned_threads(plan.get("threads") or None):  # the curve on the threads the rounds run on
         check_budgets(target, drafters, tree_configs(plan, None) + [TreeConfig(budget=plan["cost_cap"])], prompts)
-        curve = measure_verify_cost(target)
+        curve = measure_verify_cost(target, repeats=plan.get("curve_repeats", 3))
         trees = tree_configs(plan, curve)
         rows = benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), trees=trees,
                          pool_sizes=[plan.get("pool_size")], repeats=plan["repeats"], hf_baseline=False,
@@ -327,14 +328,22 @@ def siblings_table(recs: list[dict]) -> dict:
     return {"name": "siblings", "rows": rows, "markdown": "\n".join(lines)}
 
 
-def cost_table(curve: VerifyCost) -> dict:
-    """The measured verify-cost curve C_v(n) and its ratio to C_v(1)."""
+def cost_table(curve: VerifyCost, recs: list[dict]) -> dict:
+    """The measured verify-cost curve C_v(n) and its ratio to C_v(1); beside it, the verify time per round the
+    decode itself saw, per budget (every drafter and domain pooled; chain = budget 0): the curve in situ."""
     rows = [{"nodes": w, "ms": 1e3 * s, "ratio": s / curve.seconds_at(1)} for w, s in zip(curve.widths, curve.seconds)]
     lines = ["| n (nodes beyond the anchor) | C_v(n) ms | C_v(n) / C_v(1) |", "|---|---|---|"]
     lines += [f"| {r['nodes']} | {r['ms']:.3f} | {r['ratio']:.2f} |" for r in rows]
+    in_decode = []
+    for budget in sorted({r["budget"] for r in recs if not r["cost_aware"]}):
+        sel = [r for r in recs if r["budget"] == budget and not r["cost_aware"]]
+        in_decode.append({"budget": budget, "nodes_per_round": _mean(r["nodes_per_round"] for r in sel),
+                          "verify_ms_per_round": _mean(r["verify_ms_per_round"] for r in sel)})
+    lines += ["", "| budget (0 = chain) | nodes per round | verify ms per round in the decode |", "|---|---|---|"]
+    lines += [f"| {r['budget']} | {_f(r['nodes_per_round'], 1)} | {_f(r['verify_ms_per_round'])} |" for r in in_decode]
     lines += ["", f"GPU projection's curve: C_v(n) = C_v(1) = {1e3 * curve.seconds_at(1):.3f} ms for n <= "
                   f"{GPU_FLAT_NODES} ({PROJECTION})."]
-    return {"name": "verify_cost", "rows": rows, "markdown": "\n".join(lines)}
+    return {"name": "verify_cost", "rows": rows, "in_decode": in_decode, "markdown": "\n".join(lines)}
 
 
 def figure(avg: list[dict], path: Path) -> Path:
@@ -412,7 +421,7 @@ def report(rows: list[dict], plan: dict, out_dir: Path, mlflow_enabled: bool = T
     recs = records(bench_rows, curve)
     main = trees_table(recs, plan)
     tables = {"trees": main, "summary": summary_table(main["average"]), "siblings": siblings_table(recs),
-              "verify_cost": cost_table(curve)}
+              "verify_cost": cost_table(curve, recs)}
     bad = not_lossless(bench_rows)
     write_json(bench_rows, out_dir / f"rows-{preset}.json")
     if bad:
@@ -466,7 +475,7 @@ def run_trees_study(preset: str = "smoke", drafters=None, builders=None, budgets
         _log(f"stage 2/4 [{i + 1}/{len(cfgs)}] {kind}: base drafter{' (cached)' if cached else ''}", t0)
         trained[kind] = train_variant(cfg, experiment=f"trees-{preset}", table="trees", progress=progress)
     eval_plan = {k: plan[k] for k in ("prompts", "max_new_tokens", "builders", "budgets", "cost_aware", "cost_cap",
-                                      "top_k", "repeats", "pool_size", "seed", "threads") if k in plan}
+                                      "top_k", "repeats", "pool_size", "seed", "threads", "curve_repeats") if k in plan}
     key = {"drafters": {k: str(t.drafter_dir) for k, t in trained.items()}, "plan": eval_plan,
            "target": target.fingerprint()}
 

@@ -141,6 +141,7 @@ def test_the_study_runs_end_to_end_and_writes_everything(measured, tmp_path):
         if r["accepted"]:
             assert r["rank0"] + r["rank1"] + r["rank2+"] == pytest.approx(1.0)
     assert [r["nodes"] for r in data["verify_cost"]["rows"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert [r["budget"] for r in data["verify_cost"]["in_decode"]] == [0, 4, 8]  # the chain, then each budget
     # MLflow: every cell a metric, the files as artifacts
     from mlflow.tracking import MlflowClient
 
