@@ -324,8 +324,8 @@ def siblings_table(recs: list[dict]) -> dict:
     for r in rows:
         lines.append(f"| {r['builder']} | {r['drafter']} | {r['accepted']} | {_f(r['rank0'], 3)} | "
                      f"{_f(r['rank1'], 3)} | {_f(r['rank2+'], 3)} |")
-    lines += ["", "An accepted node's rank among its parent's candidates (0 = the drafter's top pick there); rank ≥ 1 "
-              "is what a tree adds over the chain."]
+    lines += ["", "An accepted node's rank among its parent's candidates (0 = the drafter's top pick there); "
+              "rank ≥ 1 is what a tree adds over the chain."]
     return {"name": "siblings", "rows": rows, "markdown": "\n".join(lines)}
 
 
