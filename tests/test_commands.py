@@ -287,6 +287,7 @@ REAL_ERRORS = [  # (command, argv, the start of its one line)
     ("bench.py", ["--target", "random", "--dloop", "0.5:2"],
      "bench.py: error: --dloop: DLoopConfig.threshold=0.5 is positive"),
     ("dloop.py", ["--table-dloop", "x"], "dloop.py: error: cannot parse DLoop spec 'x'"),
+    ("trees.py", ["--budgets", "16,0"], "trees.py: error: --budgets: a tree budget is at least 1 node per round"),
     ("export.py", ["slm", "out", "--format", "dflash", "--target", "embedded:default"],
      "export.py: error: a 'small_lm' drafter cannot be written as 'dflash'"),
     ("memory_bench.py", ["--methods", "nosuch"], "memory_bench.py: error: --methods: unknown method(s) 'nosuch'"),

@@ -172,7 +172,7 @@ def merge_results(results: Sequence[GenerationResult]) -> GenerationResult:
     out = GenerationResult(tokens=[], stop_reason=results[-1].stop_reason)
     for r in results:
         out.tokens += r.tokens
-        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round", "stage_records"):
+        for name in ("accepted_per_round", "stages_per_round", "drafted_per_round", "stage_records", "accepted_ranks"):
             getattr(out, name).extend(getattr(r, name))
         for name in ("draft_time_s", "verify_time_s", "other_time_s", "decode_time_s", "prefill_time_s",
                      "num_target_forwards"):
@@ -214,6 +214,7 @@ def summarize(
         "draft_ms_per_round": 1e3 * sum(r.draft_time_s for r in results) / rounds if rounds else float("nan"),
         "verify_ms_per_round": 1e3 * sum(r.verify_time_s for r in results) / rounds if rounds else float("nan"),
         "other_ms_per_round": 1e3 * sum(r.other_time_s for r in results) / rounds if rounds else float("nan"),
+        "nodes_per_round": sum(sum(r.drafted_per_round) for r in results) / rounds if rounds else float("nan"),
         "prefill_ms": 1e3 * _nanmean(r.prefill_time_s for r in results),
     }
     if baseline is not None:
@@ -227,6 +228,9 @@ def summarize(
     while counts and counts[-1] == 0:
         counts.pop()
     row["tau_histogram"] = counts  # index = tau
+    ranks = [k for r in results for k in r.accepted_ranks]
+    if ranks:  # tree rounds: how many accepted nodes were their parent's rank-0, rank-1, ... candidate
+        row["accepted_rank_counts"] = [ranks.count(k) for k in range(max(ranks) + 1)]
     records = [list(rec) for r in results for rec in r.stage_records]
     if records:
         row["stage_records"] = records  # [sum log q, last log q, K, accepted] per stage (record_stages)
