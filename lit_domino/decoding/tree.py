@@ -12,7 +12,8 @@ One round, with the committed sequence ending in the anchor x at position ``star
      n most likely prefixes (DDTree);
    * ``path``: path-conditioned expansion, depth by depth over the whole frontier in one batch: each node's
      children come from the head run on that node's own path (Domino: one GRU state per node, DARTree; DSpark:
-     the Markov head on each node's token, PCTree); each depth keeps the n best of parent × top-k candidates by
+     the Markov head on each node's token, PCTree; DFlash 2: the selector's transition from each node's
+     token over its position's candidates); each depth keeps the n best of parent × top-k candidates by
      cumulative log-probability, and the n best of all of them are the tree: the exact best-first tree under
      the path-conditioned scores;
    * ``eagle``: EAGLE-2's dynamic tree for the EAGLE-3 drafter: each depth expands the top-k nodes of the frontier

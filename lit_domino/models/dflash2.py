@@ -257,6 +257,35 @@ def training_candidates(cand: torch.Tensor, target_ids: torch.Tensor):
     return out, slot, held
 
 
+class SelectorPathHead:
+    """DFlash 2's selector over a tree's frontier: each node's children are its position's unary top-c candidates,
+    rescored by the transition from the node's own token (the chain's rule of :meth:`CandidateSelector.draft`,
+    one row per frontier node); logits are −inf outside the candidates, as the chain's q."""
+
+    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
+        sel = drafter.selector
+        self.selector, self.anchor = sel, anchor
+        self.unary = drafter.compute_logits(hidden[1:])  # [K, V]; hidden [K+1, d] of draft_hidden
+        self.cand = sel.candidates(self.unary)  # [K, c]
+        # the predecessor-free parts, once per block (as the chain does)
+        self.proj = sel.hidden_projection(hidden[1:].to(sel.hidden_projection.weight.dtype)).to(
+            sel.predecessor_codebook.dtype)  # [K, r]
+        self.succ, self.base = sel.successor_codebook[self.cand], self.unary.gather(-1, self.cand)  # [K, c, r], [K, c]
+
+    def start(self):
+        return self.anchor  # the root's token [1]
+
+    def step(self, i: int, prev: torch.Tensor):
+        """Frontier tokens [F] at depth i → (children's logits [F, V], nothing inherited but the token)."""
+        context = self.selector.predecessor_codebook[prev] * self.proj[i: i + 1]  # [F, r]
+        s = self.base[i: i + 1] + (context @ self.succ[i].T).to(self.base.dtype)  # [F, c]
+        logits = self.unary.new_full((prev.shape[0], self.unary.shape[-1]), float("-inf"))
+        return logits.scatter_(1, self.cand[i: i + 1].expand(prev.shape[0], -1), s), None
+
+    def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
+        return tokens
+
+
 class DFlash2Session(ParallelSession):
     """Backbone block once (through the convolution layers), then the selector's chain over positions 1..K.
     The stage's logits are the candidates' scores (−inf elsewhere), q its softmax over them. The target features
@@ -270,6 +299,10 @@ class DFlash2Session(ParallelSession):
             if features.shape[-1] == width + self.config.hidden_size:
                 features = features[..., :width]
         super().extend(tokens, features)
+
+    def path_head(self, hidden: torch.Tensor, anchor: torch.Tensor) -> SelectorPathHead:
+        """The selector over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
+        return SelectorPathHead(self.drafter, hidden, anchor)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter
@@ -294,6 +327,7 @@ class DFlash2Drafter(DistilledDrafter):
     config_class = DFlash2Config
     session_class = DFlash2Session
     draft_options = ("static_capacity", "compile")
+    tree_builders = ("chain", "ddtree", "path")
     method_name = "DFlash 2"
 
     def __init__(self, config: DFlash2Config):

@@ -8,8 +8,8 @@ Stages (each printed as it runs):
    a drafter without a tree builder (the small LM) is skipped with a note;
 3. the verify-cost curve C_v(n) of the target on this machine (:func:`lit_domino.decoding.cost.measure_verify_cost`,
    printed), then ONE :func:`lit_domino.decoding.harness.benchmark` call: per domain, at T = 0, the AR baseline
-   and every drafter's chain (tree off) and each tree builder it has (``tree_builders``: backbone and DFlash 2
-   ``ddtree``; Domino, DSpark ``ddtree`` and ``path``; EAGLE-3 ``eagle`` and ``path``) at every budget and
+   and every drafter's chain (tree off) and each tree builder it has (``tree_builders``: backbone ``ddtree``;
+   Domino, DSpark, DFlash 2 ``ddtree`` and ``path``; EAGLE-3 ``eagle`` and ``path``) at every budget and
    cost-aware (``TreeConfig(cost=C_v, budget=cost_cap)``), all interleaved per prompt. The rows (and the curve
    they were measured with) are cached under a key of the drafters and the evaluation settings;
 4. tables in ``results/trees/trees-<preset>.md|json``, the figure ``trees-<preset>.png`` and MLflow

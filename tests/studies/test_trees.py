@@ -25,10 +25,10 @@ def test_plan_defaults_builders_per_drafter_and_the_small_lm_skipped():
     plan = ts.study_plan("smoke")
     assert plan["drafters"] == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
     assert plan["builders"] == {"backbone": ["ddtree"], "domino": ["ddtree", "path"], "dspark": ["ddtree", "path"],
-                                "dflash2": ["ddtree"], "eagle3": ["path", "eagle"]}
+                                "dflash2": ["ddtree", "path"], "eagle3": ["path", "eagle"]}
     assert plan["budgets"] == [16, 32, 64] and plan["cost_cap"] == 64 and plan["top_k"] == 4
     # 1 AR + per drafter its chain and (3 budgets + cost-aware) per builder
-    assert ts.method_count(plan) == 1 + (1 + 4) + (1 + 8) + (1 + 8) + (1 + 4) + (1 + 8)
+    assert ts.method_count(plan) == 1 + (1 + 4) + (1 + 8) + (1 + 8) + (1 + 8) + (1 + 8)
     plan = ts.study_plan("smoke", drafters=["small_lm", "domino"], builders=["path"], budgets=[32, 8, 32], top_k=2)
     assert plan["drafters"] == ["domino"] and "small_lm" in plan["skipped"]
     assert plan["builders"] == {"domino": ["path"]} and plan["budgets"] == [8, 32] and plan["top_k"] == 2
