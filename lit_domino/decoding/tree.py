@@ -356,7 +356,7 @@ def _path_tree(cfg: TreeConfig, head, depth: int, nodes: int, width: int, draft_
         return DraftTree()
     k, drawn = cfg.top_k, _drawn(cfg, temperature)
     states, score, frontier = head.start(), None, None
-    cols, qrows, next_id = [], [], 1
+    cols, qrows, next_id, kept = [], [], 1, None  # kept: the ``nodes`` best scores of all candidates so far
     for d in range(depth):
         logits, inherited = head.step(d, states)  # [F, V]
         dev = logits.device
@@ -376,10 +376,18 @@ def _path_tree(cfg: TreeConfig, head, depth: int, nodes: int, width: int, draft_
         rows, tok = j // k, ids.reshape(-1).index_select(0, j)
         cols.append(torch.stack([score, frontier.index_select(0, rows).float(), tok.float(), (j % k).float(),
                                  torch.full((q,), float(d + 1), device=dev)]))
+        # exact pruning: a child never outscores its parent, and of equal scores the shallower node ranks first,
+        # so a frontier node below the n-th best score found so far has no descendant in the tree: expand only
+        # those at or above it, and stop once none is (the deep levels of a peaked draft cost nothing)
+        kept = score if kept is None else torch.cat([kept, score]).topk(min(nodes, kept.numel() + q)).values
         f = min(width, q)
+        if kept.numel() >= nodes:
+            f = min(f, int((score[:f] >= kept[-1]).sum()))
         frontier = torch.arange(next_id, next_id + f, device=dev)
         next_id += q
         score = score[:f]
+        if f == 0:
+            break
         if d + 1 < depth:
             states = head.child(inherited, rows[:f], tok[:f])
     scores, parents, tokens, ranks, depths = torch.cat(cols, 1).tolist()  # one host copy ([5, M], M <= n·K)

@@ -25,8 +25,8 @@ C_v(1)), verify · C_v(1) / C_v(n̄)) with n̄ the row's nodes per round (the la
 the two ways to remove the width's cost), draft and other time as measured, τ as measured;
 projected speedup = speedup · (draft + verify + other) / (draft + verify' + other).
 
-Sizing (2 CPU cores shared, drafters cached): the decode runs :func:`method_count` decodes per prompt (38 with the
-default drafters, builders and budgets: 1 AR + 5 backbone + 9 Domino + 9 DSpark + 5 DFlash 2 + 9 EAGLE-3), so its
+Sizing (2 CPU cores shared, drafters cached): the decode runs :func:`method_count` decodes per prompt (42 with the
+default drafters, builders and budgets: 1 AR + 5 backbone + 9 Domino + 9 DSpark + 9 DFlash 2 + 9 EAGLE-3), so its
 time scales with prompts × tokens; the default preset's size comes from a smoke timing (the arithmetic is in the
 study file, ``configs/studies/trees.yaml``: 8-20 min for the default decode, by the box's load).
 """
