@@ -10,6 +10,7 @@ import torch
 
 from lit_domino.decoding.acceptance import NoAcceptancePredictor, attach, drafter_key, predictor_of
 from lit_domino.models import build_drafter, drafter_config
+from lit_domino.models.sessions import StageDraft
 from lit_domino.testing import hf_greedy, lively_target
 from lit_domino.training.acceptance import (AcceptanceSettings, acceptance_predictor, artifact_key, auc,
                                             build_predictor, calibrated, calibration_report, collect_rounds, ece,
@@ -109,6 +110,67 @@ def test_predictor_artifact_is_cached_and_keyed_by_the_drafter(target, tmp_path)
     back, _ = acceptance_predictor(target, dom, prompts, replace(s, inputs="gru"), root=tmp_path)
     assert back.head.input_kind == "gru" and back.meta["inputs"] == "gru"
     assert predictor_of(attach(dom, back)) is back
+
+
+class Oracle:
+    """A real parallel drafter whose drafts are replaced by ``reference``'s tokens (prompt + the target's greedy
+    continuation: what the target itself picks), with one-hot logits; round position ``wrong`` (0-based over the
+    round's stages) gets another token instead. Its session keeps the inner one's stages (the head's inputs)."""
+
+    def __init__(self, drafter, reference: list[int], wrong: int | None = None):
+        self.inner, self.reference, self.wrong = drafter, reference, wrong
+
+    def __getattr__(self, name):  # config, embeddings, kind: the inner drafter's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def new_session(self, **options):
+        return _OracleSession(self, self.inner.new_session(**options))
+
+
+class _OracleSession:
+    def __init__(self, oracle: Oracle, inner):
+        self.oracle, self.inner, self.pos, self.drafted = oracle, inner, 0, 0
+
+    def extend(self, tokens, features):
+        self.inner.extend(tokens, features)
+        self.pos, self.drafted = self.inner.length, 0
+
+    @property
+    def stages(self):
+        return self.inner.stages
+
+    def draft(self, anchor, num_tokens, temperature, generator):
+        self.inner.draft(anchor, num_tokens, temperature, generator)
+        start = self.pos + 1 + self.drafted  # the anchor sits at self.pos
+        toks = torch.tensor(self.oracle.reference[start: start + num_tokens])
+        w = self.oracle.wrong
+        if w is not None and self.drafted <= w < self.drafted + num_tokens:
+            toks[w - self.drafted] = (toks[w - self.drafted] + 1) % 128
+        self.inner.stages[-1].tokens = toks  # the next stage anchors at this stage's last draft
+        self.drafted += num_tokens
+        logits = torch.full((num_tokens, 128), -30.0)
+        logits[torch.arange(num_tokens), toks] = 30.0
+        return StageDraft(toks, None, None, logits)
+
+
+@pytest.mark.parametrize("kind", ["backbone", "domino", "dspark", "dflash2"])
+def test_labels_of_a_drafter_that_drafts_the_targets_tokens(target, kind):
+    """Every position a drafter drafting the target's own picks reaches is accepted, across the stage boundary;
+    a wrong token at round position 3 is rejected there (the smoke drafters accepted none at j = 3: not the
+    labels)."""
+    d = drafter(target, kind)
+    prompt = [5, 6, 7, 8]
+    s = AcceptanceSettings(stages=3, anchors_per_sequence=5)
+    K = d.config.block_size - 1
+    ref = prompt + hf_greedy(target, prompt, 20 + s.stages * K)
+    seqs = [(ref[: len(prompt) + 20], len(prompt))]
+    data = collect_rounds(target, Oracle(d, ref), seqs, s)
+    assert data["hard"].shape == (5, s.stages * K) and bool((data["hard"] == 1).all())
+    assert bool((data["soft"] > 0).all())  # c* = p_j(d_j) for a one-hot q
+    wrong = collect_rounds(target, Oracle(d, ref, wrong=2), seqs, s)["hard"]
+    assert bool((wrong[:, :2] == 1).all()) and bool((wrong[:, 2] == 0).all())
 
 
 def test_gru_head_trains_on_domino_and_is_refused_elsewhere(target):
