@@ -63,6 +63,40 @@ def test_sequential_temperatures_recover_the_truth():
     assert platt.offsets[0] == pytest.approx(-0.5, abs=0.08)
 
 
+def synthetic_rounds(n: int, seed: int):
+    """Rounds of 3 positions whose true c_j = sigmoid(z_j / τ_j + b_j) (τ 2, 0.5, 1; b 0, -1.5, +1): a head
+    over-confident at j=1, under-confident and too optimistic at j=2, too pessimistic at j=3. Labels after a
+    rejection are drawn too (the rows no round reaches carry no weight)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, 3, generator=g, dtype=torch.float64) * 2 + 0.5
+    truth = torch.sigmoid(z / torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64) + torch.tensor([0.0, -1.5, 1.0],
+                                                                                            dtype=torch.float64))
+    return z, (torch.rand(n, 3, generator=g, dtype=torch.float64) < truth).double()
+
+
+def test_per_position_calibration_on_held_out_rounds_reaches_3_percent():
+    """Fitted on one draw, evaluated on another: per-position (τ_j, b_j) bring every c_j and every survival S_j
+    within 3 % ECE; temperatures alone cannot move position 2's and 3's means."""
+    z, y = synthetic_rounds(8000, 0)
+    zt, yt = synthetic_rounds(8000, 1)
+    platt = calibration_report(zt, yt, yt, fit_calibration(z, y, "hard", offsets=True))
+    temps = calibration_report(zt, yt, yt, fit_calibration(z, y, "hard", offsets=False))
+    for r in platt["positions"]:
+        assert r["ece_before"] > 0.05 and r["ece_after"] <= 0.03 and r["survival_ece_after"] <= 0.03, r
+        assert r["ece_floor"] < 0.02
+    assert platt["pooled"]["survival_ece_after"] <= 0.03 < platt["pooled"]["survival_ece_before"]
+    assert max(r["ece_after"] for r in temps["positions"][1:]) > 0.03
+
+
+def test_ece_floor_is_the_sampling_noise_of_a_calibrated_predictor():
+    p = torch.full((400,), 0.3, dtype=torch.float64)
+    from lit_domino.training.acceptance import ece_floor
+    floor = ece_floor(p)
+    assert 0.01 < floor < 0.04  # E|mean - 0.3| over 400 Bernoulli(0.3) draws: 0.8 * sqrt(0.21 / 400) ≈ 1.8 %
+    assert ece_floor(p, torch.zeros(400)) != ece_floor(p, torch.zeros(400))  # no rows: nan
+    assert ece_floor(torch.full((4000,), 0.3, dtype=torch.float64)) < floor
+
+
 def test_rounds_labels_and_the_head(target):
     d = drafter(target)
     prompts = [[5, 6, 7, 8], [9, 3, 4, 10, 11]]
@@ -202,3 +236,9 @@ def test_the_artifact_key_names_the_inputs(target):
     assert hidden != gru and gru["settings"]["inputs"] == "gru"
     assert "inputs" not in hidden["settings"]  # the hidden head's artifacts built before the GRU variant stay valid
     assert artifact_key(target, drafter(target, "domino", seed=1), prompts, AcceptanceSettings()) != hidden
+    # a changed calibration or head recipe is a new artifact (the defaults of 2026-12-04 night included)
+    for changed in (dict(offsets=False), dict(head_rows="all")):
+        assert artifact_key(target, d, prompts, AcceptanceSettings(**changed)) != hidden
+    assert hidden["settings"]["offsets"] is True and hidden["settings"]["head_rows"] == "reached"
+    with pytest.raises(ValueError, match="head_rows must be one of"):
+        AcceptanceSettings(head_rows="some")
