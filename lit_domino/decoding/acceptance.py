@@ -15,8 +15,9 @@ d_j itself: a gate that cuts at j then decides from the tokens before j only, wh
   state only), or on both (``hidden+gru``: ``[H_j ; E[x_{j-1}] ; S_{j-1}]``), trained on the frozen drafter
   (:mod:`lit_domino.training.acceptance`).
 
-Calibration (:class:`Calibration`): per round position j (stages concatenated), a temperature τ_j, so that
-``c_j = sigmoid(z_j / τ_j)`` is the acceptance probability of position j *given* that 1..j-1 were accepted;
+Calibration (:class:`Calibration`): per round position j (stages concatenated), a temperature τ_j and an offset
+b_j (Platt; none for a temperatures-only calibration), so that ``c_j = sigmoid(z_j / τ_j + b_j)`` is the acceptance
+probability of position j *given* that 1..j-1 were accepted;
 fitted sequentially on held-out rounds (position j on the rounds that survived to j), so the product
 ``S_j = c_1 ··· c_j`` is the probability that the first j drafts survive. ``mean_confidence[j]`` (the mean
 calibrated c_j on the held-out rounds that reached j) is the cost gate's forecast of a stage not drafted yet.

@@ -50,14 +50,17 @@ def study_prompts(target, per_domain: int) -> list[list[int]]:
 
 
 def calibration_table(reports: dict[str, dict]) -> str:
-    """One row per drafter × position: AUC, ECE before → after of c_j and of the survival S_j."""
-    lines = ["| drafter | j | rounds reaching j | accept | AUC | ECE c_j before | after | τ_j | ECE S_j before | after |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    """One row per drafter × position: AUC, ECE before → after of c_j and of the survival S_j, and the ECE a
+    calibrated predictor would score by sampling alone on the same test rounds (the noise floor)."""
+    lines = ["| drafter | j | rounds reaching j | accept | AUC | ECE c_j before | after | τ_j | ECE S_j before | after | "
+             "noise floor (c_j; S_j) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f} %"
     for name, rep in reports.items():
         p = rep["pooled"]
         lines.append(f"| **{name}** | all | {p['rounds']} | – | {p['auc']:.3f} | {100 * p['ece_before']:.1f} % | "
                      f"{100 * p['ece_after']:.1f} % | – | {100 * p['survival_ece_before']:.1f} % | "  # j <= J
-                     f"{100 * p['survival_ece_after']:.1f} % |")
+                     f"{100 * p['survival_ece_after']:.1f} % | {pct(p.get('ece_floor'))}; "
+                     f"{pct(p.get('survival_ece_floor'))} |")
         for r in rep["positions"]:
             if r["rounds"] < MIN_REPORT_ROUNDS:
                 continue

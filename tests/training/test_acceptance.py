@@ -10,6 +10,7 @@ import torch
 
 from lit_domino.decoding.acceptance import NoAcceptancePredictor, attach, drafter_key, predictor_of
 from lit_domino.models import build_drafter, drafter_config
+from lit_domino.models.sessions import StageDraft
 from lit_domino.testing import hf_greedy, lively_target
 from lit_domino.training.acceptance import (AcceptanceSettings, acceptance_predictor, artifact_key, auc,
                                             build_predictor, calibrated, calibration_report, collect_rounds, ece,
@@ -62,6 +63,40 @@ def test_sequential_temperatures_recover_the_truth():
     assert platt.offsets[0] == pytest.approx(-0.5, abs=0.08)
 
 
+def synthetic_rounds(n: int, seed: int):
+    """Rounds of 3 positions whose true c_j = sigmoid(z_j / τ_j + b_j) (τ 2, 0.5, 1; b 0, -1.5, +1): a head
+    over-confident at j=1, under-confident and too optimistic at j=2, too pessimistic at j=3. Labels after a
+    rejection are drawn too (the rows no round reaches carry no weight)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, 3, generator=g, dtype=torch.float64) * 2 + 0.5
+    truth = torch.sigmoid(z / torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64) + torch.tensor([0.0, -1.5, 1.0],
+                                                                                            dtype=torch.float64))
+    return z, (torch.rand(n, 3, generator=g, dtype=torch.float64) < truth).double()
+
+
+def test_per_position_calibration_on_held_out_rounds_reaches_3_percent():
+    """Fitted on one draw, evaluated on another: per-position (τ_j, b_j) bring every c_j and every survival S_j
+    within 3 % ECE; temperatures alone cannot move position 2's and 3's means."""
+    z, y = synthetic_rounds(8000, 0)
+    zt, yt = synthetic_rounds(8000, 1)
+    platt = calibration_report(zt, yt, yt, fit_calibration(z, y, "hard", offsets=True))
+    temps = calibration_report(zt, yt, yt, fit_calibration(z, y, "hard", offsets=False))
+    for r in platt["positions"]:
+        assert r["ece_before"] > 0.05 and r["ece_after"] <= 0.03 and r["survival_ece_after"] <= 0.03, r
+        assert r["ece_floor"] < 0.02
+    assert platt["pooled"]["survival_ece_after"] <= 0.03 < platt["pooled"]["survival_ece_before"]
+    assert max(r["ece_after"] for r in temps["positions"][1:]) > 0.03
+
+
+def test_ece_floor_is_the_sampling_noise_of_a_calibrated_predictor():
+    p = torch.full((400,), 0.3, dtype=torch.float64)
+    from lit_domino.training.acceptance import ece_floor
+    floor = ece_floor(p)
+    assert 0.01 < floor < 0.04  # E|mean - 0.3| over 400 Bernoulli(0.3) draws: 0.8 * sqrt(0.21 / 400) ≈ 1.8 %
+    assert ece_floor(p, torch.zeros(400)) != ece_floor(p, torch.zeros(400))  # no rows: nan
+    assert ece_floor(torch.full((4000,), 0.3, dtype=torch.float64)) < floor
+
+
 def test_rounds_labels_and_the_head(target):
     d = drafter(target)
     prompts = [[5, 6, 7, 8], [9, 3, 4, 10, 11]]
@@ -111,6 +146,67 @@ def test_predictor_artifact_is_cached_and_keyed_by_the_drafter(target, tmp_path)
     assert predictor_of(attach(dom, back)) is back
 
 
+class Oracle:
+    """A real parallel drafter whose drafts are replaced by ``reference``'s tokens (prompt + the target's greedy
+    continuation: what the target itself picks), with one-hot logits; round position ``wrong`` (0-based over the
+    round's stages) gets another token instead. Its session keeps the inner one's stages (the head's inputs)."""
+
+    def __init__(self, drafter, reference: list[int], wrong: int | None = None):
+        self.inner, self.reference, self.wrong = drafter, reference, wrong
+
+    def __getattr__(self, name):  # config, embeddings, kind: the inner drafter's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def new_session(self, **options):
+        return _OracleSession(self, self.inner.new_session(**options))
+
+
+class _OracleSession:
+    def __init__(self, oracle: Oracle, inner):
+        self.oracle, self.inner, self.pos, self.drafted = oracle, inner, 0, 0
+
+    def extend(self, tokens, features):
+        self.inner.extend(tokens, features)
+        self.pos, self.drafted = self.inner.length, 0
+
+    @property
+    def stages(self):
+        return self.inner.stages
+
+    def draft(self, anchor, num_tokens, temperature, generator):
+        self.inner.draft(anchor, num_tokens, temperature, generator)
+        start = self.pos + 1 + self.drafted  # the anchor sits at self.pos
+        toks = torch.tensor(self.oracle.reference[start: start + num_tokens])
+        w = self.oracle.wrong
+        if w is not None and self.drafted <= w < self.drafted + num_tokens:
+            toks[w - self.drafted] = (toks[w - self.drafted] + 1) % 128
+        self.inner.stages[-1].tokens = toks  # the next stage anchors at this stage's last draft
+        self.drafted += num_tokens
+        logits = torch.full((num_tokens, 128), -30.0)
+        logits[torch.arange(num_tokens), toks] = 30.0
+        return StageDraft(toks, None, None, logits)
+
+
+@pytest.mark.parametrize("kind", ["backbone", "domino", "dspark", "dflash2"])
+def test_labels_of_a_drafter_that_drafts_the_targets_tokens(target, kind):
+    """Every position a drafter drafting the target's own picks reaches is accepted, across the stage boundary;
+    a wrong token at round position 3 is rejected there (the smoke drafters accepted none at j = 3: not the
+    labels)."""
+    d = drafter(target, kind)
+    prompt = [5, 6, 7, 8]
+    s = AcceptanceSettings(stages=3, anchors_per_sequence=5)
+    K = d.config.block_size - 1
+    ref = prompt + hf_greedy(target, prompt, 20 + s.stages * K)
+    seqs = [(ref[: len(prompt) + 20], len(prompt))]
+    data = collect_rounds(target, Oracle(d, ref), seqs, s)
+    assert data["hard"].shape == (5, s.stages * K) and bool((data["hard"] == 1).all())
+    assert bool((data["soft"] > 0).all())  # c* = p_j(d_j) for a one-hot q
+    wrong = collect_rounds(target, Oracle(d, ref, wrong=2), seqs, s)["hard"]
+    assert bool((wrong[:, :2] == 1).all()) and bool((wrong[:, 2] == 0).all())
+
+
 def test_gru_head_trains_on_domino_and_is_refused_elsewhere(target):
     d = drafter(target, "domino")
     with torch.no_grad():
@@ -140,3 +236,9 @@ def test_the_artifact_key_names_the_inputs(target):
     assert hidden != gru and gru["settings"]["inputs"] == "gru"
     assert "inputs" not in hidden["settings"]  # the hidden head's artifacts built before the GRU variant stay valid
     assert artifact_key(target, drafter(target, "domino", seed=1), prompts, AcceptanceSettings()) != hidden
+    # a changed calibration or head recipe is a new artifact (the defaults of 2026-12-04 night included)
+    for changed in (dict(offsets=False), dict(head_rows="all")):
+        assert artifact_key(target, d, prompts, AcceptanceSettings(**changed)) != hidden
+    assert hidden["settings"]["offsets"] is True and hidden["settings"]["head_rows"] == "reached"
+    with pytest.raises(ValueError, match="head_rows must be one of"):
+        AcceptanceSettings(head_rows="some")
