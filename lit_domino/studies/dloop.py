@@ -702,7 +702,11 @@ def attach_needed(target, drafters: dict, dloops: dict, plan: dict) -> list[dict
         return []
     from lit_domino.studies.acceptance import attach_predictors
 
-    attached = attach_predictors(target, need, plan["preset"])
+    # a plain drafter under its kind's name: the acceptance study's artifact (acceptance/<kind>-<preset>-<key>), so a
+    # predictor it built is reused; the fine-tunes under their own names
+    alias = {name: name.split("/")[0] if name.endswith("/plain") else name for name in need}
+    built = attach_predictors(target, {alias[n]: d for n, d in need.items()}, plan["preset"])
+    attached = {name for name, a in alias.items() if a in built}
     out = []
     for name in need:
         if name in attached:

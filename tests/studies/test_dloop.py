@@ -73,12 +73,12 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
     names["domino"]["control n1"] = "domino/control-n1"
     trained = {n: type("Trained", (), {"drafter_dir": n})() for v in names.values() for n in v.values()}
-    calls, attached = [], []
+    calls, attached, aliases = [], [], []
     monkeypatch.setattr(ds, "load_drafter", lambda path, target: FakeDrafter(path, 4 if "eagle3" in path else 8))
     monkeypatch.setattr(ds, "load_benchmark", lambda name, n: [name] * n)
     monkeypatch.setattr(ds, "_has_predictor", lambda d: d.path in attached)
     monkeypatch.setattr(acc, "attach_predictors", lambda target, drafters, preset: (
-        attached.extend(drafters), {n: f"pred-{n}" for n in drafters})[1])
+        attached.extend(d.path for d in drafters.values()), aliases.extend(drafters), {n: "p" for n in drafters})[2])
     monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [
         {"kind": "drafter", "drafter": n, "dloop": "off", "benchmark": "embedded-math"} for n in drafters])
     rows = ds.evaluate(None, trained, names, plan, progress=False)
@@ -91,6 +91,7 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     assert labels(grid["domino/plain"]) == ["off", "-0.5:3", "conf@0.5:3", "cost:3", "trunc@0.3"]
     assert labels(grid["eagle3/plain"]) == ["off", "-0.5:3"]  # the predictor gates skipped (planned, with reasons)
     assert sorted(attached) == ["domino/loop-detach", "domino/plain"]  # not EAGLE-3, nor the control (sum gate only)
+    assert sorted(aliases) == ["domino", "domino/loop-detach"]  # the plain one: the acceptance study's artifact name
     assert labels(calls[1][1]["dloops"]["domino/control-n1"]) == ["off", "-0.5:3"]
     # the sweep: B = 4 for Domino (trained 8) with the sweep's gates; EAGLE-3 trained at 4 is decoded there once;
     # B = 16 is above both trained block sizes: skipped rows with the reason
