@@ -55,7 +55,7 @@ from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfi
                                       dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
 from lit_domino.decoding.harness import benchmark, check_repeats
 from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
-                                         module_class, set_dotted)
+                                         method_feature_rule, module_class, set_dotted)
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
@@ -290,6 +290,12 @@ def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stage
     if max_stages is not None:
         init["max_stages"], init["min_stages"] = int(max_stages), 1
     cfg["model"] = {"class_path": LOOP_CLASS, "init_args": init}
+    if method_feature_rule(module_class(base_cfg)) != "dflash" and cfg["data"].get("feature_layers") is None:
+        # the DataModule picks layers by the trained module's rule, and LoopModule's is the default (dflash): name
+        # the base's own layers (DSpark's, EAGLE-3's) so its features are the ones it was trained on
+        from lit_domino.models import read_config
+
+        cfg["data"]["feature_layers"] = [int(j) for j in read_config(drafter_dir).feature_layers]
     for key, value in (plan.get("loop_trainer") or {}).items():
         set_dotted(cfg, f"trainer.{key}", value)
     suffix = "n1" if max_stages == 1 else ("detach" if detach else "grad")

@@ -166,7 +166,7 @@ def test_predictor_gates_plan_for_parallel_drafters():
     assert ds.study_plan("smoke", drafters=["backbone"], table_dloop={"gate": "cost", "max_stages": 3})
 
 
-def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
+def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path, monkeypatch):
     from lit_domino.training.experiment import drafter_artifact
 
     plan = ds.study_plan("smoke")
@@ -188,6 +188,12 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
                                                                                      plan, detach=True))
     eagle = ds.base_config("eagle3", plan)
     assert eagle["data"]["block_size"] == 4  # 3 chain steps per stage
+    # LoopModule's DataModule would pick the default rule's layers: a DSpark (or EAGLE-3) fine-tune names its base's
+    import lit_domino.models as models
+
+    monkeypatch.setattr(models, "read_config", lambda d: type("Config", (), {"feature_layers": [1, 3, 5]})())
+    spark = ds.loop_config(ds.base_config("dspark", plan), tmp_path / "spark", plan, detach=True)
+    assert spark["data"]["feature_layers"] == [1, 3, 5] and a["data"].get("feature_layers") is None
     # the fine-tune module accepts exactly these arguments
     import inspect
 
