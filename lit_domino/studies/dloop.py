@@ -40,6 +40,7 @@ Tables:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import statistics
 import time
@@ -173,6 +174,7 @@ def check_block_size(b) -> int:
     return b
 
 
+@functools.lru_cache(maxsize=None)  # composing a variant reads its YAML chain: the plan asks per gate
 def parallel_variant(variant: str) -> bool:
     """Whether ``variant`` trains a parallel drafter (its sessions keep block hidden states: a predictor applies)."""
     from lit_domino.models.backbone import ParallelSession
@@ -748,8 +750,11 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
             loaded.update(drafters)
             dloops = {name: settings_of(kind_of[name]) for name in group}
+            t = time.time()
             rows += attach_needed(target, drafters, dloops, plan)  # conf, cost, +trunc: each its predictor
+            t = _timed(f"acceptance predictors of {len(group)} drafters", t)
             rows += benchmark(target, drafters, prompts, dloops=dloops, **common)
+            _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings", t)
         for bs in plan["block_sizes"]:
             drafters, dloops = {}, {}
             for kind in plan["drafters"]:
@@ -768,9 +773,17 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
                     usable = [c for c in usable if c is None or not c.needs_predictor]
                 drafters[name], dloops[name] = drafter, usable
             if drafters:
+                t = time.time()
                 rows += [dict(r, sweep=bs) for r in benchmark(target, drafters, prompts, dloops=dloops,
                                                               block_size=bs, **common)]
+                _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings at B = {bs}", t)
     return rows
+
+
+def _timed(what: str, t: float) -> float:
+    now = time.time()
+    print(f"[dloop] {what} in {now - t:.0f} s", flush=True)
+    return now
 
 
 def _has_predictor(drafter) -> bool:
