@@ -132,6 +132,9 @@ def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_d
     td = plan["table_dloop"]
     check_table_gate(td["threshold"], td["max_stages"], td.get("gate", "sum"), td.get("truncate"))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
+    unknown = sorted(set(plan.get("loop_trainer_by_drafter") or {}) - set(available_variants()))
+    if unknown:
+        raise ValueError(f"presets.{preset}.loop_trainer_by_drafter names {unknown}, which are no drafter variants")
     if "pool_size" in plan:
         raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "
                          "(studies/ablation.yaml); set it there")
@@ -298,7 +301,8 @@ def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stage
         from lit_domino.models import read_config
 
         cfg["data"]["feature_layers"] = [int(j) for j in read_config(drafter_dir).feature_layers]
-    for key, value in (plan.get("loop_trainer") or {}).items():
+    trainer = {**(plan.get("loop_trainer") or {}), **((plan.get("loop_trainer_by_drafter") or {}).get(kind) or {})}
+    for key, value in trainer.items():  # the preset's fine-tune length, then the drafter's own (DSpark's is dearer)
         set_dotted(cfg, f"trainer.{key}", value)
     suffix = "n1" if max_stages == 1 else ("detach" if detach else "grad")
     cfg["tracking"]["variant"] = f"{kind}_loop_{suffix}"
