@@ -639,9 +639,11 @@ def gain_plot(gain: dict, path: Path) -> Path | None:
     for ax, label in zip(axes[0], gates):
         pts = [p for p in gain["points"] if p["gate"] == label and finite(p["gain_pct"])
                and finite(p["whole_stage_rate"])]
-        for p in pts:
-            ax.scatter(p["whole_stage_rate"], p["gain_pct"], c=colours[p["drafter"]], marker=markers[p["block_size"]],
-                       s=36, edgecolors="k", linewidths=0.4)
+        for p in pts:  # hollow: the gate never drafted a second stage, so the gain is timing noise
+            opened = finite(p["stages_per_round"]) and p["stages_per_round"] > 1.0 + 1e-9
+            ax.scatter(p["whole_stage_rate"], p["gain_pct"], marker=markers[p["block_size"]], s=36,
+                       c=colours[p["drafter"]] if opened else "none", edgecolors=colours[p["drafter"]] if not opened
+                       else "k", linewidths=0.4 if opened else 1.2)
         fit = gain["fits"][label]
         if fit["b"] is not None and pts:
             xs = [min(p["whole_stage_rate"] for p in pts), max(p["whole_stage_rate"] for p in pts)]
@@ -653,6 +655,8 @@ def gain_plot(gain: dict, path: Path) -> Path | None:
         ax.set_title(f"gate {label}")
         ax.set_xlabel("whole-stage acceptance rate (DLoop off)")
     axes[0][0].set_ylabel("DLoop gain: speedup with / without − 1 (%)")
+    axes[0][0].text(0.01, 0.01, "hollow: the gate never opened (timing noise)", transform=axes[0][0].transAxes,
+                    fontsize=6, color="grey")
     handles = [plt.Line2D([], [], ls="", marker="o", color=colours[d], label=d) for d in drafters]
     handles += [plt.Line2D([], [], ls="", marker=markers[b], color="grey", label=f"B = {b}") for b in sizes]
     fig.legend(handles=handles, fontsize=7, loc="upper center", ncol=len(handles), frameon=False)

@@ -200,8 +200,9 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path, monkeypa
     assert spark["trainer"]["limit_train_batches"] == 0.25 and spark["trainer"]["max_epochs"] == 1
     assert "limit_train_batches" not in ds.loop_config(base, tmp_path / "base-a", plan, detach=True)["trainer"]
     study = tmp_path / "study.yaml"
-    study.write_text(ds.STUDY_FILE.read_text().replace("    seed: 0\n", "    seed: 0\n    loop_trainer_by_drafter: "
-                                                                      "{dspak: {limit_train_batches: 2}}\n", 1))
+    assert "      dspark: {limit_train_batches: 4}" in ds.STUDY_FILE.read_text()  # the smoke preset's
+    study.write_text(ds.STUDY_FILE.read_text().replace("      dspark: {limit_train_batches: 4}",
+                                                       "      dspak: {limit_train_batches: 4}", 1))
     with pytest.raises(ValueError, match=r"loop_trainer_by_drafter names \['dspak'\]"):
         ds.study_plan("smoke", study_file=study)
     # the fine-tune module accepts exactly these arguments
