@@ -2,11 +2,14 @@
 
     python experiments/dloop.py --preset smoke                      # CI-sized, minutes on 2 CPU cores
     python experiments/dloop.py --preset smoke --thresholds -0.5,-1,-2 --stages 1,2,3
-    python experiments/dloop.py --preset default --drafters backbone,domino
+    python experiments/dloop.py --preset default                    # ~30 min with the ablation's drafters cached
+    python experiments/dloop.py --preset default --drafters backbone,domino --block-sizes 4
 
 Trains (or reuses from ./artifacts, $LIT_DOMINO_CACHE) each base drafter and its loop-aware
-fine-tunes, decodes the embedded eval prompts per domain with every DLoop setting, and writes
-Markdown + JSON to results/dloop/ and runs to MLflow (experiment dloop-<preset>).
+fine-tunes, decodes the embedded eval prompts per domain with every DLoop gate each drafter can use
+(the papers' sum log q, conf, cost, truncation; EAGLE-3 skips the predictor gates), sweeps the
+decode block size for the gain-vs-acceptance figure, and writes Markdown + JSON + PNG to
+results/dloop/ and runs to MLflow (experiment dloop-<preset>). Every row must be lossless.
 """
 
 import sys

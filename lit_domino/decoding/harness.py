@@ -75,7 +75,7 @@ def benchmark(
     *,
     max_new_tokens: int = 256,
     temperatures: Sequence[float] = (0.0,),
-    dloops: Sequence[DLoopConfig | None] = (None,),
+    dloops: Sequence[DLoopConfig | None] | Mapping[str, Sequence[DLoopConfig | None]] = (None,),
     pool_sizes: Sequence[int | None] | Mapping[str, Sequence[int | None]] = (None,),
     block_size: int | None = None,
     static_cache: bool = False,
@@ -102,7 +102,8 @@ def benchmark(
     ``benchmark``, ``key`` (a drafter row's :meth:`MethodKey.as_dict`, its decode settings included; None for
     the others), ``method`` (the key's label), ``kind`` (``ar``/``hf``/``drafter``), ``drafter`` (the label of
     the drafter's own key),
-    ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``pool_sizes``: the candidate pools P
+    ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``dloops``: the DLoop settings every drafter decodes with, or a mapping name -> its own (a name it lacks:
+    DLoop off only). ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
     (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full
     vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR baseline and
@@ -139,12 +140,19 @@ def benchmark(
         pools_of = {name: list(pool_sizes) or [None] for name in drafters}
     for P in {P for pools in pools_of.values() for P in pools}:
         check_pool_size(P, target.vocab_size)
+    if isinstance(dloops, Mapping):  # per drafter (the gates a drafter can use; a name it lacks: DLoop off)
+        unknown = sorted(MethodKey.of(k).label() for k in set(dloops) - set(drafters))
+        if unknown:
+            raise ValueError(f"dloops names drafters {unknown} that are not in drafters")
+        dloops_of = {name: list(dloops.get(name) or [None]) for name in drafters}
+    else:
+        dloops_of = {name: list(dloops) or [None] for name in drafters}
     budget = 0
     for name, d in drafters.items():
         if d is None:
             raise ValueError(f"drafter {name!r} is None (the AR baseline always runs; do not pass it)")
         bs = block_size or int(d.config.block_size)
-        budget = max(budget, max((dl.max_stages if dl else 1) for dl in dloops) * (bs - 1))
+        budget = max(budget, max((dl.max_stages if dl else 1) for dl in dloops_of[name]) * (bs - 1))
     trees = list(trees) or [None]
     budget += max([0] + [t.budget for t in trees if t is not None])  # room for DLoop's stages and a tree
 
@@ -169,7 +177,7 @@ def benchmark(
             takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
             builds = getattr(drafter, "tree_builders", ())
             for pool_size in (pools_of[name] if takes_pool else [None]):
-                for dloop in dloops:
+                for dloop in dloops_of[name]:
                     for tree in (t for t in trees if t is None or t.builder in builds):
                         key = replace(MethodKey.of(name), pool=pool_size, gate=None if dloop is None else dloop.label(),
                                       tree=None if tree is None else tree.label())

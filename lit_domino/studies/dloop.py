@@ -3,7 +3,7 @@
 Stages (each printed as it runs, each cached):
 
 1. the target (``load_target``);
-2. per drafter (backbone, Domino, EAGLE-3): the base drafter (``experiment.train_variant``,
+2. per drafter (backbone, Domino, DSpark, DFlash 2, EAGLE-3): the base drafter (``experiment.train_variant``,
    the same cache as the ablation's), then its loop-aware fine-tunes
    (:class:`lit_domino.lit.loop.LoopModule`, ``train_variant`` again, so each is cached under
    a key of its own config, which names the base drafter): one per ``detach_stage_context``
@@ -12,9 +12,13 @@ Stages (each printed as it runs, each cached):
 3. real speculative decoding with :func:`lit_domino.decoding.harness.benchmark` on the
    embedded eval prompts per domain: every drafter with DLoop off and with every
    ``DLoopConfig(g, N)`` of the grid (N = 1 is DLoop off: plain speculative decoding, round for
-   round), all methods interleaved per prompt against our AR baseline, Domino with the preset's candidate
-   pool (``pool_size``, the ablation's); the rows are cached under a key of the drafters and the evaluation
-   settings;
+   round) and every gate of ``gates`` it can use (the predictor gates ``conf``, ``cost`` and truncation read
+   the parallel drafters' calibrated acceptance predictors, :func:`lit_domino.studies.acceptance.attach_predictors`;
+   EAGLE-3 skips them, the reason printed), all methods interleaved per prompt against our AR baseline, Domino
+   with the preset's candidate pool (``pool_size``, the ablation's); then the block-size sweep (``block_sizes``:
+   each plain drafter decoded at smaller B, DLoop off and ``sweep_gates``); every row must reproduce the AR
+   baseline at T = 0 (:class:`NotLosslessError` otherwise); the rows are cached under a key of the drafters and
+   the evaluation settings;
 4. tables (Markdown + JSON in ``results/dloop/``), MLflow (experiment ``dloop-<preset>``: the
    training runs and a ``tables`` run with every cell as a metric and the tables as artifacts).
 
@@ -22,8 +26,13 @@ Tables:
 
 * **grid**: per drafter (plain / loop-trained) × g × N and domain: τ per verification, target
   verification forwards per output token (prefill excluded; 1.0 for AR decoding) and speedup;
-* **DLoop table** (the papers' shape): each drafter × {plain, loop only, loop-aware training only,
-  both} with τ and speedup per domain and on average, "loop" = the ``table_dloop`` gate;
+* **DLoop table** (the papers' shape), per gate (``table_dloop`` first, then ``gates``): each drafter × {plain,
+  loop only, loop-aware training only, both} with τ and speedup per domain and on average;
+* **gates**: each drafter (plain / loop-trained) × gate: τ, stages per verification, draft and verify ms per round,
+  speedup and its change against DLoop off;
+* **gain** (and ``gain-vs-acceptance-<preset>.png``): DLoop's gain (speedup with the gate / without − 1) against
+  the drafter's whole-stage acceptance rate (the DLoop-off row's stages accepted whole), one point per plain
+  drafter × domain × block size, per figure gate, with a fitted line and where it crosses 0;
 * **detach**: ``detach_stage_context`` on/off (validation loss per stage, τ and speedup with the
   table gate) and the ``max_stages = 1`` control.
 """
@@ -31,6 +40,7 @@ Tables:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import statistics
 import time
@@ -46,13 +56,13 @@ from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfi
                                       dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
 from lit_domino.decoding.harness import benchmark, check_repeats
 from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
-                                         module_class, set_dotted)
+                                         method_feature_rule, module_class, set_dotted)
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.runtime.paths import project_root
-from lit_domino.studies.common import cached_rows, log_metrics
+from lit_domino.studies.common import cached_rows, log_metrics, mlflow_name
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.decoding.metric_names import row_metrics
@@ -92,50 +102,55 @@ def loop_trainable(variant: str) -> bool:
     return module_class(compose(variant)).drafter_class.supports_loop_training
 
 
+PRESET_OVERRIDES = ("thresholds", "stages", "table_dloop", "gates", "block_sizes", "sweep_gates")
+"""Study-file keys a preset section may set for itself (the top-level value otherwise; a CLI value beats both)."""
+
+
 def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_dloop=None,
-               study_file: Path = STUDY_FILE, gates=None) -> dict:
-    """The merged study settings of ``preset`` (CLI values override the YAML's)."""
+               study_file: Path = STUDY_FILE, gates=None, block_sizes=None) -> dict:
+    """The merged study settings of ``preset`` (CLI values override the preset's, which override the file's)."""
     study = yaml.safe_load(Path(study_file).read_text())
     check_preset(preset)  # the presets are the config files' (one place)
     if preset not in study["presets"]:
         raise ValueError(f"the DLoop study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
                          f"presets.{preset} section (it plans {', '.join(study['presets'])})")
     plan = copy.deepcopy(study["presets"][preset])
+
+    def setting(key, cli):
+        return cli if cli is not None else plan.get(key, study.get(key))
+
     plan["preset"] = preset
     plan["drafters"] = list(drafters or study["drafters"])
     bad = [d for d in plan["drafters"] if not loop_trainable(d)]
     if bad:
         raise ValueError(f"drafters {bad} cannot be loop-trained; DLoop's loop-aware training covers the variants "
                          f"whose method supports it: {[v for v in available_variants() if loop_trainable(v)]}")
-    plan["thresholds"] = [float(g) for g in (thresholds if thresholds is not None else study["thresholds"])]
-    plan["stages"] = [int(n) for n in (stages if stages is not None else study["stages"])]
+    plan["thresholds"] = [float(g) for g in setting("thresholds", thresholds)]
+    plan["stages"] = [int(n) for n in setting("stages", stages)]
     check_grid(plan["thresholds"], plan["stages"])
-    td = dict(table_dloop or study["table_dloop"])
-    unknown = set(td) - set(GATE_KEYS)
-    if unknown:
-        raise ValueError(f"the DLoop table's gate takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {td}")
-    thr = None if td.get("threshold") is None else float(td["threshold"])
-    trunc = None if td.get("truncate") is None else float(td["truncate"])
-    check_table_gate(thr, int(td["max_stages"]), str(td.get("gate", "sum")), trunc)
-    plan["table_dloop"] = table_gate(DLoopConfig(threshold=thr, max_stages=int(td["max_stages"]),
-                                                 gate=str(td.get("gate", "sum")), truncate=trunc))
+    plan["table_dloop"] = gate_setting(setting("table_dloop", table_dloop), "the DLoop table's gate")
+    td = plan["table_dloop"]
+    check_table_gate(td["threshold"], td["max_stages"], td.get("gate", "sum"), td.get("truncate"))
     plan["detach_stage_context"] = [bool(x) for x in plan.get("detach_stage_context", [True])]
+    unknown = sorted(set(plan.get("loop_trainer_by_drafter") or {}) - set(available_variants()))
+    if unknown:
+        raise ValueError(f"presets.{preset}.loop_trainer_by_drafter names {unknown}, which are no drafter variants")
     if "pool_size" in plan:
         raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "
                          "(studies/ablation.yaml); set it there")
     plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # V is checked against the target later
     plan["repeats"] = check_repeats(plan.get("repeats", 1))
-    plan["gates"] = [dict(g) for g in (gates if gates is not None else study.get("gates") or [])]
-    for g in plan["gates"]:
-        unknown = set(g) - set(GATE_KEYS)
-        if unknown:
-            raise ValueError(f"a DLoop gate setting takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {g}")
-        DLoopConfig(**g)  # a gate that can never open (g > 0) or an unknown gate: refused before any training
-    needs = [dloop_label(c) for c in dloop_settings(plan) if c is not None and c.needs_predictor]
-    serial = [d for d in plan["drafters"] if not parallel_variant(d)]
-    if needs and serial:
-        raise ValueError(f"the DLoop gates {needs} read an acceptance predictor, which parallel drafters have; "
-                         f"{serial} draft token by token: leave them out (--drafters) or use the log gates")
+    # a gate that can never open (g > 0) or an unknown gate: refused before any training
+    plan["gates"] = [gate_setting(g, "a DLoop gate setting") for g in (setting("gates", gates) or [])]
+    plan["sweep_gates"] = [gate_setting(g, "a block-size sweep gate") for g in
+                           (plan.get("sweep_gates") or [plan["table_dloop"]])]
+    plan["block_sizes"] = [check_block_size(b) for b in (setting("block_sizes", block_sizes) or [])]
+    plan["skipped"] = [{"drafter": kind, "gate": dloop_label(cfg), "why": why} for kind in plan["drafters"]
+                       for cfg in dloop_settings(plan) if (why := unusable(cfg, kind))]
+    for cfg in (DLoopConfig(**plan["table_dloop"]),):  # the table's loop rows need one drafter that can use it
+        if all(unusable(cfg, kind) for kind in plan["drafters"]):
+            raise ValueError(f"no drafter of {plan['drafters']} can use the DLoop table's gate {dloop_label(cfg)}: "
+                             f"{unusable(cfg, plan['drafters'][0])}; add a parallel drafter or use a log gate")
     return plan
 
 
@@ -143,6 +158,26 @@ GATE_KEYS = ("gate", "threshold", "max_stages", "truncate")
 """What a DLoop gate setting of the study file (or the table's gate) may name (``DLoopConfig``'s fields)."""
 
 
+def gate_setting(spec: dict, what: str) -> dict:
+    """A gate setting of the study file -> the plan's dict (:func:`table_gate`), checked by ``DLoopConfig``."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{what} is a mapping of {', '.join(GATE_KEYS)}; got {spec!r}")
+    unknown = set(spec) - set(GATE_KEYS)
+    if unknown:
+        raise ValueError(f"{what} takes {', '.join(GATE_KEYS)}; got {sorted(unknown)} in {spec}")
+    thr = None if spec.get("threshold") is None else float(spec["threshold"])
+    trunc = None if spec.get("truncate") is None else float(spec["truncate"])
+    return table_gate(DLoopConfig(threshold=thr, max_stages=int(spec.get("max_stages", 3)),
+                                  gate=str(spec.get("gate", "sum")), truncate=trunc))
+
+
+def check_block_size(b) -> int:
+    if isinstance(b, bool) or not isinstance(b, int) or b < 2:
+        raise ValueError(f"block_sizes: each decode block size B must be an integer >= 2 (B - 1 drafts), got {b!r}")
+    return b
+
+
+@functools.lru_cache(maxsize=None)  # composing a variant reads its YAML chain: the plan asks per gate
 def parallel_variant(variant: str) -> bool:
     """Whether ``variant`` trains a parallel drafter (its sessions keep block hidden states: a predictor applies)."""
     from lit_domino.models.backbone import ParallelSession
@@ -151,48 +186,84 @@ def parallel_variant(variant: str) -> bool:
     return isinstance(cls, type) and issubclass(cls, ParallelSession)
 
 
+def unusable(cfg: DLoopConfig | None, kind: str) -> str | None:
+    """Why drafter ``kind`` cannot decode with ``cfg`` (skipped, the reason printed), or None when it can."""
+    if cfg is not None and cfg.needs_predictor and not parallel_variant(kind):
+        return (f"the gate {dloop_label(cfg)} reads an acceptance predictor (calibrated stage survival), which "
+                f"parallel drafters have; {kind} drafts token by token")
+    return None
+
+
 def dloop_settings(plan: dict) -> list:
-    """The DLoop configurations decoded: off, the grid's (g, N > 1) and the table's gate."""
+    """The DLoop configurations decoded: off, the grid's (g, N > 1), the table's gate, the other gates and the
+    block-size sweep's gates."""
     out = [None]
     for n in plan["stages"]:
         for g in plan["thresholds"]:
             if n > 1:
                 out.append(DLoopConfig(threshold=g, max_stages=n))
-    table = DLoopConfig(**plan["table_dloop"])
-    if table not in out:
-        out.append(table)
-    for alt in plan.get("gates") or []:  # the alternative gates (the grid's are the papers' sum gate)
-        cfg = DLoopConfig(**alt)
+    for spec in [plan["table_dloop"]] + list(plan.get("gates") or []) + list(plan.get("sweep_gates") or []):
+        cfg = DLoopConfig(**spec)
         if cfg not in out:
             out.append(cfg)
     return out
 
 
+def drafter_settings(plan: dict, kind: str) -> list:
+    """The DLoop configurations drafter ``kind`` decodes (those it can use)."""
+    return [cfg for cfg in dloop_settings(plan) if unusable(cfg, kind) is None]
+
+
+def gate_settings(plan: dict) -> list[DLoopConfig]:
+    """The gates of the gate table and of the DLoop table: the table's gate first, then ``plan["gates"]``."""
+    return list(dict.fromkeys([DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan["gates"]]))
+
+
+def skip_reason(rows: list[dict], plan: dict, kind: str, name: str, label: str) -> str | None:
+    """Why drafter ``kind`` (decoded as ``name``) has no rows with gate ``label``: the plan's reason, or the one
+    recorded while decoding (a drafter the predictor could not be attached to)."""
+    for s in plan.get("skipped") or []:
+        if s["drafter"] == kind and s["gate"] == label:
+            return s["why"]
+    for r in rows:
+        if r.get("kind") == "skipped" and r.get("drafter") == name and r.get("dloop") == label:
+            return r["why"]
+    return None
+
+
 def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     """Each drafter (plain / loop-trained) × gate setting (the table's gate first, then ``plan["gates"]``):
-    τ, stages per verification and speedup, averaged over the domains."""
+    τ, stages per verification, draft and verify time per round (what the gate costs) and speedup, averaged over
+    the domains; a gate the drafter cannot use is listed with the reason."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
-    settings = [DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan.get("gates") or []]
-    settings = list(dict.fromkeys(settings))  # a table gate that is also an alternative gate: one row
-    lines = ["| drafter | training | gate | avg τ | avg stages/verif. | avg speedup | Δ vs off |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| drafter | training | gate | avg τ | avg stages/verif. | draft ms/round | verify ms/round | avg speedup | "
+             "Δ vs off |", "|---|---|---|---|---|---|---|---|---|"]
     out = []
     for kind in plan["drafters"]:
         for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
             name = names[kind][variant]
-            off = _mean((idx.get((name, "off", d)) or {}).get("speedup") for d in domains)
-            for cfg in settings:
+            off = [idx.get((name, "off", d)) or {} for d in domains]
+            off_speed = _mean(c.get("speedup") for c in off)
+            for cfg in [None] + gate_settings(plan):
                 label = dloop_label(cfg)
-                cells = [idx.get((name, label, d)) or {} for d in domains]
+                why = skip_reason(rows, plan, kind, name, label)
+                if why:
+                    out.append({"drafter": kind, "training": training, "gate": label, "skipped": why})
+                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} |||||")
+                    continue
+                cells = off if cfg is None else [idx.get((name, label, d)) or {} for d in domains]
                 rec = {"drafter": kind, "training": training, "gate": label,
                        "tau": _mean(c.get("tau") for c in cells), "speedup": _mean(c.get("speedup") for c in cells),
-                       "stages_per_round": _mean(c.get("stages_per_round") for c in cells)}
-                rec["delta_pct"] = 100 * (rec["speedup"] / off - 1) if finite(off) and off and finite(rec["speedup"]) \
-                    else None
+                       "stages_per_round": _mean(c.get("stages_per_round") for c in cells),
+                       "draft_ms_per_round": _mean(c.get("draft_ms_per_round") for c in cells),
+                       "verify_ms_per_round": _mean(c.get("verify_ms_per_round") for c in cells)}
+                rec["delta_pct"] = (100 * (rec["speedup"] / off_speed - 1) if finite(off_speed) and off_speed
+                                    and finite(rec["speedup"]) else None)
                 out.append(rec)
-                delta = "–" if rec["delta_pct"] is None else f"{rec['delta_pct']:+.1f} %"
+                delta = "–" if rec["delta_pct"] is None or cfg is None else f"{rec['delta_pct']:+.1f} %"
                 lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
+                             f"{_f(rec['draft_ms_per_round'])} | {_f(rec['verify_ms_per_round'])} | "
                              f"{_f(rec['speedup'], suffix='x')} | {delta} |")
     return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
 
@@ -224,7 +295,14 @@ def loop_config(base_cfg: dict, drafter_dir, plan: dict, detach: bool, max_stage
     if max_stages is not None:
         init["max_stages"], init["min_stages"] = int(max_stages), 1
     cfg["model"] = {"class_path": LOOP_CLASS, "init_args": init}
-    for key, value in (plan.get("loop_trainer") or {}).items():
+    if method_feature_rule(module_class(base_cfg)) != "dflash" and cfg["data"].get("feature_layers") is None:
+        # the DataModule picks layers by the trained module's rule, and LoopModule's is the default (dflash): name
+        # the base's own layers (DSpark's, EAGLE-3's) so its features are the ones it was trained on
+        from lit_domino.models import read_config
+
+        cfg["data"]["feature_layers"] = [int(j) for j in read_config(drafter_dir).feature_layers]
+    trainer = {**(plan.get("loop_trainer") or {}), **((plan.get("loop_trainer_by_drafter") or {}).get(kind) or {})}
+    for key, value in trainer.items():  # the preset's fine-tune length, then the drafter's own (DSpark's is dearer)
         set_dotted(cfg, f"trainer.{key}", value)
     suffix = "n1" if max_stages == 1 else ("detach" if detach else "grad")
     cfg["tracking"]["variant"] = f"{kind}_loop_{suffix}"
@@ -255,9 +333,10 @@ def fwd_per_token(row: dict) -> float:
 
 
 def cell_index(rows: list[dict]) -> dict:
-    """(drafter name, dloop label, domain) → the benchmark row (temperature 0 only)."""
+    """(drafter name, dloop label, domain) → the benchmark row (temperature 0, the drafters' trained block size:
+    the block-size sweep's rows are left to :func:`gain_points`)."""
     return {(r["drafter"], r["dloop"], r["benchmark"]): r for r in rows
-            if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0}
+            if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0 and not r.get("sweep")}
 
 
 def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
@@ -293,40 +372,55 @@ def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
 
 
 def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
-    """Each drafter × {plain, loop only, loop-aware training only, both}: τ and speedup per domain and on average."""
+    """Per gate (the table's gate first, then ``plan["gates"]``), each drafter × {plain, loop only, loop-aware
+    training only, both}: τ and speedup per domain and on average. ``rows``: the table gate's rows (as before the
+    other gates joined), ``gate_rows``: every gate's, each with its ``gate``; a gate the drafter cannot use is a
+    line with the reason."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
-    gate = dloop_label(DLoopConfig(**plan["table_dloop"]))
-    which = {"plain": ("plain", "off"), "loop only": ("plain", gate),
-             "loop-aware training only": ("loop", "off"), "both": ("loop", gate)}
-    out_rows = []
+    table_label = dloop_label(DLoopConfig(**plan["table_dloop"]))
     cols = domains + ["avg"]
     header = ["drafter", "setting"] + [f"{d} τ" for d in cols] + [f"{d} speedup" for d in cols] + ["Δ speedup vs plain"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for kind in plan["drafters"]:
-        plain_avg = None
-        for setting in SETTINGS:
-            variant, label = which[setting]
-            name = names[kind][variant]
-            row = {"drafter": kind, "setting": setting, "drafter_name": name, "dloop": label}
-            for d in domains:
-                r = idx.get((name, label, d)) or {}
-                row[f"{d}/tau"], row[f"{d}/speedup"] = r.get("tau"), r.get("speedup")
-            row["avg/tau"] = _mean(row[f"{d}/tau"] for d in domains)
-            row["avg/speedup"] = _mean(row[f"{d}/speedup"] for d in domains)
-            if setting == "plain":
-                plain_avg = row["avg/speedup"]
-            row["delta_speedup_pct"] = (100.0 * (row["avg/speedup"] / plain_avg - 1.0)
-                                        if finite(plain_avg) and plain_avg and finite(row["avg/speedup"]) else None)
-            out_rows.append(row)
-            cells = [kind, setting] + [_f(row[f"{d}/tau"]) for d in cols]
-            cells += [_f(row[f"{d}/speedup"], suffix="x") for d in cols]
-            cells.append("–" if setting == "plain" or row["delta_speedup_pct"] is None
-                         else f"{row['delta_speedup_pct']:+.1f} %")
-            lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(f"loop = DLoop gate {gate} (threshold:max_stages); published: {PUBLISHED}.")
-    return {"name": "dloop", "gate": gate, "columns": cols, "rows": out_rows, "markdown": "\n".join(lines)}
+    all_rows, lines = [], []
+    for cfg in gate_settings(plan):
+        gate = dloop_label(cfg)
+        which = {"plain": ("plain", "off"), "loop only": ("plain", gate),
+                 "loop-aware training only": ("loop", "off"), "both": ("loop", gate)}
+        lines += [f"### gate {gate}" + (" (the table's gate)" if gate == table_label else ""), "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for kind in plan["drafters"]:
+            plain_avg = None
+            for setting in SETTINGS:
+                variant, label = which[setting]
+                name = names[kind][variant]
+                row = {"drafter": kind, "setting": setting, "drafter_name": name, "dloop": label, "gate": gate}
+                why = skip_reason(rows, plan, kind, name, label) if label != "off" else None
+                if why:
+                    row["skipped"] = why
+                    all_rows.append(row)
+                    lines.append(f"| {kind} | {setting} | skipped: {why} |" + "|" * (len(header) - 3))
+                    continue
+                for d in domains:
+                    r = idx.get((name, label, d)) or {}
+                    row[f"{d}/tau"], row[f"{d}/speedup"] = r.get("tau"), r.get("speedup")
+                row["avg/tau"] = _mean(row[f"{d}/tau"] for d in domains)
+                row["avg/speedup"] = _mean(row[f"{d}/speedup"] for d in domains)
+                if setting == "plain":
+                    plain_avg = row["avg/speedup"]
+                row["delta_speedup_pct"] = (100.0 * (row["avg/speedup"] / plain_avg - 1.0)
+                                            if finite(plain_avg) and plain_avg and finite(row["avg/speedup"]) else None)
+                all_rows.append(row)
+                cells = [kind, setting] + [_f(row[f"{d}/tau"]) for d in cols]
+                cells += [_f(row[f"{d}/speedup"], suffix="x") for d in cols]
+                cells.append("–" if setting == "plain" or row["delta_speedup_pct"] is None
+                             else f"{row['delta_speedup_pct']:+.1f} %")
+                lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append(f"loop = the DLoop gate of each section ([GATE@]threshold:max_stages; trunc@p: DSpark's stage "
+                 f"truncation, one stage); published: {PUBLISHED}.")
+    return {"name": "dloop", "gate": table_label, "columns": cols,
+            "rows": [r for r in all_rows if r["gate"] == table_label], "gate_rows": all_rows,
+            "markdown": "\n".join(lines)}
 
 
 def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> dict:
@@ -442,6 +536,136 @@ def calibration_plot(calib: dict, path: Path, g_table: float) -> Path | None:
     return path
 
 
+def whole_stage_rate(row: dict) -> float:
+    """The fraction of a row's stages the target accepted whole (``stage_records``: [sum, last, K, accepted])."""
+    recs = row.get("stage_records") or []
+    return _mean(float(int(r[3]) == int(r[2])) for r in recs) if recs else float("nan")
+
+
+def figure_gates(plan: dict) -> list[DLoopConfig]:
+    """The gates of the gain-vs-acceptance figure: the table's gate and the block-size sweep's."""
+    return list(dict.fromkeys([DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan["sweep_gates"]]))
+
+
+def gain_points(rows: list[dict], names: dict, plan: dict) -> dict:
+    """DLoop's gain against the drafter's whole-stage acceptance rate: per plain drafter × domain × block size ×
+    figure gate, gain = speedup with the gate / speedup with DLoop off - 1 (the same decode run) and the rate of
+    the DLoop-off row (stage 1 of every round). Per gate a least-squares line gain = a + b·rate and the rate at
+    which it crosses 0 (where the loop starts to pay), when the points span one."""
+    by = {}
+    for r in rows:
+        if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0:
+            by[(r["drafter"], r["dloop"], r["benchmark"], int(r["block_size"]))] = r
+    points = []
+    for cfg in figure_gates(plan):
+        label = dloop_label(cfg)
+        for kind in plan["drafters"]:
+            name = names[kind]["plain"]
+            for (dname, dl, bench, bs), off in sorted(by.items(), key=lambda kv: (kv[0][3], kv[0][2])):
+                if dname != name or dl != "off" or (name, label, bench, bs) not in by:
+                    continue
+                on = by[(name, label, bench, bs)]
+                gain = (100 * (on["speedup"] / off["speedup"] - 1) if finite(on.get("speedup"))
+                        and finite(off.get("speedup")) and off["speedup"] else float("nan"))
+                points.append({"gate": label, "drafter": kind, "domain": bench, "block_size": bs,
+                               "whole_stage_rate": whole_stage_rate(off), "gain_pct": gain,
+                               "speedup_off": off.get("speedup"), "speedup_gate": on.get("speedup"),
+                               "tau_off": off.get("tau"), "tau_gate": on.get("tau"),
+                               "stages_per_round": on.get("stages_per_round")})
+    fits = {}
+    for cfg in figure_gates(plan):
+        label = dloop_label(cfg)
+        xy = [(p["whole_stage_rate"], p["gain_pct"]) for p in points if p["gate"] == label
+              and finite(p["whole_stage_rate"]) and finite(p["gain_pct"])]
+        fits[label] = line_fit(xy)
+    lines = ["| gate | drafter | domain | B | whole-stage rate (off) | stages/verif. | τ off → gate | "
+             "speedup off → gate | gain |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p['gate']} | {p['drafter']} | {p['domain']} | {p['block_size']} | "
+                     f"{_f(p['whole_stage_rate'], 3)} | {_f(p['stages_per_round'])} | {_f(p['tau_off'])} → "
+                     f"{_f(p['tau_gate'])} | {_f(p['speedup_off'], suffix='x')} → {_f(p['speedup_gate'], suffix='x')} | "
+                     f"{_f(p['gain_pct'], 1, ' %')} |")
+    lines.append("")
+    for label, fit in fits.items():
+        lines.append(f"- gate {label}: {describe_fit(fit)}")
+    return {"name": "gain", "points": points, "fits": fits, "markdown": "\n".join(lines)}
+
+
+def line_fit(xy: list[tuple[float, float]]) -> dict:
+    """Least squares y = a + b·x over ``xy`` -> {n, a, b, r, pays_from} (``pays_from``: the x where the line crosses
+    y = 0 going up, None when it does not rise or the points have one x)."""
+    n = len(xy)
+    out = {"n": n, "a": None, "b": None, "r": None, "pays_from": None}
+    if n < 2:
+        return out
+    mx, my = statistics.fmean(x for x, _ in xy), statistics.fmean(y for _, y in xy)
+    sxx = sum((x - mx) ** 2 for x, _ in xy)
+    syy = sum((y - my) ** 2 for _, y in xy)
+    if sxx <= 0:
+        return out
+    b = sum((x - mx) * (y - my) for x, y in xy) / sxx
+    a = my - b * mx
+    out.update(a=a, b=b, r=(b * math.sqrt(sxx / syy)) if syy > 0 else None)
+    if b > 0:
+        out["pays_from"] = -a / b
+    return out
+
+
+def describe_fit(fit: dict) -> str:
+    if fit["b"] is None:
+        return f"{fit['n']} points, too few (or one rate) for a line"
+    text = f"{fit['n']} points, gain ≈ {fit['a']:+.1f} {fit['b']:+.1f}·rate % (r = {_f(fit['r'])})"
+    if fit["pays_from"] is not None:
+        text += f"; the line crosses 0 at a whole-stage rate of {fit['pays_from']:.2f}"
+    return text
+
+
+def gain_plot(gain: dict, path: Path) -> Path | None:
+    """One panel per figure gate: DLoop's gain (%) against the whole-stage acceptance rate, a point per drafter ×
+    domain × block size (colour: drafter, marker: block size), with the fitted line (PNG)."""
+    gates = list(gain["fits"])
+    if not any(finite(p["gain_pct"]) and finite(p["whole_stage_rate"]) for p in gain["points"]):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drafters = list(dict.fromkeys(p["drafter"] for p in gain["points"]))
+    sizes = sorted({p["block_size"] for p in gain["points"]})
+    colours = {d: f"C{i}" for i, d in enumerate(drafters)}
+    markers = {b: "osD^v<>"[i % 7] for i, b in enumerate(sizes)}
+    fig, axes = plt.subplots(1, len(gates), figsize=(4.6 * len(gates), 3.8), sharey=True, squeeze=False)
+    for ax, label in zip(axes[0], gates):
+        pts = [p for p in gain["points"] if p["gate"] == label and finite(p["gain_pct"])
+               and finite(p["whole_stage_rate"])]
+        for p in pts:  # hollow: the gate never drafted a second stage, so the gain is timing noise
+            opened = finite(p["stages_per_round"]) and p["stages_per_round"] > 1.0 + 1e-9
+            ax.scatter(p["whole_stage_rate"], p["gain_pct"], marker=markers[p["block_size"]], s=36,
+                       c=colours[p["drafter"]] if opened else "none", edgecolors=colours[p["drafter"]] if not opened
+                       else "k", linewidths=0.4 if opened else 1.2)
+        fit = gain["fits"][label]
+        if fit["b"] is not None and pts:
+            xs = [min(p["whole_stage_rate"] for p in pts), max(p["whole_stage_rate"] for p in pts)]
+            ax.plot(xs, [fit["a"] + fit["b"] * x for x in xs], "k--", lw=1,
+                    label=f"fit, r = {_f(fit['r'])}" + ("" if fit["pays_from"] is None
+                                                        else f", 0 at {fit['pays_from']:.2f}"))
+            ax.legend(fontsize=7, loc="lower right")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_title(f"gate {label}")
+        ax.set_xlabel("whole-stage acceptance rate (DLoop off)")
+    axes[0][0].set_ylabel("DLoop gain: speedup with / without − 1 (%)")
+    axes[0][0].text(0.01, 0.01, "hollow: the gate never opened (timing noise)", transform=axes[0][0].transAxes,
+                    fontsize=6, color="grey")
+    handles = [plt.Line2D([], [], ls="", marker="o", color=colours[d], label=d) for d in drafters]
+    handles += [plt.Line2D([], [], ls="", marker=markers[b], color="grey", label=f"B = {b}") for b in sizes]
+    fig.legend(handles=handles, fontsize=7, loc="upper center", ncol=len(handles), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # --------------------------------------------------------------------------- the study
 
 
@@ -479,42 +703,121 @@ def train_all(plan: dict, t0: float, progress: bool = True) -> tuple[dict, dict,
     return names, trained, reports
 
 
+def skipped_row(name: str, label: str, why: str, block_size=None) -> dict:
+    """A row saying a drafter did not decode with a gate (or block size), and why (kept with the cached rows)."""
+    print(f"[dloop] {name}: {label} skipped: {why}", flush=True)
+    return {"kind": "skipped", "drafter": name, "dloop": label, "block_size": block_size, "why": why}
+
+
+def attach_needed(target, drafters: dict, dloops: dict, plan: dict) -> list[dict]:
+    """Attach the cached (or newly built) acceptance predictor to every drafter whose gates read one
+    (:func:`lit_domino.studies.acceptance.attach_predictors`: DSpark its own head, the others the add-on head);
+    a drafter that gets none decodes without those gates (a skipped row each). Edits ``dloops`` in place."""
+    need = {n: d for n, d in drafters.items() if any(c is not None and c.needs_predictor for c in dloops[n])}
+    if not need:
+        return []
+    from lit_domino.studies.acceptance import attach_predictors
+
+    # a plain drafter under its kind's name: the acceptance study's artifact (acceptance/<kind>-<preset>-<key>), so a
+    # predictor it built is reused; the fine-tunes under their own names
+    alias = {name: name.split("/")[0] if name.endswith("/plain") else name for name in need}
+    built = attach_predictors(target, {alias[n]: d for n, d in need.items()}, plan["preset"])
+    attached = {name for name, a in alias.items() if a in built}
+    out = []
+    for name in need:
+        if name in attached:
+            continue
+        for cfg in [c for c in dloops[name] if c is not None and c.needs_predictor]:
+            out.append(skipped_row(name, dloop_label(cfg), "no acceptance predictor could be attached to it"))
+            dloops[name].remove(cfg)
+    return out
+
+
 def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = True) -> list[dict]:
-    """Decode on the eval prompts: the plain and primary loop-trained drafters over the whole grid (one
-    interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
-    table's gate (a second benchmark with its own AR baseline)."""
+    """Decode on the eval prompts: the plain and primary loop-trained drafters with every DLoop setting each can
+    use (one interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
+    table's gate (a second benchmark with its own AR baseline), then the block-size sweep: each plain drafter at
+    every ``plan["block_sizes"]`` below its trained one with DLoop off and the sweep's gates (a benchmark per
+    block size, rows marked ``sweep``). A setting a drafter cannot use leaves a ``skipped`` row with the reason."""
 
     prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
+    kind_of = {name: kind for kind, variants in names.items() for name in variants.values()}
     grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop")]
     extra_names = [n for n in trained if n not in grid_names]
-    rows = []
+    table = DLoopConfig(**plan["table_dloop"])
+    sweep_cfgs = [None] + [DLoopConfig(**g) for g in plan["sweep_gates"]]
+    rows, loaded = [], {}
+    common = dict(max_new_tokens=int(plan["max_new_tokens"]), pool_sizes=[plan.get("pool_size")],  # Domino's kinds
+                  repeats=plan.get("repeats", 1), hf_baseline=False, progress=progress, seed=int(plan["seed"]),
+                  record_stages=True)
     with pinned_threads(plan.get("threads") or None):  # 1: tiny models, and far less timing jitter
-        for group, dloops in ((grid_names, dloop_settings(plan)),
-                              (extra_names, [None, DLoopConfig(**plan["table_dloop"])])):
+        for group, settings_of in ((grid_names, lambda k: drafter_settings(plan, k)),
+                                   (extra_names, lambda k: [c for c in (None, table) if unusable(c, k) is None])):
             if not group:
                 continue
             drafters = {name: load_drafter(trained[name].drafter_dir, target=target) for name in group}
-            if any(c is not None and c.needs_predictor for c in dloops):  # conf, cost, +trunc: each its predictor
-                from lit_domino.studies.acceptance import attach_predictors
-
-                attach_predictors(target, drafters, plan["preset"])
-            rows += benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), dloops=dloops,
-                              pool_sizes=[plan.get("pool_size")],  # the drafters that take a pool (Domino's kinds)
-                              repeats=plan.get("repeats", 1),
-                              hf_baseline=False, progress=progress, seed=int(plan["seed"]), record_stages=True)
+            loaded.update(drafters)
+            dloops = {name: settings_of(kind_of[name]) for name in group}
+            t = time.time()
+            rows += attach_needed(target, drafters, dloops, plan)  # conf, cost, +trunc: each its predictor
+            t = _timed(f"acceptance predictors of {len(group)} drafters", t)
+            rows += benchmark(target, drafters, prompts, dloops=dloops, **common)
+            _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings", t)
+        for bs in plan["block_sizes"]:
+            drafters, dloops = {}, {}
+            for kind in plan["drafters"]:
+                name = names[kind]["plain"]
+                drafter = loaded.get(name) or load_drafter(trained[name].drafter_dir, target=target)
+                trained_bs = int(drafter.config.block_size)
+                if bs == trained_bs:
+                    continue  # decoded above
+                if bs > trained_bs:
+                    rows.append(skipped_row(name, "off", f"block size {bs} > its trained block size {trained_bs} "
+                                            "(a drafter drafts at most its trained block; train one at "
+                                            f"data.block_size {bs} through base_overrides)", bs))
+                    continue
+                usable = [c for c in sweep_cfgs if unusable(c, kind) is None]
+                if not _has_predictor(drafter):  # the main decode attached none (its skipped row says why)
+                    usable = [c for c in usable if c is None or not c.needs_predictor]
+                drafters[name], dloops[name] = drafter, usable
+            if drafters:
+                t = time.time()
+                rows += [dict(r, sweep=bs) for r in benchmark(target, drafters, prompts, dloops=dloops,
+                                                              block_size=bs, **common)]
+                _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings at B = {bs}", t)
     return rows
 
 
+def _timed(what: str, t: float) -> float:
+    now = time.time()
+    print(f"[dloop] {what} in {now - t:.0f} s", flush=True)
+    return now
+
+
+def _has_predictor(drafter) -> bool:
+    from lit_domino.decoding.acceptance import predictor_of
+
+    return predictor_of(drafter) is not None
+
+
 def table_metrics(tables: dict) -> dict[str, float]:
-    """Every finite cell of the DLoop table (``{drafter}.{setting}.{domain}.{tau|speedup}``) and of the grid
-    (``grid.{drafter}.{training}.{g<threshold>|off}.N{max_stages}.{domain}.{tau|fwd_per_token|speedup}``)."""
-    cells = [{"name": (r["drafter"], r["setting"].replace(" ", "_"), d), "tau": r.get(f"{d}/tau"),
-              "speedup": r.get(f"{d}/speedup")} for r in tables["dloop"]["rows"] for d in tables["dloop"]["columns"]]
+    """Every finite cell of the DLoop table (``{drafter}.{setting}.{domain}.{tau|speedup}`` for the table's gate,
+    ``gate.{gate}.{drafter}.{setting}.{domain}.{tau|speedup}`` for the other gates), of the grid
+    (``grid.{drafter}.{training}.{g<threshold>|off}.N{max_stages}.{domain}.{tau|fwd_per_token|speedup}``) and of
+    the gain figure (``gain.{gate}.{drafter}.B{block size}.{domain}.{gain_pct|whole_stage_rate}``); names made
+    MLflow-safe (``conf@0.5:3`` -> ``conf_0.5:3``)."""
+    table = tables["dloop"]
+    cells = [{"name": (() if r["gate"] == table["gate"] else ("gate", r["gate"])) + (
+        r["drafter"], r["setting"].replace(" ", "_"), d), "tau": r.get(f"{d}/tau"), "speedup": r.get(f"{d}/speedup")}
+        for r in table.get("gate_rows", table["rows"]) for d in table["columns"]]
     metrics = row_metrics(cells, ("tau", "speedup"), by=lambda c: c["name"], sep=".")
     metrics.update(row_metrics(tables["grid"]["records"], ("tau", "fwd_per_token", "speedup"), sep=".", by=lambda r: (
         "grid", r["drafter"], r["training"], "off" if r["threshold"] is None else f"g{r['threshold']:g}",
         f"N{r['max_stages']}", r["domain"])))
-    return metrics
+    if "gain" in tables:
+        metrics.update(row_metrics(tables["gain"]["points"], ("gain_pct", "whole_stage_rate"), sep=".", by=lambda p: (
+            "gain", p["gate"], p["drafter"], f"B{p['block_size']}", p["domain"])))
+    return {mlflow_name(k): v for k, v in metrics.items()}
 
 
 def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
@@ -525,48 +828,75 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
                            "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
                            "table_dloop": dloop_label(DLoopConfig(**plan["table_dloop"])),
                            "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"],
-                           "repeats": plan.get("repeats", 1)})
+                           "repeats": plan.get("repeats", 1),
+                           "gates": ",".join(dloop_label(c) for c in gate_settings(plan)),
+                           "block_sizes": ",".join(map(str, plan.get("block_sizes") or [])) or "trained",
+                           "sweep_gates": ",".join(dloop_label(c) for c in figure_gates(plan))})
         log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
         return run.info.run_id
 
 
+class NotLosslessError(RuntimeError):
+    """A decoded row whose output differs from the AR baseline at T = 0: the study stops (nothing is cached)."""
+
+
+def check_lossless(rows: list[dict], path: Path) -> None:
+    """Every drafter row at T = 0 must reproduce the AR baseline token for token (``match_baseline`` 1); else the
+    rows are written to ``path`` and :class:`NotLosslessError` names the first offenders."""
+    bad = [r for r in rows if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0
+           and not (finite(r.get("match_baseline")) and r["match_baseline"] == 1.0)]
+    if bad:
+        write_json(rows, path)
+        where = ", ".join(f"{r['method']} on {r['benchmark']}" + (f" (B = {r['sweep']})" if r.get("sweep") else "")
+                          + f": {r.get('match_baseline')}" for r in bad[:8])
+        raise NotLosslessError(f"{len(bad)} DLoop study rows are not lossless at T = 0 (fraction of prompts whose "
+                               f"output is the AR baseline's, must be 1): {where}; every row is in {path}")
+
+
 def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stages=None, table_dloop=None,
-                    out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True) -> dict:
+                    out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True,
+                    block_sizes=None) -> dict:
     """The whole study → ``{"tables", "rows", "names", "plan", "seconds"}`` (see the module docstring)."""
 
     t0 = time.time()
-    plan = study_plan(preset, drafters, thresholds, stages, table_dloop)
+    plan = study_plan(preset, drafters, thresholds, stages, table_dloop, block_sizes=block_sizes)
     out_dir = Path(out_dir or project_root() / "results" / "dloop")
     out_dir.mkdir(parents=True, exist_ok=True)
     target_spec = base_config(plan["drafters"][0], plan)["data"]["target"]
     _log(f"preset {preset}: drafters {plan['drafters']}, g {plan['thresholds']}, N {plan['stages']}, "
-         f"table gate {plan['table_dloop']}", t0)
+         f"table gate {dloop_label(DLoopConfig(**plan['table_dloop']))}, gates "
+         f"{[dloop_label(c) for c in gate_settings(plan)]}, block-size sweep {plan['block_sizes'] or 'none'} with "
+         f"{[dloop_label(c) for c in figure_gates(plan)]}", t0)
+    for s in plan["skipped"]:
+        _log(f"{s['drafter']}: gate {s['gate']} skipped: {s['why']}", t0)
     _log(f"stage 1/4 target {target_spec}", t0)
     target = load_target(target_spec)
     names, trained, reports = train_all(plan, t0, progress)
 
     eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "gates",
-                                          "pool_size", "repeats", "seed", "threads")}  # everything evaluate() decodes by
+                                          "pool_size", "repeats", "seed", "threads", "block_sizes", "sweep_gates")}
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
-                "target": target.fingerprint()}
+                "target": target.fingerprint()}  # everything evaluate() decodes by
 
     def decode() -> list[dict]:
         n_grid = 2 * len(plan["drafters"])
-        _log(f"stage 3/4 decode {n_grid} drafters x {len(dloop_settings(plan))} DLoop settings, "
-             f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']}", t0)
-        return evaluate(target, trained, names, plan, progress)
+        _log(f"stage 3/4 decode {n_grid} drafters x up to {len(dloop_settings(plan))} DLoop settings, "
+             f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']} x {plan['repeats']} repeats, "
+             f"then the plain drafters at B = {plan['block_sizes'] or 'their trained'}", t0)
+        rows = evaluate(target, trained, names, plan, progress)
+        check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json")  # before the rows are cached
+        return rows
 
     rows = cached_rows(eval_key, f"dloop-{preset}", decode,
                        on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
+    check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json")
 
     _log("stage 4/4 tables", t0)
     tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),
               "detach": detach_table(rows, names, reports, plan), "calibration": calibration(rows, names, plan),
-              "gates": gates_table(rows, names, plan)}
-    lossless = [r for r in rows if r.get("kind") == "drafter" and finite(r.get("match_baseline"))
-                and r["match_baseline"] < 1.0]
+              "gates": gates_table(rows, names, plan), "gain": gain_points(rows, names, plan)}
     files = []
     for name, table in tables.items():
         md = out_dir / f"{name}-{preset}.md"
@@ -576,9 +906,12 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
         files += [md, js]
     plot = calibration_plot(tables["calibration"], out_dir / f"calibration-{preset}.png", log_threshold(plan))
     files += [plot] if plot else []
+    figure = gain_plot(tables["gain"], out_dir / f"gain-vs-acceptance-{preset}.png")
+    files += [figure] if figure else []
     seconds = time.time() - t0
+    skipped = plan["skipped"] + [r for r in rows if r.get("kind") == "skipped"]
     summary = {"preset": preset, "seconds": round(seconds, 1), "plan": plan, "names": names,
-               "training": reports, "not_lossless": [(r["method"], r["benchmark"]) for r in lossless]}
+               "training": reports, "skipped": skipped, "lossless": True}
     write_json(summary, out_dir / f"summary-{preset}.json")
     write_json(rows, out_dir / f"rows-{preset}.json")
     files += [out_dir / f"summary-{preset}.json"]
@@ -592,12 +925,17 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     print(tables["detach"]["markdown"])
     print(f"\n## Threshold x depth grid ({preset})\n")
     print(tables["grid"]["markdown"])
-    print(f"\n## Gates ({preset}; sum = the papers' reference)\n")
+    print(f"\n## Gates ({preset}; sum = the papers' reference; draft/verify ms per round: what a gate costs)\n")
     print(tables["gates"]["markdown"])
     print(f"\n## Gate calibration ({preset}; plot: {plot})\n")
     print(tables["calibration"]["markdown"])
-    if lossless:
-        print(f"\nWARNING: outputs differ from the AR baseline for {len(lossless)} rows: {summary['not_lossless']}")
+    print(f"\n## DLoop's gain against the whole-stage acceptance rate ({preset}; figure: {figure})\n")
+    print(tables["gain"]["markdown"])
+    if skipped:
+        print(f"\nskipped ({len(skipped)}): " + "; ".join(f"{s['drafter']} {s.get('gate') or s.get('dloop')}"
+                                                         + (f" B = {s['block_size']}" if s.get("block_size") else "")
+                                                         + f": {s['why']}" for s in skipped))
+    print("\nevery row lossless (token identity with the AR baseline at T = 0)")
     where = f"; MLflow experiment dloop-{preset} at {default_tracking_uri()}" if run_id else ""
     print(f"\nwritten to {out_dir}{where}")
     _log(f"done in {seconds / 60:.1f} min", t0)

@@ -16,11 +16,14 @@ COMMAND_DOC = """The DLoop study: loop-aware fine-tunes, the gate's threshold x 
 
     python experiments/dloop.py --preset smoke                      # CI-sized, minutes on 2 CPU cores
     python experiments/dloop.py --preset smoke --thresholds -0.5,-1,-2 --stages 1,2,3
-    python experiments/dloop.py --preset default --drafters backbone,domino
+    python experiments/dloop.py --preset default                    # ~30 min with the ablation's drafters cached
+    python experiments/dloop.py --preset default --drafters backbone,domino --block-sizes 4
 
 Trains (or reuses from ./artifacts, $LIT_DOMINO_CACHE) each base drafter and its loop-aware
-fine-tunes, decodes the embedded eval prompts per domain with every DLoop setting, and writes
-Markdown + JSON to results/dloop/ and runs to MLflow (experiment dloop-<preset>).
+fine-tunes, decodes the embedded eval prompts per domain with every DLoop gate each drafter can use
+(the papers' sum log q, conf, cost, truncation; EAGLE-3 skips the predictor gates), sweeps the
+decode block size for the gain-vs-acceptance figure, and writes Markdown + JSON + PNG to
+results/dloop/ and runs to MLflow (experiment dloop-<preset>). Every row must be lossless.
 """
 """The command's description and epilog, and ``experiments/dloop.py``'s docstring (tests/test_entry_points.py)."""
 PROG = "dloop.py"
@@ -30,7 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
-    parser.add_argument("--drafters", default=None, help="comma-separated subset of backbone,domino,eagle3")
+    parser.add_argument("--drafters", default=None,
+                        help="comma-separated subset of backbone,domino,dspark,dflash2,eagle3 (default: all)")
     parser.add_argument("--thresholds", default=None, help="gate thresholds g <= 0 (default: -0.25,-0.5,-0.75,-1,-2)")
     parser.add_argument("--stages", default=None, help="stage caps N >= 1 (default: 1,2,3,4; 1 = no loop)")
     parser.add_argument("--table-dloop", default=None,
@@ -38,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "(default -0.5:3; e.g. mean@-0.1:3, conf@0.5:3, cost:3; the predictor gates conf, "
                              "cost and +trunc need parallel drafters: their acceptance predictors are built and "
                              "cached first)")
+    parser.add_argument("--block-sizes", default=None,
+                        help="decode block sizes B of the gain-vs-acceptance sweep besides each drafter's trained one "
+                             "(default: the preset's, study.yaml; e.g. 4; a B above a drafter's trained one is skipped)")
     parser.add_argument("--out", default=None, help="output directory (default: results/dloop)")
     parser.add_argument("--no-mlflow", action="store_true", help="no tables run in MLflow (training runs still log)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
@@ -72,6 +79,9 @@ def _run(argv: list[str]):
     try:  # the grid and the table's gate, before the study (mlflow, torch) loads
         thresholds, stages = parse_list(args.thresholds, float), parse_list(args.stages, int)
         check_grid(thresholds or [-1.0], stages or [1])
+        block_sizes = parse_list(args.block_sizes, int)
+        if block_sizes is not None and any(b < 2 for b in block_sizes):
+            raise ValueError(f"--block-sizes: each block size B must be >= 2 (B - 1 drafts), got {block_sizes}")
         if gate is not None:
             check_table_gate(gate.threshold, gate.max_stages, gate.gate, gate.truncate)
     except ValueError as err:
@@ -82,7 +92,7 @@ def _run(argv: list[str]):
     if gate is not None:
         choice["table_dloop"] = table_gate(gate)
     try:  # what needs the study file (unknown drafters), before any training
-        choice.update(thresholds=thresholds, stages=stages)
+        choice.update(thresholds=thresholds, stages=stages, block_sizes=block_sizes)
         study_plan(args.preset, **choice)
     except UsageError:
         raise

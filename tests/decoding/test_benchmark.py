@@ -157,6 +157,22 @@ def test_benchmark_pool_sweep_rows(target):
         benchmark(target, {"dom": domino}, {"toy": PROMPTS}, pool_sizes={"dom": [0]}, progress=False)
 
 
+def test_benchmark_dloops_per_drafter(target):
+    """``dloops`` as a mapping: each drafter decodes its own gates (a name it lacks: DLoop off only), lossless."""
+    torch.manual_seed(0)
+    backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)
+    lm = build_drafter(drafter_config("small_lm", target, num_layers=1, block_size=4), target)
+    gate = DLoopConfig(threshold=float("-inf"), max_stages=3)  # always drafts 3 stages
+    rows = benchmark(target, {"bb": backbone, "lm": lm}, {"toy": PROMPTS[:2]}, max_new_tokens=10,
+                     dloops={"bb": [None, gate]}, hf_baseline=False, warmup=False, progress=False)
+    assert [(r["method"], r["dloop"]) for r in rows] == [("ar", "off"), ("bb", "off"), ("bb+dloop(-inf:3)", "-inf:3"),
+                                                        ("lm", "off")]
+    assert all(r["match_baseline"] == 1.0 for r in rows[1:])
+    assert rows[2]["stages_per_round"] > 1.5 > rows[1]["stages_per_round"]
+    with pytest.raises(ValueError, match=r"dloops names drafters \['b'\]"):
+        benchmark(target, {"bb": backbone}, {"toy": PROMPTS}, dloops={"b": [gate]}, progress=False)
+
+
 def test_benchmark_static_cache_rows_match_and_compile_needs_a_cpp_compiler(target, monkeypatch):
     torch.manual_seed(0)
     backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)

@@ -13,16 +13,36 @@ from lit_domino.decoding.dloop import DLoopConfig
 def test_plan_defaults_and_overrides():
     plan = ds.study_plan("smoke")
     assert plan["drafters"] == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
-    assert plan["thresholds"] == [-0.25, -0.5, -0.75, -1.0, -2.0] and plan["stages"] == [1, 2, 3, 4]
+    assert plan["thresholds"] == [-0.5, -1.0] and plan["stages"] == [1, 3]  # the smoke preset's own grid
+    paper = ds.study_plan("paper")
+    assert paper["thresholds"] == [-0.25, -0.5, -0.75, -1.0, -2.0] and paper["stages"] == [1, 2, 3, 4]  # the file's
+    assert paper["block_sizes"] == [4, 8, 16] and ds.study_plan("default")["block_sizes"] == [4]
     plan = ds.study_plan("smoke", drafters=["domino"], thresholds=ds.parse_list("-0.5,-1"),
                          stages=ds.parse_list("1,3", int), table_dloop={"threshold": -1, "max_stages": 2})
     settings = ds.dloop_settings(plan)
     assert settings[0] is None  # N = 1 is DLoop off: decoded once, not once per threshold
     assert settings[1:4] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
-    assert settings[4:] == [DLoopConfig(**g) for g in plan["gates"]]  # + the alternative gates of study.yaml
-    assert {g["gate"] for g in plan["gates"]} == {"mean", "scaled", "last"}
+    assert settings[4:7] == [DLoopConfig(**g) for g in plan["gates"]]  # + the gates of study.yaml
+    assert [ds.dloop_label(c) for c in settings[4:]] == ["conf@0.5:3", "cost:3", "trunc@0.3"]  # the sweep's: in
+    assert plan["sweep_gates"] == [{"threshold": -0.5, "max_stages": 3}, {"gate": "conf", "threshold": 0.5,
+                                                                          "max_stages": 3}]
     for kind in ("dspark", "dflash2"):  # the distilled drafters loop-train too
         assert ds.study_plan("smoke", drafters=[kind])["drafters"] == [kind]
+    assert ds.study_plan("smoke", block_sizes=[4, 16])["block_sizes"] == [4, 16]
+
+
+def test_predictor_gates_are_skipped_for_eagle3_with_the_reason():
+    """A gate a drafter cannot use is skipped (planned, printed, in the tables), never an error."""
+    plan = ds.study_plan("smoke")
+    skipped = {(s["drafter"], s["gate"]) for s in plan["skipped"]}
+    assert skipped == {("eagle3", "conf@0.5:3"), ("eagle3", "cost:3"), ("eagle3", "trunc@0.3")}
+    assert all("token by token" in s["why"] for s in plan["skipped"])
+    eagle = [ds.dloop_label(c) for c in ds.drafter_settings(plan, "eagle3")]
+    assert eagle == ["off", "-0.5:3", "-1:3"]
+    assert len(ds.drafter_settings(plan, "dspark")) == len(ds.dloop_settings(plan)) == 6
+    # the table's gate needs one drafter that can use it
+    with pytest.raises(ValueError, match="no drafter of \\['eagle3'\\] can use the DLoop table's gate cost:3"):
+        ds.study_plan("smoke", drafters=["eagle3"], table_dloop={"gate": "cost", "max_stages": 3})
 
 
 def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
@@ -39,23 +59,66 @@ def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
         ds.study_plan("smoke", study_file=study)
 
 
-def test_evaluate_passes_the_pool_and_repeats_to_every_decode(monkeypatch, tmp_path):
-    plan = ds.study_plan("smoke", drafters=["domino"], thresholds=[-0.5], stages=[1, 3])
-    names = {"domino": {"plain": "domino/plain", "loop": "domino/loop-detach"}}
-    trained = {n: type("Trained", (), {"drafter_dir": n})() for n in ("domino/plain", "domino/loop-detach",
-                                                                      "domino/control-n1")}
-    calls = []
-    monkeypatch.setattr(ds, "load_drafter", lambda path, target: path)
+class FakeDrafter:
+    def __init__(self, path, block_size=8):
+        self.path = path
+        self.config = type("Config", (), {"block_size": block_size})()
+
+
+def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypatch, tmp_path):
+    import lit_domino.studies.acceptance as acc
+
+    plan = ds.study_plan("smoke", drafters=["domino", "eagle3"], thresholds=[-0.5], stages=[1, 3],
+                         block_sizes=[4, 16])
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    names["domino"]["control n1"] = "domino/control-n1"
+    trained = {n: type("Trained", (), {"drafter_dir": n})() for v in names.values() for n in v.values()}
+    calls, attached, aliases = [], [], []
+    monkeypatch.setattr(ds, "load_drafter", lambda path, target: FakeDrafter(path, 4 if "eagle3" in path else 8))
     monkeypatch.setattr(ds, "load_benchmark", lambda name, n: [name] * n)
-    monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [])
-    ds.evaluate(None, trained, names, plan, progress=False)
-    assert [sorted(d) for d, _ in calls] == [["domino/loop-detach", "domino/plain"], ["domino/control-n1"]]
+    monkeypatch.setattr(ds, "_has_predictor", lambda d: d.path in attached)
+    monkeypatch.setattr(acc, "attach_predictors", lambda target, drafters, preset: (
+        attached.extend(d.path for d in drafters.values()), aliases.extend(drafters), {n: "p" for n in drafters})[2])
+    monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [
+        {"kind": "drafter", "drafter": n, "dloop": "off", "benchmark": "embedded-math"} for n in drafters])
+    rows = ds.evaluate(None, trained, names, plan, progress=False)
+    assert [sorted(d) for d, _ in calls] == [["domino/loop-detach", "domino/plain", "eagle3/loop-detach",
+                                              "eagle3/plain"], ["domino/control-n1"], ["domino/plain"]]
     assert all(kw["pool_sizes"] == [64] and kw["repeats"] == plan["repeats"] == 1 for _, kw in calls)
+    assert all(kw["record_stages"] for _, kw in calls)  # the whole-stage rate is read from the stage records
+    grid = calls[0][1]["dloops"]
+    labels = lambda cfgs: [ds.dloop_label(c) for c in cfgs]
+    assert labels(grid["domino/plain"]) == ["off", "-0.5:3", "conf@0.5:3", "cost:3", "trunc@0.3"]
+    assert labels(grid["eagle3/plain"]) == ["off", "-0.5:3"]  # the predictor gates skipped (planned, with reasons)
+    assert sorted(attached) == ["domino/loop-detach", "domino/plain"]  # not EAGLE-3, nor the control (sum gate only)
+    assert sorted(aliases) == ["domino", "domino/loop-detach"]  # the plain one: the acceptance study's artifact name
+    assert labels(calls[1][1]["dloops"]["domino/control-n1"]) == ["off", "-0.5:3"]
+    # the sweep: B = 4 for Domino (trained 8) with the sweep's gates; EAGLE-3 trained at 4 is decoded there once;
+    # B = 16 is above both trained block sizes: skipped rows with the reason
+    assert calls[2][1]["block_size"] == 4 and labels(calls[2][1]["dloops"]["domino/plain"]) == ["off", "-0.5:3",
+                                                                                              "conf@0.5:3"]
+    assert "block_size" not in calls[0][1]
+    assert [r["sweep"] for r in rows if r.get("sweep")] == [4]
+    skipped = [(r["drafter"], r["block_size"]) for r in rows if r["kind"] == "skipped"]
+    assert skipped == [("domino/plain", 16), ("eagle3/plain", 16)]
+    assert "16 > its trained block size 8" in next(r["why"] for r in rows if r["kind"] == "skipped")
     assert ds.study_plan("default")["repeats"] == 2
     study = tmp_path / "study.yaml"
     study.write_text(ds.STUDY_FILE.read_text().replace("repeats: 2", "repeats: 0", 1))
     with pytest.raises(ValueError, match="repeats must be a positive integer"):
         ds.study_plan("default", study_file=study)
+
+
+def test_a_drafter_without_a_predictor_decodes_without_the_predictor_gates(monkeypatch, capsys):
+    import lit_domino.studies.acceptance as acc
+
+    plan = ds.study_plan("smoke", drafters=["backbone"])
+    dloops = {"a": ds.drafter_settings(plan, "backbone"), "b": ds.drafter_settings(plan, "backbone")}
+    monkeypatch.setattr(acc, "attach_predictors", lambda target, drafters, preset: {"a": "pred-a"})
+    rows = ds.attach_needed(None, {"a": object(), "b": object()}, dloops, plan)
+    assert len(dloops["a"]) == 6 and [ds.dloop_label(c) for c in dloops["b"]] == ["off", "-0.5:3", "-1:3"]
+    assert [(r["drafter"], r["dloop"]) for r in rows] == [("b", "conf@0.5:3"), ("b", "cost:3"), ("b", "trunc@0.3")]
+    assert "b: conf@0.5:3 skipped: no acceptance predictor" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -67,8 +130,10 @@ def test_evaluate_passes_the_pool_and_repeats_to_every_decode(monkeypatch, tmp_p
     (dict(table_dloop={"threshold": -0.5, "max_stages": 1}), "max_stages >= 2"),
     (dict(table_dloop={"threshold": 0.5, "max_stages": 3}), "positive"),
     (dict(table_dloop={"gate": "conf", "threshold": 1.5, "max_stages": 3}), r"in \(0, 1\]"),
-    (dict(table_dloop={"gate": "cost", "threshold": None, "max_stages": 3}), r"\['eagle3'\] draft token by token"),
-    (dict(table_dloop={"threshold": -0.5, "max_stages": 3, "truncate": 0.3}), "read an acceptance predictor"),
+    (dict(drafters=["eagle3"], table_dloop={"gate": "cost", "threshold": None, "max_stages": 3}), "token by token"),
+    (dict(drafters=["eagle3"], table_dloop={"threshold": -0.5, "max_stages": 3, "truncate": 0.3}),
+     "reads an acceptance predictor"),
+    (dict(block_sizes=[1, 4]), "block size B must be an integer >= 2"),
     (dict(table_dloop={"threshold": -0.5, "max_stages": 3, "cut": 0.3}), "takes gate, threshold"),
 ])
 def test_bad_grids_are_refused(kwargs, match):
@@ -85,7 +150,9 @@ def test_cli_refuses_bad_input_before_training(capsys):
 
     for argv, match in ((["--thresholds", "-0.5,0.5"], "positive"), (["--stages", "0"], ">= 1"),
                         (["--table-dloop", "x"], "[GATE@]THRESHOLD[:MAX_STAGES]"),
-                        (["--table-dloop", "conf@0:3"], "(0, 1]"), (["--table-dloop", "cost:3"], "token by token")):
+                        (["--table-dloop", "conf@0:3"], "(0, 1]"),
+                        (["--drafters", "eagle3", "--table-dloop", "cost:3"], "token by token"),
+                        (["--block-sizes", "1"], ">= 2"), (["--block-sizes", "x"], "comma-separated")):
         with pytest.raises(SystemExit):
             main(argv)
         assert match in capsys.readouterr().err
@@ -99,7 +166,7 @@ def test_predictor_gates_plan_for_parallel_drafters():
     assert ds.study_plan("smoke", drafters=["backbone"], table_dloop={"gate": "cost", "max_stages": 3})
 
 
-def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
+def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path, monkeypatch):
     from lit_domino.training.experiment import drafter_artifact
 
     plan = ds.study_plan("smoke")
@@ -121,6 +188,23 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path):
                                                                                      plan, detach=True))
     eagle = ds.base_config("eagle3", plan)
     assert eagle["data"]["block_size"] == 4  # 3 chain steps per stage
+    # LoopModule's DataModule would pick the default rule's layers: a DSpark (or EAGLE-3) fine-tune names its base's
+    import lit_domino.models as models
+
+    monkeypatch.setattr(models, "read_config", lambda d: type("Config", (), {"feature_layers": [1, 3, 5]})())
+    spark = ds.loop_config(ds.base_config("dspark", plan), tmp_path / "spark", plan, detach=True)
+    assert spark["data"]["feature_layers"] == [1, 3, 5] and a["data"].get("feature_layers") is None
+    # a drafter's own fine-tune length beside the preset's (DSpark's loop steps cost more)
+    plan["loop_trainer_by_drafter"] = {"dspark": {"limit_train_batches": 0.25}}
+    spark = ds.loop_config(ds.base_config("dspark", plan), tmp_path / "spark", plan, detach=True)
+    assert spark["trainer"]["limit_train_batches"] == 0.25 and spark["trainer"]["max_epochs"] == 1
+    assert "limit_train_batches" not in ds.loop_config(base, tmp_path / "base-a", plan, detach=True)["trainer"]
+    study = tmp_path / "study.yaml"
+    assert "      dspark: {limit_train_batches: 4}" in ds.STUDY_FILE.read_text()  # the smoke preset's
+    study.write_text(ds.STUDY_FILE.read_text().replace("      dspark: {limit_train_batches: 4}",
+                                                       "      dspak: {limit_train_batches: 4}", 1))
+    with pytest.raises(ValueError, match=r"loop_trainer_by_drafter names \['dspak'\]"):
+        ds.study_plan("smoke", study_file=study)
     # the fine-tune module accepts exactly these arguments
     import inspect
 
@@ -138,7 +222,7 @@ def fake_rows(plan, names):
     for kind in plan["drafters"]:
         for variant, name in names[kind].items():
             boost = 0.3 if variant != "plain" else 0.0
-            for dl in ds.dloop_settings(plan):
+            for dl in ds.drafter_settings(plan, kind):
                 label = "off" if dl is None else dl.label()
                 extra = 0.0 if dl is None else 0.2 * (dl.max_stages - 1)
                 for d in plan["prompts"]:
@@ -146,7 +230,7 @@ def fake_rows(plan, names):
                     rows.append({"benchmark": d, "method": f"{name}+{label}", "kind": "drafter", "drafter": name,
                                  "temperature": 0.0, "dloop": label, "tau": tau, "speedup": tau / 2.0,
                                  "rounds": 10, "tokens": 10 * tau + 3, "num_prompts": 3, "match_baseline": 1.0,
-                                 "stages_per_round": 1.0 if dl is None else 1.5})
+                                 "stages_per_round": 1.0 if dl is None else 1.5, "block_size": 8})
     rows.append({"benchmark": "embedded-math", "method": "ar", "kind": "ar", "drafter": None, "temperature": 0.0,
                  "dloop": "off", "tau": 1.0, "speedup": 1.0})
     return rows
@@ -165,6 +249,13 @@ def test_tables_have_the_papers_shape():
     assert by[("domino", "loop-aware training only")]["avg/tau"] == pytest.approx(2.3)
     assert by[("domino", "both")]["avg/tau"] == pytest.approx(2.7)
     assert by[("domino", "both")]["delta_speedup_pct"] == pytest.approx(35.0)
+    # one section per gate: the table's, then conf, cost and truncation; EAGLE-3's loop rows there say why not
+    assert [line for line in table["markdown"].splitlines() if line.startswith("### ")] == [
+        "### gate -0.5:3 (the table's gate)", "### gate conf@0.5:3", "### gate cost:3", "### gate trunc@0.3"]
+    gates = {(r["gate"], r["drafter"], r["setting"]): r for r in table["gate_rows"]}
+    assert gates[("cost:3", "dspark", "both")]["avg/tau"] == pytest.approx(2.7)
+    assert "token by token" in gates[("cost:3", "eagle3", "both")]["skipped"]
+    assert gates[("cost:3", "eagle3", "plain")]["avg/tau"] == 2.0  # DLoop off: every drafter has it
     assert "| eagle3 | both |" in table["markdown"] and "embedded-code τ" in table["markdown"]
     grid = ds.grid_table(rows, names, plan)
     # 5 drafters x 2 trainings x (off + 2 thresholds x 2 depths) x 3 domains
@@ -190,7 +281,11 @@ def test_table_metrics_names():
     assert metrics["grid.domino.plain.off.N1.embedded-code.fwd_per_token"] == pytest.approx(10 / (10 * 2.0))
     assert metrics["grid.eagle3.loop-aware.g-0.5.N3.embedded-chat.tau"] == pytest.approx(2.7)
     # "loop only"/"both" of the dloop table: gate -0.5:3 is in the grid; every value is finite
-    assert len([k for k in metrics if not k.startswith("grid.")]) == len(plan["drafters"]) * 4 * 4 * 2
+    assert len([k for k in metrics if not k.startswith(("grid.", "gate."))]) == len(plan["drafters"]) * 4 * 4 * 2
+    # the other gates' tables: 4 parallel drafters x 4 settings, EAGLE-3's 2 (no loop rows: skipped), x 4 columns x 2
+    assert len([k for k in metrics if k.startswith("gate.")]) == 3 * (4 * 4 + 2) * 4 * 2
+    assert metrics["gate.conf_0.5:3.domino.both.avg.tau"] == pytest.approx(2.7)  # "@": not in MLflow's names
+    assert "gate.conf_0.5:3.eagle3.both.avg.tau" not in metrics
     assert all(math.isfinite(v) for v in metrics.values())
 
 
@@ -271,7 +366,11 @@ def test_calibration_bins_stages_by_each_gate_and_plots(tmp_path):
     png = ds.calibration_plot(calib, tmp_path / "calibration.png", -0.5)
     assert png.exists() and png.stat().st_size > 1000
     table = ds.gates_table(rows, {k: {"plain": v["plain"], "loop": v["loop"]} for k, v in names.items()}, plan)
-    assert [r["gate"] for r in table["rows"][:4]] == ["-0.5:3", "mean@-0.1:3", "scaled@-0.5:3", "last@-0.3:3"]
+    assert [r["gate"] for r in table["rows"][:5]] == ["off", "-0.5:3", "conf@0.5:3", "cost:3", "trunc@0.3"]
+    by = {(r["drafter"], r["training"], r["gate"]): r for r in table["rows"]}
+    assert by[("domino", "plain", "-0.5:3")]["delta_pct"] == pytest.approx(20.0)  # speedup 1.2 against 1.0 off
+    assert "token by token" in by[("eagle3", "loop-aware", "cost:3")]["skipped"]
+    assert "| eagle3 | plain | cost:3 | skipped: the gate cost:3 reads an acceptance predictor" in table["markdown"]
 
 
 def test_a_gate_setting_that_can_never_open_is_refused_before_training():
@@ -279,3 +378,65 @@ def test_a_gate_setting_that_can_never_open_is_refused_before_training():
         ds.study_plan("smoke", gates=[{"gate": "mean", "threshold": 0.2, "max_stages": 3}])
     with pytest.raises(ValueError, match="gate must be one of"):
         ds.study_plan("smoke", gates=[{"gate": "median", "threshold": -0.2}])
+
+
+def gain_rows(plan, names):
+    """Benchmark-shaped rows of the plain drafters at B = 8 (the main decode) and B = 4 (the sweep): the more
+    stages a drafter's target accepts whole, the more its loop gains."""
+    rows = []
+    for i, kind in enumerate(plan["drafters"]):
+        for bs, sweep in ((8, None), (4, 4)):
+            rate = 0.1 * (i + 1) * (1.5 if bs == 4 else 1.0)
+            for d in plan["prompts"]:
+                recs = [[-0.1, -0.1, bs - 1, bs - 1 if j < round(100 * rate) else 0] for j in range(100)]
+                for dl, speed in (("off", 1.2), ("-0.5:3", 1.2 * (0.9 + rate)), ("conf@0.5:3", 1.2 * (0.95 + rate))):
+                    row = {"benchmark": d, "kind": "drafter", "drafter": names[kind]["plain"], "temperature": 0.0,
+                           "dloop": dl, "block_size": bs, "speedup": speed, "tau": 2.0, "stages_per_round": 1.0,
+                           "match_baseline": 1.0, "method": f"{kind}+{dl}"}
+                    if dl == "off":
+                        row["stage_records"] = recs
+                    if sweep:
+                        row["sweep"] = sweep
+                    if dl != "conf@0.5:3" or kind != "eagle3":
+                        rows.append(row)
+    return rows
+
+
+def test_gain_against_whole_stage_acceptance_points_fit_and_figure(tmp_path):
+    plan = ds.study_plan("smoke")
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    rows = gain_rows(plan, names)
+    gain = ds.gain_points(rows, names, plan)
+    pts = {(p["gate"], p["drafter"], p["domain"], p["block_size"]): p for p in gain["points"]}
+    # one point per drafter x domain x block size and figure gate (EAGLE-3 has no conf rows)
+    assert len(pts) == len(gain["points"]) == (5 + 4) * 3 * 2
+    p = pts[("-0.5:3", "domino", "embedded-code", 4)]
+    assert p["whole_stage_rate"] == pytest.approx(0.3) and p["gain_pct"] == pytest.approx(-10 + 30)
+    assert pts[("-0.5:3", "domino", "embedded-code", 8)]["whole_stage_rate"] == pytest.approx(0.2)
+    fit = gain["fits"]["-0.5:3"]  # gain = 100 (rate - 0.1) exactly: pays from a whole-stage rate of 0.1
+    assert fit["b"] == pytest.approx(100) and fit["pays_from"] == pytest.approx(0.1) and fit["r"] == pytest.approx(1)
+    assert gain["fits"]["conf@0.5:3"]["pays_from"] == pytest.approx(0.05)
+    assert "crosses 0 at a whole-stage rate of 0.10" in gain["markdown"]
+    # the main tables read the trained block size only: the sweep's rows stay out of them
+    assert ds.cell_index(rows)[("domino/plain", "off", "embedded-code")]["block_size"] == 8
+    png = ds.gain_plot(gain, tmp_path / "gain.png")
+    assert png.exists() and png.stat().st_size > 5000
+    assert ds.gain_plot({"points": [], "fits": {}}, tmp_path / "none.png") is None
+    assert ds.line_fit([(0.1, 1.0)])["b"] is None and ds.line_fit([(0.1, 1.0), (0.1, 2.0)])["b"] is None
+    assert ds.line_fit([(0.1, 1.0), (0.2, 0.0)])["pays_from"] is None  # falling: the loop never starts to pay
+    metrics = ds.table_metrics({"dloop": ds.dloop_table(rows, names, plan), "grid": {"records": []}, "gain": gain})
+    assert metrics["gain.conf_0.5:3.dspark.B4.embedded-chat.whole_stage_rate"] == pytest.approx(0.45)
+
+
+def test_a_row_that_is_not_lossless_stops_the_study(tmp_path):
+    rows = [{"kind": "ar", "match_baseline": 1.0}, {"kind": "skipped", "drafter": "eagle3/plain"},
+            {"kind": "drafter", "method": "domino/plain", "benchmark": "embedded-math", "match_baseline": 1.0}]
+    ds.check_lossless(rows, tmp_path / "rows.json")
+    assert not (tmp_path / "rows.json").exists()
+    rows.append({"kind": "drafter", "method": "dspark/plain+dloop(cost:3)", "benchmark": "embedded-code",
+                 "match_baseline": 0.5, "sweep": 4})
+    rows.append({"kind": "drafter", "method": "x", "benchmark": "embedded-chat", "match_baseline": float("nan")})
+    with pytest.raises(ds.NotLosslessError, match=r"2 DLoop study rows are not lossless.*cost:3\) on embedded-code "
+                                                  r"\(B = 4\): 0.5, x on embedded-chat: nan"):
+        ds.check_lossless(rows, tmp_path / "rows.json")
+    assert (tmp_path / "rows.json").exists()
