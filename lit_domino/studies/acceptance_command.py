@@ -47,10 +47,9 @@ def main(argv=None):
 
 def _run(argv: list[str]):
     args = parse_args(argv)
-    from lit_domino.training.configs import PRESETS, available_variants
+    from lit_domino.training.configs import available_variants, check_preset_flag
 
-    if args.preset not in PRESETS:
-        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    check_preset_flag(args.preset)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     unknown = [d for d in drafters if d not in available_variants()]
     if not drafters or unknown:

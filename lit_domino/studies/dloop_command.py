@@ -62,10 +62,9 @@ def main(argv=None):
 
 def _run(argv: list[str]):
     args = parse_args(argv)
-    from lit_domino.training.configs import PRESETS  # light: checked before the study's torch and Lightning imports
+    from lit_domino.training.configs import check_preset_flag  # light: before the study's torch imports
 
-    if args.preset not in PRESETS:
-        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    check_preset_flag(args.preset)
     from lit_domino.decoding import DLoopConfig  # torch-free: a bad gate spec is answered before the study loads
 
     try:

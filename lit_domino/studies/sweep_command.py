@@ -15,7 +15,7 @@ import yaml
 
 from lit_domino.runtime.command import CommandParser, UsageError, run_command
 from lit_domino.runtime.paths import project_root
-from lit_domino.training.configs import PRESETS, parse_override  # light: yaml only
+from lit_domino.training.configs import check_preset_flag, parse_override  # light: yaml only
 
 COMMAND_DOC = """Optuna sweep over the Domino head (rank r, GRU size, λ schedule): launch, attach, resume, summarise.
 
@@ -190,8 +190,8 @@ def check_args(args) -> None:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
-    if args.preset is not None and args.preset not in PRESETS:
-        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if args.preset is not None:
+        check_preset_flag(args.preset)
     if not Path(args.space).expanduser().is_file():
         raise UsageError(f"--space {args.space!r} does not exist")
 

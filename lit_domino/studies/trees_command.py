@@ -15,7 +15,7 @@ from lit_domino.runtime.command import CommandParser, UsageError, run_command
 COMMAND_DOC = """The tree study: chain vs DDTree, path-conditioned and EAGLE-2 trees at each budget and cost-aware.
 
     python experiments/trees.py --preset smoke                      # a minute or two with the drafters cached
-    python experiments/trees.py --preset default                    # about 20 min on 2 CPU cores (drafters cached)
+    python experiments/trees.py --preset default                    # about 7 min on 2 CPU cores (drafters cached)
     python experiments/trees.py --preset smoke --drafters domino,eagle3 --builders path --budgets 16,32
 
 Reuses (or trains) the ablation's base drafters from ./artifacts ($LIT_DOMINO_CACHE), measures the target's
@@ -75,10 +75,9 @@ def main(argv=None):
 
 def _run(argv: list[str]):
     args = parse_args(argv)
-    from lit_domino.training.configs import PRESETS  # light: checked before the study's torch and Lightning imports
+    from lit_domino.training.configs import check_preset_flag  # light: before the study's torch imports
 
-    if args.preset not in PRESETS:
-        raise UsageError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    check_preset_flag(args.preset)
     builders = split(args.builders)
     if builders is not None:
         bad = [b for b in builders if b not in BUILDERS]

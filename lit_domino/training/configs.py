@@ -79,6 +79,13 @@ def check_preset(preset: str, config_dir: Path = CONFIG_DIR) -> None:
                           f"{', '.join(PRESETS)}")
 
 
+def check_preset_flag(preset: str) -> None:
+    """A command's ``--preset`` → :class:`UsageError` (its one line) unless it names a preset; no torch imported."""
+    if preset not in PRESETS:
+        raise UsageError(f"--preset: unknown preset {preset!r}{did_you_mean(preset, PRESETS)}; choose one of "
+                         f"{', '.join(PRESETS)}")
+
+
 def check_variant(variant: str, config_dir: Path = CONFIG_DIR) -> None:
     variants = available_variants(config_dir)
     if variant not in variants:
