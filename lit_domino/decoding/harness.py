@@ -68,6 +68,18 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, leave=False)
 
 
+def _per_drafter(values, drafters: Mapping, what: str) -> dict:
+    """A setting every drafter decodes with (a sequence), or per drafter name (a mapping; a name it lacks gets
+    ``[None]``, the setting off) -> {name: [values]}; a mapping naming a drafter not in ``drafters`` is refused."""
+    if isinstance(values, Mapping):
+        unknown = sorted(MethodKey.of(k).label() for k in set(values) - set(drafters))
+        if unknown:
+            raise ValueError(f"{what} names drafters {unknown} that are not in drafters "
+                             f"{sorted(MethodKey.of(k).label() for k in drafters)}")
+        return {name: list(values.get(name) or [None]) for name in drafters}
+    return {name: list(values) or [None] for name in drafters}
+
+
 def benchmark(
     target,
     drafters: Mapping[str | MethodKey, object],
@@ -102,8 +114,8 @@ def benchmark(
     ``benchmark``, ``key`` (a drafter row's :meth:`MethodKey.as_dict`, its decode settings included; None for
     the others), ``method`` (the key's label), ``kind`` (``ar``/``hf``/``drafter``), ``drafter`` (the label of
     the drafter's own key),
-    ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``dloops``: the DLoop settings every drafter decodes with, or a mapping name -> its own (a name it lacks:
-    DLoop off only). ``pool_sizes``: the candidate pools P
+    ``temperature``, ``dloop``, ``pool_size``, ``block_size``. ``dloops``: the DLoop settings every drafter
+    decodes with, or a mapping name -> its own (a name it lacks: DLoop off only). ``pool_sizes``: the candidate pools P
     (``generate``'s ``pool_size``; None = the full vocabulary) each drafter that takes one runs with
     (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full
     vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR baseline and
@@ -130,23 +142,10 @@ def benchmark(
     if not prompts or any(len(v) == 0 for v in prompts.values()):
         raise ValueError("benchmark needs at least one non-empty prompt set")
     check_compile(compile, target.device)
-    if isinstance(pool_sizes, Mapping):
-        unknown = sorted(MethodKey.of(k).label() for k in set(pool_sizes) - set(drafters))
-        if unknown:
-            raise ValueError(f"pool_sizes names drafters {unknown} that are not in drafters "
-                             f"{sorted(MethodKey.of(k).label() for k in drafters)}")
-        pools_of = {name: list(pool_sizes.get(name) or [None]) for name in drafters}
-    else:
-        pools_of = {name: list(pool_sizes) or [None] for name in drafters}
+    pools_of = _per_drafter(pool_sizes, drafters, "pool_sizes")  # a name it lacks: the full vocabulary
     for P in {P for pools in pools_of.values() for P in pools}:
         check_pool_size(P, target.vocab_size)
-    if isinstance(dloops, Mapping):  # per drafter (the gates a drafter can use; a name it lacks: DLoop off)
-        unknown = sorted(MethodKey.of(k).label() for k in set(dloops) - set(drafters))
-        if unknown:
-            raise ValueError(f"dloops names drafters {unknown} that are not in drafters")
-        dloops_of = {name: list(dloops.get(name) or [None]) for name in drafters}
-    else:
-        dloops_of = {name: list(dloops) or [None] for name in drafters}
+    dloops_of = _per_drafter(dloops, drafters, "dloops")  # the gates a drafter can use; a name it lacks: DLoop off
     budget = 0
     for name, d in drafters.items():
         if d is None:
