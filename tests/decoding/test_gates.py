@@ -187,6 +187,51 @@ def test_cost_gate_drafts_more_when_verify_is_what_costs(target, tmp_path):
     assert max(many.stages_per_round) > 1 and set(few.stages_per_round) == {1}
 
 
+def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, monkeypatch):
+    """When no survival could make a second stage pay (verify cheap against drafting), the cost gate skips the
+    predictor and decodes plain's rounds; when one could, it reads the predictor."""
+    d = with_predictor(target, "backbone")
+    calls = []
+    from lit_domino.decoding import acceptance
+
+    real = acceptance.AcceptancePredictor.confidences
+    monkeypatch.setattr(acceptance.AcceptancePredictor, "confidences",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    dear = CostModel([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6)).save(tmp_path / "d.json")
+    cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
+    p = torch.tensor([[5, 6, 7, 8]])
+    plain = generate(target, d, p, max_new_tokens=24)
+    few = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
+    assert few.tokens == plain.tokens and set(few.stages_per_round) == {1} and not calls
+    generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
+    assert calls
+
+
+def test_the_cost_gates_shortcut_never_skips_a_stage_the_rule_would_draft():
+    """_may_open false => the full rule says no for every survival profile of the first stage (brute force over
+    non-increasing S_1 >= .. >= S_k in (0, 1])."""
+    from lit_domino.decoding.gates import RoundPolicy
+
+    g = torch.Generator().manual_seed(0)
+    u = lambda lo, hi: lo + (hi - lo) * float(torch.rand((), generator=g))  # noqa: E731
+    shut = 0
+    for _ in range(60):
+        widths = [1, 4, 8, 16, 24]
+        verify = sorted(u(1e-3, 5e-3) for _ in widths)
+        cost = CostModel(widths, verify, u(1e-4, 5e-3), u(1e-4, 5e-3), u(0, 1e-3), {})
+        cal = Calibration([1.0] * 16, [u(0.05, 0.99) for _ in range(16)])
+        policy = RoundPolicy(DLoopConfig(gate="cost", max_stages=3), None, AcceptancePredictor("", None, cal), cost)
+        k, room = 7, 7
+        if policy._may_open(k, room):
+            continue
+        shut += 1
+        for _ in range(100):
+            S = torch.sort(torch.rand(k, generator=g), descending=True).values
+            assert not policy._another(None, 1, float(S[-1]), 1.0 + float(S.sum()), k, room)
+        assert not policy._another(None, 1, 1.0, 1.0 + k, k, room)  # the best case: every draft survives
+    assert 5 <= shut < 60  # both answers occur among the random cost models
+
+
 def test_parse_and_labels_of_predictor_gates():
     assert DLoopConfig.parse("conf@0.6:3") == DLoopConfig(0.6, 3, "conf")
     assert DLoopConfig.parse("cost:4") == DLoopConfig(gate="cost", max_stages=4)
