@@ -34,7 +34,6 @@ study file, ``configs/studies/trees.yaml``: 8-20 min for the default decode, by 
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 import time
 from pathlib import Path
