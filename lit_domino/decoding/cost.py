@@ -1,19 +1,24 @@
 """The verify-cost curve C_v(n) of a target and CaDDTree's rule for a tree's node budget.
 
-C_v(n) is the time of one target forward over ``n + 1`` tokens (the anchor and n tree nodes) on top of a
-KV cache, measured on the running machine and kept per target model, dtype and device for the process.
+C_v(n) is the time of one target forward over ``n + 1`` tokens (the anchor and n tree nodes, or drafts) on top
+of a KV cache, measured on the running machine and kept per target model, dtype and device for the process.
+It is the one verify curve of the package: tree rounds price their nodes with it, and DLoop's round cost model
+(:class:`lit_domino.decoding.cost_model.CostModel`) holds one for its verify part, measured by the same
+:func:`measure_verify_cost` (its ``verify(w)`` of w tokens is ``C_v(w - 1)``), so both read one interpolation
+rule (:meth:`VerifyCost.seconds_at`).
 CaDDTree grows a tree while the expected accepted tokens per second rise: with the nodes in best-first
 order and ``g_i = exp(path log q_i)`` the draft's probability that node i is reached,
 ``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included), and the rule verifies the n that maximises
 ``E(n) / (C_draft + C_v(n))``; ``budget`` caps it.
 
-Interface (to be shared with DLoop's cost model): :class:`VerifyCost` (``seconds(n)``, ``best_nodes``) and
-:func:`measure_verify_cost` (one curve per target, dtype and device).
+Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``) and
+:func:`measure_verify_cost` (one curve per target, dtype, device, widths and context in a process).
 """
 
 from __future__ import annotations
 
 import bisect
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +34,7 @@ class VerifyCost:
     """A measured verify-cost curve and the draft cost it competes with."""
 
     widths: tuple[int, ...]
-    """Tree sizes n (nodes beyond the anchor), increasing."""
+    """Tree sizes n (nodes beyond the anchor; 0 = the anchor alone), increasing."""
     seconds: tuple[float, ...]
     """C_v(n) in seconds per target forward over n + 1 tokens, one per width, non-decreasing."""
     draft_s: float = 0.0
@@ -39,16 +44,17 @@ class VerifyCost:
         if not self.widths or len(self.widths) != len(self.seconds):
             raise ValueError(f"VerifyCost needs one time per width, got {len(self.widths)} widths and "
                              f"{len(self.seconds)} times")
-        if list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 1:
-            raise ValueError(f"VerifyCost widths must be increasing positive node counts, got {self.widths}")
+        if list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 0:
+            raise ValueError(f"VerifyCost widths must be increasing node counts >= 0, got {self.widths}")
         if any(not s > 0 for s in self.seconds):
             raise ValueError(f"VerifyCost times must be positive, got {self.seconds}")
 
     def seconds_at(self, n: int) -> float:
-        """C_v(n): linear between the measured widths, linear beyond the last two, flat below the first."""
+        """C_v(n): linear between the measured widths, linear beyond the last two, flat below the first (one
+        width: proportional to n, or flat when that width is 0)."""
         w, s = self.widths, self.seconds
         if n <= w[0] or len(w) == 1:
-            return s[0] if n <= w[0] else s[0] * n / w[0]
+            return s[0] if n <= w[0] or w[0] == 0 else s[0] * n / w[0]
         j = min(bisect.bisect_left(w, n), len(w) - 1)
         i = j - 1
         return s[i] + (s[j] - s[i]) * (n - w[i]) / (w[j] - w[i])
@@ -80,39 +86,41 @@ _CURVES: dict[tuple, VerifyCost] = {}
 
 @torch.inference_mode()
 def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, context: int = 64, repeats: int = 3,
-                        verbose: bool = True) -> VerifyCost:
-    """C_v(n) of ``target`` on this machine: the best of ``repeats`` forwards over n + 1 tokens with a
-    hidden-state read, on a DynamicCache holding ``context`` positions, for each n in ``widths``; kept per target
-    model, dtype and device (printed once when measured). Times are made non-decreasing (a larger forward never
-    costs less; a lucky sample would otherwise invite a larger tree)."""
-    from transformers import DynamicCache
+                        verbose: bool = True, hidden: bool = True) -> VerifyCost:
+    """C_v(n) of ``target`` on this machine: the median of ``repeats`` forwards (after a warm-up) over n + 1
+    tokens on the engine's eager DynamicCache runner holding ``context`` positions, with hidden states when
+    ``hidden`` (as a drafter reading features verifies), for each n in ``widths``; kept per target model, dtype,
+    device, widths, context and ``hidden`` (printed once when measured). Times are made non-decreasing (a
+    larger forward never costs less; a lucky sample would otherwise invite a larger tree or more stages)."""
+    from lit_domino.decoding.engine import _TargetRunner
 
-    from lit_domino.decoding.kv import crop_cache
-
-    key = (id(target.model), target.model.dtype, str(target.device), tuple(widths), int(context))
+    widths = tuple(int(w) for w in widths)
+    if not widths or repeats < 1 or context < 1:
+        raise ValueError(f"measure_verify_cost needs widths, repeats >= 1 and context >= 1, got widths={widths}, "
+                         f"repeats={repeats}, context={context}")
+    key = (id(target.model), target.model.dtype, str(target.device), widths, int(context), bool(hidden))
     if key in _CURVES:
         return _CURVES[key]
-    model, dev = target.model, target.device
+    dev = torch.device(target.device)
     gen = torch.Generator().manual_seed(0)
     vocab = target.vocab_size
-    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(dev)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+    runner = _TargetRunner(target, context + max(widths) + 1, False, False)
+    runner.prefill(torch.randint(0, vocab, (context,), generator=gen).to(dev), False)
     times = []
     for n in widths:
-        ids = torch.randint(0, vocab, (1, n + 1), generator=gen).to(dev)
-        best = float("inf")
+        ids = torch.randint(0, vocab, (n + 1,), generator=gen).to(dev)
+        samples = []
         for _ in range(repeats + 1):  # the first is a warm-up
             _sync(dev)
             t0 = time.perf_counter()
-            model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
+            runner.forward(ids, hidden)
             _sync(dev)
-            best = min(best, time.perf_counter() - t0)
-            crop_cache(cache, context)
-        times.append(best)
+            samples.append(time.perf_counter() - t0)
+            runner.crop(context)
+        times.append(statistics.median(samples[1:]))
     for i in range(1, len(times)):
         times[i] = max(times[i], times[i - 1])
-    curve = VerifyCost(tuple(int(w) for w in widths), tuple(times))
+    curve = VerifyCost(widths, tuple(times))
     _CURVES[key] = curve
     if verbose:
         print(f"verify cost of {getattr(target, 'name', 'the target')} ({target.model.dtype}, {dev}): "

@@ -2,8 +2,11 @@
 
 ``round_time(stages, verified)`` = ``draft_first + (stages - 1) · draft_next + verify(verified) + other``:
 
-* ``verify(w)``: one target forward of w tokens on a KV cache (the anchor and w - 1 drafts), measured at a
-  few widths and interpolated linearly (extrapolated from the last two beyond them);
+* ``verify(w)``: one target forward of w tokens on a KV cache (the anchor and w - 1 drafts): the target's
+  verify-cost curve (:class:`~lit_domino.decoding.cost.VerifyCost`, measured by
+  :func:`~lit_domino.decoding.cost.measure_verify_cost`, the one a tree round prices its nodes with) at
+  ``w - 1`` nodes, so the two read one interpolation rule (:meth:`~lit_domino.decoding.cost.VerifyCost.seconds_at`:
+  linear between the measured widths, from the last two beyond them);
 * ``draft_first`` / ``draft_next``: a first stage (the committed tokens' features fused, the block drafted) and a
   DLoop stage (drafted on the previous stage's hidden states) of ``block_size - 1`` tokens;
 * ``other``: the round's rollback and bookkeeping (the target cache's crop and the session's extend).
@@ -11,7 +14,9 @@
 Measured once per target, dtype, device and drafter (:func:`resolve`), cached under the artifact root
 (``cost_models/``) as JSON with the key it was measured under, printed when measured. A cache whose key
 differs from the running setup (another target, dtype, device, drafter, thread count) is re-measured; an
-explicit file measured elsewhere is refused. Shared by every gate or tree that needs to price a verify width.
+explicit file measured elsewhere is refused; a file of an older format is re-measured. Shared by every gate or
+tree that needs to price a verify width: :attr:`CostModel.curve` is a tree round's ``TreeConfig(cost=...)``
+(its ``draft_s`` the first stage's draft time) where a drafter is at hand.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ from pathlib import Path
 
 import torch
 
+from lit_domino.decoding.cost import VerifyCost, measure_verify_cost
 from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
-COST_FORMAT = 1
+COST_FORMAT = 2
+"""2: the verify part is a :class:`VerifyCost` (``{"nodes", "seconds"}``, nodes = tokens - 1); 1 (widths in tokens
+and verify_s of its own) is re-measured."""
 
 
 class CostModelError(UsageError):
@@ -39,10 +47,8 @@ class CostModelError(UsageError):
 class CostModel:
     """Seconds per round part on one machine (see the module docstring)."""
 
-    widths: list[int]
-    """Verify widths measured (tokens per target forward), increasing."""
-    verify_s: list[float]
-    """Median seconds of one target forward at each width."""
+    curve: VerifyCost
+    """The target's verify cost C_v(n), n = verify tokens - 1 (its ``draft_s`` = :attr:`draft_first_s`)."""
     draft_first_s: float
     """Median seconds of a round's first stage (block_size - 1 tokens)."""
     draft_next_s: float
@@ -52,14 +58,31 @@ class CostModel:
     key: dict = field(default_factory=dict)
     """What it was measured for (:func:`cost_key`)."""
 
+    def __post_init__(self):
+        if not isinstance(self.curve, VerifyCost):
+            raise TypeError(f"CostModel.curve must be a VerifyCost, got {type(self.curve).__name__} "
+                            "(CostModel.of_widths builds one from widths in tokens)")
+
+    @classmethod
+    def of_widths(cls, widths: list[int], verify_s: list[float], draft_first_s: float, draft_next_s: float,
+                  other_s: float = 0.0, key: dict | None = None) -> "CostModel":
+        """A cost model from verify times by width in tokens (``widths[i] - 1`` nodes)."""
+        curve = VerifyCost(tuple(int(w) - 1 for w in widths), tuple(float(v) for v in verify_s), float(draft_first_s))
+        return cls(curve, draft_first_s, draft_next_s, other_s, dict(key or {}))
+
+    @property
+    def widths(self) -> list[int]:
+        """Verify widths measured (tokens per target forward), increasing."""
+        return [n + 1 for n in self.curve.widths]
+
+    @property
+    def verify_s(self) -> list[float]:
+        """Seconds of one target forward at each of :attr:`widths`."""
+        return list(self.curve.seconds)
+
     def verify(self, width: int) -> float:
-        """Interpolated seconds of a target forward of ``width`` tokens."""
-        w, v = self.widths, self.verify_s
-        if len(w) == 1:
-            return v[0]
-        i = next((k for k in range(1, len(w)) if width <= w[k]), len(w) - 1)
-        a, b = w[i - 1], w[i]
-        return max(0.0, v[i - 1] + (v[i] - v[i - 1]) * (width - a) / (b - a))
+        """Seconds of a target forward of ``width`` tokens: C_v(width - 1)."""
+        return self.curve.seconds_at(width - 1)
 
     def round_time(self, stages: int, verified: int) -> float:
         """Seconds of a round of ``stages`` stages whose verify forward sees ``verified`` tokens."""
@@ -77,7 +100,10 @@ class CostModel:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text_atomic(path, json.dumps({"format": COST_FORMAT, **asdict(self)}, indent=1, sort_keys=True))
+        data = {"format": COST_FORMAT, "verify": {"nodes": list(self.curve.widths), "seconds": list(self.curve.seconds)},
+                "draft_first_s": self.draft_first_s, "draft_next_s": self.draft_next_s, "other_s": self.other_s,
+                "key": self.key}
+        cache.write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
         return path
 
     @classmethod
@@ -86,14 +112,14 @@ class CostModel:
         try:
             data = json.loads(path.read_text())
             if data.pop("format", None) != COST_FORMAT:
-                raise ValueError("unknown format")
-            model = cls(**data)
+                raise ValueError(f"not format {COST_FORMAT}")
+            verify = data.pop("verify")
+            curve = VerifyCost(tuple(verify["nodes"]), tuple(verify["seconds"]), float(data["draft_first_s"]))
+            model = cls(curve, **data)
         except FileNotFoundError:
             raise
-        except (TypeError, ValueError, OSError) as err:
+        except (TypeError, ValueError, KeyError, AttributeError, OSError) as err:
             raise CostModelError(f"the cost model {path} cannot be read ({err}); delete it to re-measure") from None
-        if len(model.widths) != len(model.verify_s) or not model.widths:
-            raise CostModelError(f"the cost model {path} is inconsistent (widths vs verify times)")
         return model
 
 
@@ -141,20 +167,13 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, target.vocab_size, (context,), generator=g).to(dev)
     layers = feature_layers(drafter)
-    widths = sorted({1, 2, K + 1, *(s * K + 1 for s in range(2, max_stages + 1))})
-    runner = _TargetRunner(target, context + max_stages * K + 2, False, False)
+    # the verify part: the tree rounds' curve at n = tokens - 1 nodes (the anchor alone, one draft, each stage's)
+    nodes = tuple(sorted({0, 1, *(s * K for s in range(1, max_stages + 1))}))
+    curve = measure_verify_cost(target, nodes, context=context, repeats=repeats, verbose=False,
+                                hidden=layers is not None)
+    runner = _TargetRunner(target, context + 2, False, False)
     out = runner.prefill(prompt, layers is not None)
     feats = select_features(out.hidden_states, layers)[0] if layers is not None else None
-    verify = []
-    for w in widths:
-        ids = prompt[:w] if w <= context else torch.randint(0, target.vocab_size, (w,), generator=g).to(dev)
-
-        def step(ids=ids):
-            runner.forward(ids, layers is not None)
-            runner.crop(context)
-
-        step()
-        verify.append(_median_time(step, repeats, sync))
     was = drafter.training
     drafter.eval()
     try:
@@ -184,10 +203,11 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
             session.extend(*last)
 
         other()
-        other_s = max(0.0, _median_time(other, repeats, sync) - verify[widths.index(2)])
+        other_s = max(0.0, _median_time(other, repeats, sync) - curve.seconds_at(1))
     finally:
         drafter.train(was)
-    return CostModel(widths, verify, draft_first, draft_next, other_s, cost_key(target, drafter, block_size))
+    curve = VerifyCost(curve.widths, curve.seconds, draft_first)
+    return CostModel(curve, draft_first, draft_next, other_s, cost_key(target, drafter, block_size))
 
 
 _MEMO: dict[str, CostModel] = {}

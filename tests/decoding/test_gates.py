@@ -11,7 +11,7 @@ import torch
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.acceptance import (AcceptanceHead, AcceptancePredictor, Calibration, NoAcceptancePredictor,
                                            attach, drafter_key, input_width, load_predictor, predictor_of)
-from lit_domino.decoding.cost_model import CostModel, CostModelError, cost_key, resolve
+from lit_domino.decoding.cost_model import CostModel, CostModelError, cache_path, cost_key, resolve
 from lit_domino.decoding.gates import round_policy
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square, sampled_pairs
@@ -82,7 +82,7 @@ def cheap_cost(target, drafter, block_size):
     """A cost model where drafting is cheap against verifying: the cost gate drafts more while survival is high."""
     K = block_size - 1
     widths = [1, 2, K + 1, 2 * K + 1, 3 * K + 1]
-    return CostModel(widths, [1e-3 * (1 + 0.001 * w) for w in widths], 1e-5, 1e-5, 0.0,
+    return CostModel.of_widths(widths, [1e-3 * (1 + 0.001 * w) for w in widths], 1e-5, 1e-5, 0.0,
                      cost_key(target, drafter, block_size))
 
 
@@ -178,7 +178,7 @@ def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(targe
 def test_cost_gate_drafts_more_when_verify_is_what_costs(target, tmp_path):
     d = with_predictor(target, "backbone")
     cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
-    dear = CostModel([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6)).save(tmp_path / "d.json")
+    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6)).save(tmp_path / "d.json")
     p = [5, 6, 7, 8]
     many = generate(target, d, torch.tensor([p]), max_new_tokens=24,
                     dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
@@ -378,3 +378,23 @@ def test_gru_inputs_are_refused_for_a_drafter_without_a_gru(target, tmp_path):
     back = load_predictor(gru.save(tmp_path / "p"))
     assert back.head.input_kind == "gru" and back.head.embed_size == 16
     torch.testing.assert_close(back.head.proj.weight, gru.head.proj.weight)
+
+
+def test_cost_model_verify_is_the_tree_curve_and_old_files_are_remeasured(target, tmp_path, monkeypatch):
+    from lit_domino.decoding import cost_model
+    from lit_domino.decoding.cost import measure_verify_cost
+
+    monkeypatch.setattr(cost_model, "_MEMO", {})  # this process's models aside: read the file
+
+    d = with_predictor(target, "backbone", block_size=4)
+    path = cache_path(cost_key(target, d, 4), tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": 1, "widths": [1, 2], "verify_s": [1.0, 2.0], "draft_first_s": 1.0,
+                                "draft_next_s": 1.0, "other_s": 0.0, "key": cost_key(target, d, 4)}))
+    logs = []
+    cm = resolve(target, d, 4, None, max_stages=2, root=tmp_path, log=logs.append)
+    assert "cannot be read" in logs[0] and "measured" in logs[1] and json.loads(path.read_text())["format"] == 2
+    tree = measure_verify_cost(target, (0, 1, 3, 6), context=48, repeats=7, hidden=True, verbose=False)
+    assert cm.curve.widths == tree.widths and cm.widths == [n + 1 for n in tree.widths]
+    for n in range(0, 9):
+        assert cm.verify(n + 1) == tree.seconds_at(n)
