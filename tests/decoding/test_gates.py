@@ -197,7 +197,8 @@ def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, 
     real = acceptance.AcceptancePredictor.confidences
     monkeypatch.setattr(acceptance.AcceptancePredictor, "confidences",
                         lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
-    dear = CostModel([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6)).save(tmp_path / "d.json")
+    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6))
+    dear = dear.save(tmp_path / "d.json")
     cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
     p = torch.tensor([[5, 6, 7, 8]])
     plain = generate(target, d, p, max_new_tokens=24)
@@ -218,7 +219,7 @@ def test_the_cost_gates_shortcut_never_skips_a_stage_the_rule_would_draft():
     for _ in range(60):
         widths = [1, 4, 8, 16, 24]
         verify = sorted(u(1e-3, 5e-3) for _ in widths)
-        cost = CostModel(widths, verify, u(1e-4, 5e-3), u(1e-4, 5e-3), u(0, 1e-3), {})
+        cost = CostModel.of_widths(widths, verify, u(1e-4, 5e-3), u(1e-4, 5e-3), u(0, 1e-3), {})
         cal = Calibration([1.0] * 16, [u(0.05, 0.99) for _ in range(16)])
         policy = RoundPolicy(DLoopConfig(gate="cost", max_stages=3), None, AcceptancePredictor("", None, cal), cost)
         k, room = 7, 7
