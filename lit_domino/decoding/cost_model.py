@@ -25,7 +25,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -48,7 +48,7 @@ class CostModel:
     """Seconds per round part on one machine (see the module docstring)."""
 
     curve: VerifyCost
-    """The target's verify cost C_v(n), n = verify tokens - 1 (its ``draft_s`` = :attr:`draft_first_s`)."""
+    """The target's verify cost C_v(n), n = verify tokens - 1 (its ``draft_s`` is set to :attr:`draft_first_s`)."""
     draft_first_s: float
     """Median seconds of a round's first stage (block_size - 1 tokens)."""
     draft_next_s: float
@@ -62,12 +62,14 @@ class CostModel:
         if not isinstance(self.curve, VerifyCost):
             raise TypeError(f"CostModel.curve must be a VerifyCost, got {type(self.curve).__name__} "
                             "(CostModel.of_widths builds one from widths in tokens)")
+        # one draft time: a tree round priced with this curve drafts what a first stage does
+        self.curve = replace(self.curve, draft_s=float(self.draft_first_s))
 
     @classmethod
     def of_widths(cls, widths: list[int], verify_s: list[float], draft_first_s: float, draft_next_s: float,
                   other_s: float = 0.0, key: dict | None = None) -> "CostModel":
         """A cost model from verify times by width in tokens (``widths[i] - 1`` nodes)."""
-        curve = VerifyCost(tuple(int(w) - 1 for w in widths), tuple(float(v) for v in verify_s), float(draft_first_s))
+        curve = VerifyCost(tuple(int(w) - 1 for w in widths), tuple(float(v) for v in verify_s))
         return cls(curve, draft_first_s, draft_next_s, other_s, dict(key or {}))
 
     @property
@@ -114,7 +116,7 @@ class CostModel:
             if data.pop("format", None) != COST_FORMAT:
                 raise ValueError(f"not format {COST_FORMAT}")
             verify = data.pop("verify")
-            curve = VerifyCost(tuple(verify["nodes"]), tuple(verify["seconds"]), float(data["draft_first_s"]))
+            curve = VerifyCost(tuple(verify["nodes"]), tuple(verify["seconds"]))
             model = cls(curve, **data)
         except FileNotFoundError:
             raise
@@ -206,7 +208,6 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
         other_s = max(0.0, _median_time(other, repeats, sync) - curve.seconds_at(1))
     finally:
         drafter.train(was)
-    curve = VerifyCost(curve.widths, curve.seconds, draft_first)
     return CostModel(curve, draft_first, draft_next, other_s, cost_key(target, drafter, block_size))
 
 
