@@ -102,3 +102,20 @@ def log_metrics(client, run_id: str, metrics: Mapping[str, float], step: int = 0
     for i in range(0, len(items), 1000):
         client.log_batch(run_id, metrics=items[i:i + 1000])
     return len(items)
+
+
+class NotLosslessError(RuntimeError):
+    """A decoded row whose output differs from the AR baseline at T = 0: the study stops (nothing is cached)."""
+
+
+def check_lossless(rows: list[dict], path: Path, study: str) -> None:
+    """Every drafter row at T = 0 must reproduce the AR baseline token for token (``match_baseline`` 1); else the
+    rows are written to ``path`` and :class:`NotLosslessError` names the first offenders (``study``: whose rows)."""
+    bad = [r for r in rows if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0
+           and not (finite(r.get("match_baseline")) and r["match_baseline"] == 1.0)]
+    if bad:
+        write_json(rows, path)
+        where = ", ".join(f"{r['method']} on {r['benchmark']}" + (f" (B = {r['sweep']})" if r.get("sweep") else "")
+                          + f": {r.get('match_baseline')}" for r in bad[:8])
+        raise NotLosslessError(f"{len(bad)} {study} rows are not lossless at T = 0 (fraction of prompts whose "
+                               f"output is the AR baseline's, must be 1): {where}; every row is in {path}")

@@ -62,7 +62,8 @@ from lit_domino.interop import load_drafter
 from lit_domino.models.sessions import check_pool_size
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.runtime.paths import project_root
-from lit_domino.studies.common import cached_rows, log_metrics, mlflow_name
+from lit_domino.studies.common import (NotLosslessError, cached_rows, check_lossless,  # noqa: F401 (the API)
+                                       log_metrics, mlflow_name)
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.decoding.metric_names import row_metrics
@@ -838,23 +839,6 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
         return run.info.run_id
 
 
-class NotLosslessError(RuntimeError):
-    """A decoded row whose output differs from the AR baseline at T = 0: the study stops (nothing is cached)."""
-
-
-def check_lossless(rows: list[dict], path: Path) -> None:
-    """Every drafter row at T = 0 must reproduce the AR baseline token for token (``match_baseline`` 1); else the
-    rows are written to ``path`` and :class:`NotLosslessError` names the first offenders."""
-    bad = [r for r in rows if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0
-           and not (finite(r.get("match_baseline")) and r["match_baseline"] == 1.0)]
-    if bad:
-        write_json(rows, path)
-        where = ", ".join(f"{r['method']} on {r['benchmark']}" + (f" (B = {r['sweep']})" if r.get("sweep") else "")
-                          + f": {r.get('match_baseline')}" for r in bad[:8])
-        raise NotLosslessError(f"{len(bad)} DLoop study rows are not lossless at T = 0 (fraction of prompts whose "
-                               f"output is the AR baseline's, must be 1): {where}; every row is in {path}")
-
-
 def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stages=None, table_dloop=None,
                     out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True,
                     block_sizes=None) -> dict:
@@ -886,12 +870,12 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
              f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']} x {plan['repeats']} repeats, "
              f"then the plain drafters at B = {plan['block_sizes'] or 'their trained'}", t0)
         rows = evaluate(target, trained, names, plan, progress)
-        check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json")  # before the rows are cached
+        check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json", "DLoop study")  # before the rows are cached
         return rows
 
     rows = cached_rows(eval_key, f"dloop-{preset}", decode,
                        on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
-    check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json")
+    check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json", "DLoop study")
 
     _log("stage 4/4 tables", t0)
     tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),

@@ -50,7 +50,7 @@ from lit_domino.runtime import cache
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.threads import pinned_threads
-from lit_domino.studies.common import cached_rows, log_metrics, mlflow_name
+from lit_domino.studies.common import cached_rows, check_lossless, log_metrics, mlflow_name
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.training.configs import CONFIG_DIR, available_variants, check_preset, compose, load_config, module_class
 
@@ -198,13 +198,6 @@ def split_rows(rows: list[dict]) -> tuple[list[dict], VerifyCost]:
         raise ValueError(f"the tree study's rows hold {len(curves)} verify-cost records, expected 1")
     curve = VerifyCost(tuple(curves[0]["widths"]), tuple(curves[0]["seconds"]))
     return [r for r in rows if r.get("kind") != "verify_cost"], curve
-
-
-def not_lossless(rows: list[dict]) -> list[tuple[str, str]]:
-    """(method, domain) of every T = 0 drafter row whose tokens differ from the AR baseline's."""
-    return [(r["method"], r["benchmark"]) for r in rows if r.get("kind") == "drafter"
-            and float(r.get("temperature", 0.0)) == 0.0 and not (finite(r.get("match_baseline"))
-                                                                 and r["match_baseline"] == 1.0)]
 
 
 # --------------------------------------------------------------------------- tables
@@ -423,11 +416,8 @@ def report(rows: list[dict], plan: dict, out_dir: Path, mlflow_enabled: bool = T
     main = trees_table(recs, plan)
     tables = {"trees": main, "summary": summary_table(main["average"]), "siblings": siblings_table(recs),
               "verify_cost": cost_table(curve, recs)}
-    bad = not_lossless(bench_rows)
     write_json(bench_rows, out_dir / f"rows-{preset}.json")
-    if bad:
-        raise RuntimeError(f"the tree study is not lossless: {len(bad)} rows differ from the AR baseline's tokens at "
-                           f"T = 0: {bad} (rows in {out_dir / f'rows-{preset}.json'})")
+    check_lossless(bench_rows, out_dir / f"rows-{preset}.json", "tree study")
     md = out_dir / f"trees-{preset}.md"
     sections = [f"# Tree study ({preset})", "", "Speedup = our AR time per token / the method's (prefill excluded), "
                 "T = 0, every row token-identical to AR.", *[f"- {note}" for note in plan["skipped"].values()], "",

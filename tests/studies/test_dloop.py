@@ -431,12 +431,12 @@ def test_gain_against_whole_stage_acceptance_points_fit_and_figure(tmp_path):
 def test_a_row_that_is_not_lossless_stops_the_study(tmp_path):
     rows = [{"kind": "ar", "match_baseline": 1.0}, {"kind": "skipped", "drafter": "eagle3/plain"},
             {"kind": "drafter", "method": "domino/plain", "benchmark": "embedded-math", "match_baseline": 1.0}]
-    ds.check_lossless(rows, tmp_path / "rows.json")
+    ds.check_lossless(rows, tmp_path / "rows.json", "DLoop study")
     assert not (tmp_path / "rows.json").exists()
     rows.append({"kind": "drafter", "method": "dspark/plain+dloop(cost:3)", "benchmark": "embedded-code",
                  "match_baseline": 0.5, "sweep": 4})
     rows.append({"kind": "drafter", "method": "x", "benchmark": "embedded-chat", "match_baseline": float("nan")})
     with pytest.raises(ds.NotLosslessError, match=r"2 DLoop study rows are not lossless.*cost:3\) on embedded-code "
                                                   r"\(B = 4\): 0.5, x on embedded-chat: nan"):
-        ds.check_lossless(rows, tmp_path / "rows.json")
+        ds.check_lossless(rows, tmp_path / "rows.json", "DLoop study")
     assert (tmp_path / "rows.json").exists()
