@@ -45,6 +45,18 @@ def require_file(path: str | os.PathLike, what: str) -> None:
         raise UsageError(f"{what} {str(path)!r} does not exist")
 
 
+def positive_int(item: str, flag: str, expected: str, at_least: str) -> int:
+    """One item of a comma-separated flag as an integer >= 1: :class:`UsageError` ``"{flag}: expected {expected},
+    got ..."`` for text, ``"{flag}: {at_least}, got n"`` below 1."""
+    try:
+        n = int(item)
+    except ValueError:
+        raise UsageError(f"{flag}: expected {expected}, got {item!r}") from None
+    if n < 1:
+        raise UsageError(f"{flag}: {at_least}, got {n}")
+    return n
+
+
 def run_command(prog: str, body: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> Any:
     """Run ``body(argv)`` as the command ``prog``: expected errors one line with rc 2, interrupts rc 130.
 

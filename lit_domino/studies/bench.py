@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lit_domino.runtime.command import CommandParser, UsageError, run_command
+from lit_domino.runtime.command import CommandParser, UsageError, positive_int, run_command
 from lit_domino.runtime.inputs import check_drafter_config, check_drafter_source, check_positive, check_target_spec
 from lit_domino.runtime.paths import project_root
 
@@ -185,13 +185,8 @@ def parse_pool_sizes(spec: str) -> list[int | None]:
         if item in ("full", "none", "all"):
             sizes.append(None)
             continue
-        try:
-            size = int(item)
-        except ValueError:
-            raise UsageError(f"--pool-sizes: expected 'full' or an integer, got {item!r}") from None
-        if size < 1:
-            raise UsageError(f"--pool-sizes: a candidate pool holds at least 1 token, got {size}")
-        sizes.append(size)
+        sizes.append(positive_int(item, "--pool-sizes", "'full' or an integer",
+                                  "a candidate pool holds at least 1 token"))
     return sizes or [None]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from lit_domino.runtime.command import CommandParser, UsageError, run_command
+from lit_domino.runtime.command import CommandParser, UsageError, positive_int, run_command
 
 
 COMMAND_DOC = """The tree study: chain vs DDTree, path-conditioned and EAGLE-2 trees at each budget and cost-aware.
@@ -54,15 +54,8 @@ def parse_budgets(spec: str | None) -> list[int] | None:
     """``16,32,64`` → ``[16, 32, 64]``; each an integer >= 1 (UsageError naming ``--budgets``)."""
     if spec is None:
         return None
-    out = []
-    for item in split(spec):
-        try:
-            n = int(item)
-        except ValueError:
-            raise UsageError(f"--budgets: expected integers (tree nodes per round), got {item!r}") from None
-        if n < 1:
-            raise UsageError(f"--budgets: a tree budget is at least 1 node per round, got {n}")
-        out.append(n)
+    out = [positive_int(item, "--budgets", "integers (tree nodes per round)",
+                        "a tree budget is at least 1 node per round") for item in split(spec)]
     if not out:
         raise UsageError("--budgets is empty")
     return out
