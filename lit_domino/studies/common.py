@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import re
@@ -44,15 +46,41 @@ def _restore_nonfinite(obj, holes: list) -> None:
         node[path[-1]] = float(value)
 
 
+DECODE_PACKAGES = ("decoding", "models", "target")
+"""The packages whose code produces a study's decoded rows (the engine, the drafters, the target's loading)."""
+
+
+@functools.lru_cache(maxsize=1)
+def decode_code_version() -> str:
+    """A hash of the source of :data:`DECODE_PACKAGES`: part of every cached rows' key, so a warm cache never serves
+    rows that older decoding code measured (it did until 2026-12-05: the key named only drafters and settings)."""
+    import lit_domino
+
+    root = Path(lit_domino.__file__).resolve().parent
+    h = hashlib.sha256()
+    for package in DECODE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def rows_key(key: Any) -> dict:
+    """The artifact key :func:`cached_rows` stores a study's ``key`` under: with the decoding code's version."""
+    return {"rows": key, "code": decode_code_version()}
+
+
 def cached_rows(key: Any, name: str, compute: Callable[[], list[dict]], *,
                 on_reuse: Callable[[], None] | None = None) -> list[dict]:
-    """Rows measured once per ``key``: reused from ``evals/<name>-<hash of key>/rows.json`` when that artifact
-    is complete (``on_reuse`` is called first), else ``compute()``d, written as strict JSON and marked complete.
+    """Rows measured once per ``key`` and decoding code (:func:`decode_code_version`): reused from
+    ``evals/<name>-<hash>/rows.json`` when that artifact is complete (``on_reuse`` is called first), else
+    ``compute()``d, written as strict JSON and marked complete.
 
     Rows come back as computed: ``nonfinite.json`` beside ``rows.json`` says where the NaN/±inf were
     (``rows.json`` holds ``null`` there); files written before it existed (bare ``NaN``) are read as they are.
     """
 
+    key = rows_key(key)
     directory = cache.artifact_dir("evals", key, name=name)
     if cache.is_complete(directory):
         if on_reuse is not None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lit_domino.runtime import cache
-from lit_domino.studies.common import cached_rows, log_metrics
+from lit_domino.studies.common import cached_rows, decode_code_version, log_metrics, rows_key
 from lit_domino.decoding.metric_names import drafter_metrics, row_metrics
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.jsonio import to_json, write_json
@@ -92,7 +92,7 @@ def test_cached_rows_reuses_then_recomputes_on_another_key(evals_cache):
 
     first = cached_rows({"plan": 1}, "study-test", compute, on_reuse=lambda: reused.append(1))
     assert len(calls) == 1 and not reused and same_rows(first, ROWS)
-    directory = cache.artifact_dir("evals", {"plan": 1}, name="study-test")
+    directory = cache.artifact_dir("evals", rows_key({"plan": 1}), name="study-test")
     assert cache.is_complete(directory) and directory.parent.name == "evals"
     on_disk = strict_loads((directory / "rows.json").read_text())  # strict JSON: NaN/inf written as null
     assert on_disk[0]["speedup"] is None and on_disk[1]["tau"] is None and on_disk[0]["drafter"] is None
@@ -107,12 +107,28 @@ def test_cached_rows_reuses_then_recomputes_on_another_key(evals_cache):
     assert len(calls) == 2
 
 
+def test_cached_rows_are_measured_again_when_the_decoding_code_changes(evals_cache, monkeypatch):
+    """A warm cache never serves rows that other decoding code measured (the source of the decoding, models and target
+    packages is in the key)."""
+    from lit_domino.studies import common
+
+    calls = []
+    compute = lambda: calls.append(1) or [dict(r) for r in ROWS]  # noqa: E731
+    cached_rows({"plan": 1}, "study-code", compute)
+    cached_rows({"plan": 1}, "study-code", compute)
+    assert len(calls) == 1
+    monkeypatch.setattr(common, "decode_code_version", lambda: "another-engine")
+    cached_rows({"plan": 1}, "study-code", compute)
+    assert len(calls) == 2
+    assert len(common.DECODE_PACKAGES) == 3 and len(decode_code_version()) == 16
+
+
 def test_cached_rows_reads_files_written_before_strict_json(evals_cache):
     key = {"plan": "old"}
-    directory = cache.artifact_dir("evals", key, name="old")
+    directory = cache.artifact_dir("evals", rows_key(key), name="old")
     directory.mkdir(parents=True)
     (directory / "rows.json").write_text(json.dumps(ROWS, indent=1))  # bare NaN / Infinity, no nonfinite.json
-    cache.mark_complete(directory, key)
+    cache.mark_complete(directory, rows_key(key))
     rows = cached_rows(key, "old", lambda: pytest.fail("complete rows must be reused"))
     assert same_rows(rows, ROWS) and math.isnan(rows[0]["speedup"])
 
