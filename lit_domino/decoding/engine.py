@@ -75,6 +75,9 @@ class GenerationResult:
     accepted_ranks: list[int] = field(default_factory=list)
     """Tree rounds (``generate(..., tree=...)``): the sibling rank of every accepted node (0 = its parent's top
     candidate), the statistic of how often a tree's branches pay."""
+    repeat_tpot_ms: list[float] = field(default_factory=list)
+    """``benchmark(..., repeats=R)``: the time per output token of each of the R decodes (``tpot_ms`` is their mean),
+    what the rows' repeat-to-repeat noise is measured from."""
     stage_records: list[tuple[float, float, int, int]] = field(default_factory=list)
     """``generate(..., record_stages=True)``: per drafted stage ``(sum log q, last log q, K, accepted)`` — the
     stage's draft log-probabilities (for any DLoop gate's confidence) and how many of its K tokens the target

@@ -260,6 +260,7 @@ def mean_times(results: Sequence[GenerationResult], what: str = "a prompt") -> G
         setattr(out, name, sum(getattr(r, name) for r in results) / len(results))
     if first.decode_time_s > 0:  # the same tokens (a multi-turn result's turn count included): tpot scales
         out.tpot_ms = first.tpot_ms * out.decode_time_s / first.decode_time_s
+    out.repeat_tpot_ms = [r.tpot_ms for r in results]
     return out
 
 

@@ -161,6 +161,21 @@ def mean_tpot_ms(results: Sequence[GenerationResult]) -> float:
     return _nanmean(r.tpot_ms for r in results)
 
 
+def repeat_noise(results: Sequence[GenerationResult], baseline: Sequence[GenerationResult]) -> float:
+    """How much the speedup moves between repeated decodes: the speedup of each repeat alone (its decodes of every
+    prompt against the baseline's decodes of the same repeat), their standard deviation over their mean (relative;
+    NaN without repeats). The same rounds timed twice differ by this much, so a difference between two methods'
+    speedups below ~2x it is timing noise."""
+    reps = {len(r.repeat_tpot_ms) for r in [*results, *baseline]}
+    if len(reps) != 1 or min(reps) < 2:
+        return float("nan")
+    R = reps.pop()
+    speedups = [_nanmean(b.repeat_tpot_ms[k] for b in baseline) / _nanmean(r.repeat_tpot_ms[k] for r in results)
+                for k in range(R)]
+    mean = sum(speedups) / R
+    return (sum((x - mean) ** 2 for x in speedups) / (R - 1)) ** 0.5 / mean
+
+
 def merge_results(results: Sequence[GenerationResult]) -> GenerationResult:
     """One result for a multi-turn conversation: tokens and rounds concatenated, times summed.
 
@@ -219,6 +234,7 @@ def summarize(
     }
     if baseline is not None:
         row["speedup"] = mean_tpot_ms(baseline) / tpot if tpot > 0 else float("nan")
+        row["speedup_noise"] = repeat_noise(results, baseline)
         row["match_baseline"] = _nanmean(float(a.tokens == b.tokens) for a, b in zip(results, baseline))
     if hf_baseline is not None:
         row["speedup_vs_hf_generate"] = mean_tpot_ms(hf_baseline) / tpot if tpot > 0 else float("nan")

@@ -78,3 +78,17 @@ def test_merge_results_for_multi_turn():
     assert m.tau == pytest.approx((2 + 3 + 1) / 3)
     assert m.tpot_ms == pytest.approx(1e3 * 4.0 / (len(m.tokens) - 2))
     assert torch.is_tensor(AcceptanceLength().compute())
+
+
+def test_repeat_noise_is_the_spread_of_each_repeats_speedup():
+    """Two repeats: the method is 2x the baseline in the first and 1x in the second -> speedups 2 and 1, mean 1.5,
+    sample std 0.707 (relative 0.471); one repeat has no noise estimate."""
+    from lit_domino.decoding.metrics import repeat_noise
+
+    def res(*tpots):
+        return GenerationResult(tokens=[1, 2], tpot_ms=sum(tpots) / len(tpots), repeat_tpot_ms=list(tpots))
+
+    base, method = [res(2.0, 2.0), res(4.0, 4.0)], [res(1.0, 2.0), res(2.0, 4.0)]
+    assert repeat_noise(method, base) == pytest.approx(0.5 ** 0.5 / 1.5)
+    assert summarize(method, base)["speedup_noise"] == pytest.approx(0.5 ** 0.5 / 1.5)
+    assert math.isnan(repeat_noise([res(1.0)], [res(2.0)]))
