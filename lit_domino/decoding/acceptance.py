@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -160,18 +160,31 @@ class AcceptanceHead(nn.Module):
 
 @dataclass
 class Calibration:
-    """Per round position temperatures and the held-out mean calibrated confidence (see the module docstring)."""
+    """Per round position temperatures and the held-out mean calibrated confidence (see the module docstring), and
+    the stage-level quantities DLoop's gates decide on (:meth:`whole_stage`, :meth:`next_yield`)."""
 
     temperatures: list[float]
     """τ_j for round positions j = 1, 2, ... (stages concatenated); later positions reuse the last one."""
     mean_confidence: list[float]
-    """Mean calibrated c_j on the held-out rounds that reached j (the cost gate's forecast)."""
+    """Mean calibrated c_j on the held-out rounds that reached j (the cost gate's forecast of a stage when
+    :attr:`stage_yield` is not known)."""
     label: str = "hard"
     """What the survival was fitted to: ``hard`` acceptance events (T = 0) or ``soft`` c* (T > 0)."""
     offsets: list[float] | None = None
     """Per position offsets b_j (``c_j = sigmoid(z_j / τ_j + b_j)``, Platt scaling); None: temperature scaling only.
     A head trained on every position of a round learns one bias for all of them, and a temperature alone cannot
     move a position's mean (smoke backbone, j = 1: ECE 10.4 % before, 12.5 % after temperature scaling)."""
+    stage_scale: list[float] | None = None
+    """``[a, b]``: the probability that every draft of the round so far survives, given the product S of its
+    calibrated c_j, is ``sigmoid(a · logit(S) + b)`` (Platt scaling of S at the stage boundaries, fitted on the
+    held-out rounds; None: S itself). Each c_j is calibrated on the rounds that reached j, but their product is not
+    calibrated where a gate decides: on the default Domino drafter, held-out rounds with S in [0.3, 0.7) were
+    accepted whole in 25-30 % of cases."""
+    stage_yield: list[float] | None = None
+    """``stage_yield[s-1]``: the mean number of drafts accepted in stage s+1 on the held-out rounds whose first s
+    stages were accepted whole (s = 1, 2, ..; later stages reuse the last), what another stage is expected to add
+    when the round survives so far; None: forecast it from :attr:`mean_confidence` (optimistic: those are the
+    confidences of the rounds that reached each position, not of the stage drafted after them)."""
 
     def __post_init__(self):
         if not self.temperatures or any(not (math.isfinite(t) and t > 0) for t in self.temperatures):
@@ -181,6 +194,14 @@ class Calibration:
         if self.offsets is not None and (len(self.offsets) != len(self.temperatures)
                                          or not all(math.isfinite(b) for b in self.offsets)):
             raise ValueError("calibration: one finite offset per temperature")
+        if self.stage_scale is not None and (len(self.stage_scale) != 2
+                                             or not all(math.isfinite(v) for v in self.stage_scale)
+                                             or self.stage_scale[0] <= 0):
+            raise ValueError(f"calibration: stage_scale must be [a > 0, b] (finite), got {self.stage_scale}")
+        if self.stage_yield is not None and (not self.stage_yield
+                                             or not all(math.isfinite(v) and v >= 0 for v in self.stage_yield)):
+            raise ValueError(f"calibration: stage_yield must be non-negative numbers, got {self.stage_yield}")
+        self._vectors: dict[str, torch.Tensor] = {}
 
     def apply(self, z: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Calibrated logits of raw logits z [..., n] at round positions start+1 .. start+n."""
@@ -191,11 +212,44 @@ class Calibration:
         return out
 
     def at(self, values: list[float], start: int, n: int) -> torch.Tensor:
-        """``values`` at round positions start+1 .. start+n (0-based offsets start..; the last one repeats)."""
-        last = len(values) - 1
-        return torch.tensor([values[min(start + i, last)] for i in range(n)], dtype=torch.float32)
+        """``values`` at round positions start+1 .. start+n (0-based offsets start..; the last one repeats), from a
+        float32 vector built once per list (a gate asks at every stage)."""
+        key = next((k for k in ("temperatures", "offsets", "mean_confidence") if values is getattr(self, k)), None)
+        vec = self._vectors.get(key) if key else None
+        if vec is None or vec.numel() < start + n:
+            length = max(start + n, len(values), 64)
+            vec = torch.tensor([values[min(i, len(values) - 1)] for i in range(length)], dtype=torch.float32)
+            if key:
+                self._vectors[key] = vec
+        return vec[start: start + n]
 
+    def whole_stage(self, survival: float) -> float:
+        """The probability that every draft of the round so far is accepted, from the product ``survival`` of their
+        calibrated c_j (:attr:`stage_scale`)."""
+        if self.stage_scale is None or survival <= 0.0 or survival >= 1.0:
+            return min(max(survival, 0.0), 1.0)
+        a, b = self.stage_scale
+        x = a * math.log(survival / (1.0 - survival)) + b
+        return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))  # no overflow either way
 
+    def next_yield(self, stages: int, drafted: int, room: int) -> float:
+        """Drafts a further stage of ``room`` drafts is expected to have accepted, given that the ``stages``
+        stages so far (``drafted`` drafts) were accepted whole: :attr:`stage_yield` (scaled down for a shorter
+        stage by the shape of the mean confidences), else the product of the mean confidences."""
+        forecast = torch.cumprod(self.at(self.mean_confidence, drafted, room), 0)
+        if self.stage_yield is None:
+            return float(forecast.sum())
+        full = self.stage_yield[min(stages, len(self.stage_yield)) - 1]
+        K = max(drafted // max(stages, 1), 1)  # drafts of a full stage
+        if room >= K:
+            return full
+        whole = float(torch.cumprod(self.at(self.mean_confidence, drafted, K), 0).sum())
+        return full * float(forecast.sum()) / whole if whole > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """The fields (what a saved predictor's JSON holds)."""
+        return {k: getattr(self, k) for k in ("temperatures", "mean_confidence", "label", "offsets", "stage_scale",
+                                              "stage_yield")}
 
 
 @dataclass
@@ -226,16 +280,36 @@ class AcceptancePredictor:
     def confidences(self, drafter, hidden, anchor, tokens, offset: int = 0) -> torch.Tensor:
         """Calibrated c_j [K] (CPU float32) of one stage at round positions offset+1 .. offset+K."""
         H, prev = stage_inputs(hidden, anchor, tokens)
-        z = self.logits(drafter, H, prev).reshape(-1).float().cpu()
+        fused = self._fused(drafter, H.device) if self.head is not None and self.head.input_kind == "hidden" else None
+        if fused is not None:  # the head's equation with its embedding part looked up: two ops instead of six
+            w_h, by_token = fused
+            z = torch.addmv(by_token.index_select(0, prev), H.float(), w_h).cpu()
+        else:
+            z = self.logits(drafter, H, prev).reshape(-1).float().cpu()
         if self.calibration is not None:
             z = self.calibration.apply(z, offset)
         return torch.sigmoid(z)
+
+    def _fused(self, drafter, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The add-on head on ``[H_j ; E[x_{j-1}]]`` as ``w_H · H_j + t[x_{j-1}]``, with ``t = w_E · E + b`` [V] for
+        every token (float32), built once per head and embedding weights (a gate reads the head at every stage)."""
+        proj, embed = self.head.proj, drafter.embed.weight
+        key = (id(embed), embed._version, proj.weight._version, proj.bias._version, str(device))
+        cached = self.__dict__.get("_fused_head")
+        if cached is None or cached[0] != key:
+            w = proj.weight[0].detach().float().to(device)
+            d = self.head.hidden_size
+            ids = torch.arange(embed.shape[0], device=device)
+            by_token = torch.cat([drafter.embed_tokens(c).float() @ w[d:] for c in ids.split(16384)])  # V x d_e in chunks
+            cached = (key, (w[:d].contiguous(), (by_token + proj.bias.detach().float().to(device)).contiguous()))
+            self.__dict__["_fused_head"] = cached  # not a field: never saved
+        return cached[1]
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         info = {"format": 1, "drafter_key": self.drafter_key, "kind": "own" if self.head is None else "addon",
-                "calibration": None if self.calibration is None else asdict(self.calibration), "meta": self.meta}
+                "calibration": None if self.calibration is None else self.calibration.to_dict(), "meta": self.meta}
         if self.head is not None:
             info["head"] = {"hidden_size": self.head.hidden_size, "embed_size": self.head.embed_size,
                             "inputs": self.head.input_kind}

@@ -8,7 +8,8 @@
   ``w - 1`` nodes, so the two read one interpolation rule (:meth:`~lit_domino.decoding.cost.VerifyCost.seconds_at`:
   linear between the measured widths, from the last two beyond them);
 * ``draft_first`` / ``draft_next``: a first stage (the committed tokens' features fused, the block drafted) and a
-  DLoop stage (drafted on the previous stage's hidden states) of ``block_size - 1`` tokens;
+  DLoop stage (drafted on the previous stage's hidden states) of ``block_size - 1`` tokens, each with the gate's
+  read of the drafter's acceptance predictor when it has one (what a predictor gate pays at every stage);
 * ``other``: the round's rollback and bookkeeping (the target cache's crop and the session's extend).
 
 Measured once per target, dtype, device and drafter (:func:`resolve`), cached under the artifact root
@@ -34,9 +35,10 @@ from lit_domino.decoding.cost import VerifyCost, measure_verify_cost
 from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
-COST_FORMAT = 2
-"""2: the verify part is a :class:`VerifyCost` (``{"nodes", "seconds"}``, nodes = tokens - 1); 1 (widths in tokens
-and verify_s of its own) is re-measured."""
+COST_FORMAT = 3
+"""3: the stages timed with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop
+stage cost ~3 ms in the default decode against the 1.9 ms measured, and the cost gate drafted stages that did not
+pay); 2 and 1 (widths in tokens and verify_s of its own) are re-measured."""
 
 
 class CostModelError(UsageError):
@@ -134,13 +136,17 @@ def device_name(device: torch.device) -> str:
 
 def cost_key(target, drafter, block_size: int) -> dict:
     """What a cost model depends on: the target (fingerprint, dtype), the device (its name, the thread count on
-    a CPU), the drafter (:func:`~lit_domino.decoding.acceptance.drafter_key`) and the block size."""
-    from lit_domino.decoding.acceptance import drafter_key
+    a CPU), the drafter (:func:`~lit_domino.decoding.acceptance.drafter_key`), the block size and the predictor a
+    stage reads (none, the drafter's own head, or an add-on head and its inputs)."""
+    from lit_domino.decoding.acceptance import drafter_key, predictor_of
 
     fp = target.fingerprint()
+    pred = predictor_of(drafter)
+    reads = "none" if pred is None else "own" if pred.head is None else f"addon:{pred.head.input_kind}"
     return {"target": str(getattr(target, "name", "?")), "target_fingerprint": cache.config_hash(fp),
             "dtype": str(target.model.dtype).replace("torch.", ""), "device": str(torch.device(target.device).type),
-            "device_name": device_name(target.device), "drafter": drafter_key(drafter), "block_size": int(block_size)}
+            "device_name": device_name(target.device), "drafter": drafter_key(drafter), "block_size": int(block_size),
+            "predictor": reads}
 
 
 def _median_time(fn, repeats: int, sync) -> float:
@@ -155,10 +161,13 @@ def _median_time(fn, repeats: int, sync) -> float:
 
 
 @torch.inference_mode()
-def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int = 7, context: int = 48,
+def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int = 7, context: int = 96,
             seed: int = 0) -> CostModel:
     """Measure a :class:`CostModel` on this machine with the real target and drafter (eager, dynamic cache):
-    a ``context``-token random prompt, each part timed ``repeats`` times after one warm-up (the median)."""
+    a ``context``-token random prompt (about the embedded prompts' length plus half of a 128-token answer), each
+    part timed ``repeats`` times after one warm-up (the median); a stage includes the predictor's read when the
+    drafter has a predictor (:func:`~lit_domino.decoding.acceptance.predictor_of`)."""
+    from lit_domino.decoding.acceptance import predictor_of
     from lit_domino.decoding.engine import _TargetRunner, feature_layers
     from lit_domino.target.load import select_features
 
@@ -183,15 +192,22 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
         session.extend(prompt[:-1], None if feats is None else feats[:-1])
         anchor = prompt[-1:]
         last = (prompt[-1:], None if feats is None else feats[-1:])
+        predictor = predictor_of(drafter)
+
+        def stage(stage_anchor, offset):  # one stage as a predictor gate drafts it: the block, then its survivals
+            st = session.draft(stage_anchor, K)
+            if predictor is not None:
+                torch.cumprod(predictor.confidences(drafter, session.stages[-1].hidden, stage_anchor, st.tokens,
+                                                    offset), 0).tolist()
+            return st
 
         def first():
             session.crop(context - 2)
             session.extend(*last)  # a round's committed token, whose features the first stage fuses
-            session.draft(anchor, K)
+            return stage(anchor, 0)
 
         def nxt():  # the same first stage, then one more (its difference from first() is the DLoop stage)
-            first()
-            session.draft(session.stages[-1].tokens[-1:], K)
+            stage(first().tokens[-1:], K)
 
         first()
         draft_first = _median_time(first, repeats, sync)

@@ -19,9 +19,11 @@ The acceptance-predictor gates (:data:`PROBABILITY_GATES`; :mod:`lit_domino.deco
 calibrated confidence c_j of each drafted position, the product of c_1..c_j the round's survival S_j, the
 probability that the first j drafts are all accepted):
 
-* ``conf``: draft another stage while S_m >= p (m: every draft so far; ``threshold`` p in (0, 1]);
-* ``cost``: draft another stage only when the expected tokens per second rise, from S and the calibration's
-  mean confidence per position (the next stage's expected survival) and a cost model measured on this
+* ``conf``: draft another stage while the probability that all m drafts so far survive is >= p (``threshold``
+  p in (0, 1]): S_m mapped by the calibration's stage map (:meth:`~lit_domino.decoding.acceptance.Calibration.
+  whole_stage`; S_m itself for an uncalibrated predictor);
+* ``cost``: draft another stage only when the expected tokens per second rise, from that probability, the drafts
+  another stage is expected to have accepted (measured on held-out rounds) and a cost model measured on this
   machine (:mod:`lit_domino.decoding.cost_model`); no threshold.
 
 ``truncate`` p (any gate, also ``max_stages = 1``, DSpark's gate): end a stage at the first position j whose

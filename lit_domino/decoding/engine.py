@@ -421,6 +421,7 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
     start = prompt.shape[0]  # position of the anchor = committed tokens already in the target cache
     done = _commit(res, [int(anchor)], eos, max_new_tokens)
     limit = context_limit(target, drafter)
+    policy.begin()
 
     def room(drafted: int) -> int:
         """Drafts the next stage may add: block_size-1; fewer at the context's end, and without DLoop never more
@@ -471,6 +472,7 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
                 offset += k
         res.stages_per_round.append(len(stages))
         res.drafted_per_round.append(int(drafts.shape[0]))
+        policy.observe(acc + 1, len(stages), int(drafts.shape[0]) + 1)
         start += acc + 1
         anchor, done = _close_round(res, committed, eos, max_new_tokens, prompt.device)
         clock.lap("other")

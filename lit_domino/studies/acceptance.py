@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from lit_domino.training.acceptance import (MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, position_cells,
@@ -39,6 +40,14 @@ PRESET_SETTINGS = {
     "default": dict(prompts=40, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
     "paper": dict(prompts=64, settings=dict(max_new_tokens=256, anchors_per_sequence=16, stages=3)),
 }
+
+
+def predictor_settings(preset: str) -> dict:
+    """What the predictors :func:`attach_predictors` builds for ``preset`` are made by: the prompts per domain and
+    every :class:`~lit_domino.training.acceptance.AcceptanceSettings` field but the drafter's own pool (part of a
+    study's decoded rows' key, so that rows decoded with other predictors are not reused)."""
+    spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
+    return {"prompts": spec["prompts"], **asdict(AcceptanceSettings(**spec["settings"]))}
 
 
 def study_prompts(target, per_domain: int) -> list[list[int]]:

@@ -235,23 +235,26 @@ def skip_reason(rows: list[dict], plan: dict, kind: str, name: str, label: str) 
 def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     """Each drafter (plain / loop-trained) × gate setting (the table's gate first, then ``plan["gates"]``):
     τ, stages per verification, draft and verify time per round (what the gate costs) and speedup, averaged over
-    the domains; a gate the drafter cannot use is listed with the reason."""
+    the domains; a gate the drafter cannot use is listed with the reason. ``noise``: the timing noise of Δ (the
+    repeats' spread of both rows' mean speedups, :func:`~lit_domino.decoding.metrics.repeat_noise`, combined), in
+    percentage points; a |Δ| within twice it is not a measured difference."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | draft ms/round | verify ms/round | avg speedup | "
-             "Δ vs off |", "|---|---|---|---|---|---|---|---|---|"]
+             "Δ vs off | noise of Δ |", "|---|---|---|---|---|---|---|---|---|---|"]
     out = []
     for kind in plan["drafters"]:
         for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
             name = names[kind][variant]
             off = [idx.get((name, "off", d)) or {} for d in domains]
             off_speed = _mean(c.get("speedup") for c in off)
+            off_noise = mean_noise(off)
             for cfg in [None] + gate_settings(plan):
                 label = dloop_label(cfg)
                 why = skip_reason(rows, plan, kind, name, label)
                 if why:
                     out.append({"drafter": kind, "training": training, "gate": label, "skipped": why})
-                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} |||||")
+                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} ||||||")
                     continue
                 cells = off if cfg is None else [idx.get((name, label, d)) or {} for d in domains]
                 rec = {"drafter": kind, "training": training, "gate": label,
@@ -261,12 +264,23 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                        "verify_ms_per_round": _mean(c.get("verify_ms_per_round") for c in cells)}
                 rec["delta_pct"] = (100 * (rec["speedup"] / off_speed - 1) if finite(off_speed) and off_speed
                                     and finite(rec["speedup"]) else None)
+                rec["noise_pct"] = 100 * math.hypot(mean_noise(cells), off_noise) if cfg is not None else None
                 out.append(rec)
                 delta = "–" if rec["delta_pct"] is None or cfg is None else f"{rec['delta_pct']:+.1f} %"
+                noise = "–" if rec["noise_pct"] is None or not finite(rec["noise_pct"]) else f"±{rec['noise_pct']:.1f}"
                 lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
                              f"{_f(rec['draft_ms_per_round'])} | {_f(rec['verify_ms_per_round'])} | "
-                             f"{_f(rec['speedup'], suffix='x')} | {delta} |")
+                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} |")
     return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
+
+
+def mean_noise(cells: list[dict]) -> float:
+    """The relative repeat noise of the mean over domains of the cells' speedups (independent domains: the root of
+    the summed squares over their count); NaN when a cell has none (one repeat)."""
+    noise = [c.get("speedup_noise") for c in cells]
+    if not noise or not all(finite(x) for x in noise):
+        return float("nan")
+    return math.sqrt(sum(x * x for x in noise)) / len(noise)
 
 
 def base_config(kind: str, plan: dict) -> dict:
@@ -863,6 +877,10 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
                                           "pool_size", "repeats", "seed", "threads", "block_sizes", "sweep_gates")}
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
                 "target": target.fingerprint()}  # everything evaluate() decodes by
+    if any(c.needs_predictor for c in gate_settings(plan) + figure_gates(plan)):  # and the predictors they read
+        from lit_domino.studies.acceptance import predictor_settings
+
+        eval_key["predictors"] = predictor_settings(preset)
 
     def decode() -> list[dict]:
         n_grid = 2 * len(plan["drafters"])

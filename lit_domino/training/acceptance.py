@@ -36,6 +36,8 @@ from lit_domino.decoding.acceptance import (INPUTS, LABELS, AcceptanceHead, Acce
                                            own_predictor, require_causal_state, stage_inputs, supports_predictor)
 
 
+ANCHORS = ("decode", "even")
+"""Where :func:`collect_rounds` starts its rounds (:attr:`AcceptanceSettings.anchors`)."""
 HEAD_ROWS = ("reached", "all")
 """Which rows of the collected rounds the add-on head trains on (:attr:`AcceptanceSettings.head_rows`)."""
 
@@ -72,6 +74,12 @@ class AcceptanceSettings:
     default before 2026-12-04 night). With heads on the reached rows, on the smoke drafters' test split, offsets
     took the survival ECE from 2.0 / 1.9 / 2.7 / 1.2 % to 1.5 / 1.6 / 2.5 / 0.6 % (backbone, Domino, DSpark's
     add-on head, DFlash 2; DSpark's own head 2.7 → 2.8 %)."""
+    stage_fit: bool = True
+    """Also fit the stage-level quantities DLoop's gates decide on (:attr:`~lit_domino.decoding.acceptance.
+    Calibration.stage_scale`, P(every draft so far accepted | S) at stage boundaries, and :attr:`~lit_domino.decoding.
+    acceptance.Calibration.stage_yield`, what a further stage adds when the round survives so far) on the
+    calibration split; needs ``stages`` >= 2. False: the gates read S and the mean confidences (before 2026-12-05:
+    on the default drafters the cost gate then opened a second stage in ~40 % of rounds and lost 3-6 %)."""
     steps: int = 300
     """Full-batch Adam steps of the add-on head."""
     lr: float = 0.05
@@ -79,7 +87,14 @@ class AcceptanceSettings:
     stages: int = 2
     """Stages drafted per collected round (positions 1..stages·K are calibrated; DLoop's later stages included)."""
     anchors_per_sequence: int = 8
-    """Rounds collected per sequence (anchors spread evenly over its generated part)."""
+    """Rounds collected per sequence (spread evenly over its generated part, or over its decode's rounds)."""
+    anchors: str = "decode"
+    """Where the collected rounds start: ``decode``, at the round starts of the drafter's own plain speculative decode
+    of the sequence (each round starts after the previous one's accepted drafts and bonus; acceptance read off the
+    target's greedy continuation), ``anchors_per_sequence`` of them evenly spaced; ``even``, at evenly spaced
+    positions (before 2026-12-05). A decode's rounds start right after a rejection more often than an even anchor
+    does: on the default Domino drafter, rounds the even-anchor calibration gave P(whole | S) in [0.2, 0.7) were
+    accepted whole in 8-33 % of the decode's rounds, a gate that read it opened stages that did not pay."""
     max_new_tokens: int = 96
     """Tokens of the target's own continuation of each prompt."""
     temperature: float = 0.0
@@ -93,6 +108,8 @@ class AcceptanceSettings:
         for name in ("label", "calibration_label"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, auto)
+        if self.anchors not in ANCHORS:
+            raise ValueError(f"anchors must be one of {ANCHORS}, got {self.anchors!r}")
         if self.head_rows not in HEAD_ROWS:
             raise ValueError(f"head_rows must be one of {HEAD_ROWS}, got {self.head_rows!r}")
         if self.inputs not in INPUTS:
@@ -143,8 +160,12 @@ def collect_rounds(target, drafter, sequences: list[tuple[list[int], int]], sett
             if last <= plen:
                 continue
             n = settings.anchors_per_sequence
-            anchors = sorted({plen + (last - plen) * i // n for i in range(n)})
             feats = target.forward_features(ids[None], layers)[0] if layers is not None else None
+            if settings.anchors == "decode":
+                starts = decode_starts(drafter, ids, feats, plen, last, K, options, T, gen)
+                anchors = [starts[len(starts) * i // n] for i in range(min(n, len(starts)))]
+            else:
+                anchors = sorted({plen + (last - plen) * i // n for i in range(n)})
             for a in anchors:  # the committed context is seq[:a]; the anchor seq[a] is the round's x
                 session = drafter.new_session(**options)
                 session.extend(ids[:a], None if feats is None else feats[:a])
@@ -165,6 +186,27 @@ def collect_rounds(target, drafter, sequences: list[tuple[list[int], int]], sett
     if not rows["H"]:
         raise ValueError("no round could be collected: the sequences are too short for a round of drafts")
     return {k: torch.stack(v).cpu() for k, v in rows.items()}
+
+
+def decode_starts(drafter, ids: torch.Tensor, feats, plen: int, last: int, K: int, options: dict, temperature: float,
+                  generator) -> list[int]:
+    """The round starts (anchor positions) of the drafter's plain speculative decode of ``ids`` from ``plen``, up
+    to ``last``: one session cropped and extended as the engine does, each round's accepted drafts the leading ones
+    that equal ``ids`` (the target's greedy continuation, so exact at T = 0; at T > 0 the drafts are sampled and
+    read against it)."""
+    session = drafter.new_session(**options)
+    session.extend(ids[:plen], None if feats is None else feats[:plen])
+    starts, a = [], plen
+    while a <= last:
+        starts.append(a)
+        drafts = session.draft(ids[a: a + 1], K, temperature, generator).tokens.reshape(-1)
+        truth = ids[a + 1: a + 1 + K]
+        n = min(truth.numel(), drafts.numel())
+        acc = int(torch.cumprod((drafts[:n] == truth[:n]).long(), 0).sum()) if n else 0
+        session.crop(a)
+        session.extend(ids[a: a + acc + 1], None if feats is None else feats[a: a + acc + 1])
+        a += acc + 1
+    return starts
 
 
 def split(data: dict, parts: list[float], seed: int = 0) -> list[dict]:
@@ -259,9 +301,11 @@ def _fit_platt(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, tau0: float) -
     return tau, off
 
 
-def fit_calibration(z: torch.Tensor, y: torch.Tensor, label: str, offsets: bool = True) -> Calibration:
+def fit_calibration(z: torch.Tensor, y: torch.Tensor, label: str, offsets: bool = True,
+                    stage_tokens: int | None = None) -> Calibration:
     """Per position temperatures from held-out raw logits z [n, P] and labels y [n, P] (see the module docs);
-    a position that fewer than :data:`MIN_CALIBRATION_WEIGHT` rounds reached keeps the previous one's τ."""
+    a position that fewer than :data:`MIN_CALIBRATION_WEIGHT` rounds reached keeps the previous one's τ. With
+    ``stage_tokens`` K (the rounds' stages of K drafts), also the stage-level map and yields (:func:`fit_stages`)."""
     z, y = z.double(), y.double()
     w = prefix_weights(y)
     taus, offs, means = [], [], []
@@ -276,7 +320,46 @@ def fit_calibration(z: torch.Tensor, y: torch.Tensor, label: str, offsets: bool 
         c = torch.sigmoid(z[:, j] / tau + off)
         taus.append(tau), offs.append(off)
         means.append(float((c * w[:, j]).sum() / w[:, j].sum()) if float(w[:, j].sum()) > 0 else float(c.mean()))
-    return Calibration(taus, means, label, offs if offsets else None)
+    cal = Calibration(taus, means, label, offs if offsets else None)
+    if stage_tokens is not None:
+        cal.stage_scale, cal.stage_yield = fit_stages(calibrated(z, cal), y, stage_tokens)
+        Calibration.__post_init__(cal)  # check the stage fields
+    return cal
+
+
+MIN_STAGE_EVENTS = 10.0
+"""Held-out survivals (and failures) at the stage boundaries the stage map needs, and the surviving rounds a stage's
+yield needs; with fewer the gates fall back to S itself / the previous stage's yield."""
+
+
+def stage_events(c: torch.Tensor, y: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Calibrated c [n, P] and labels y [n, P] of rounds of K-draft stages -> (S [n, P] the survival products,
+    alive [n, P] = Π_{i<=j} y_i, the stage boundaries j = sK - 1 (0-based) at which a gate decides)."""
+    S, alive = torch.cumprod(c.double(), 1), torch.cumprod(y.double(), 1)
+    return S, alive, [s * K - 1 for s in range(1, y.shape[1] // K)]
+
+
+def fit_stages(c: torch.Tensor, y: torch.Tensor, K: int) -> tuple[list[float] | None, list[float] | None]:
+    """The stage map ``[a, b]`` (P(alive at a boundary | S) = sigmoid(a · logit(S) + b), Platt scaling of S on every
+    stage boundary's rows pooled) and the yields (per boundary s, the drafts of stage s+1 accepted, averaged over
+    the survival at s: Σ_t alive[:, sK-1+t] / Σ alive[:, sK-1], hard and soft labels alike) from calibrated
+    confidences c [n, P] and labels y [n, P]; None where too few events (:data:`MIN_STAGE_EVENTS`)."""
+    S, alive, bounds = stage_events(c, y, K)
+    if not bounds:
+        return None, None
+    zs = torch.cat([torch.logit(S[:, b], eps=1e-6) for b in bounds])
+    ys = torch.cat([alive[:, b] for b in bounds])
+    scale = None
+    if float(ys.sum()) >= MIN_STAGE_EVENTS and float((1 - ys).sum()) >= MIN_STAGE_EVENTS:
+        tau, off = _fit_platt(zs, ys, torch.ones_like(ys), 1.0)
+        scale = [1.0 / tau, off]
+    yields = []
+    for b in bounds:
+        reached = float(alive[:, b].sum())
+        if reached < MIN_STAGE_EVENTS:
+            break
+        yields.append(float(alive[:, b + 1: b + 1 + K].sum()) / reached)
+    return scale, yields or None
 
 
 def calibrated(z: torch.Tensor, cal: Calibration | None) -> torch.Tensor:
@@ -341,12 +424,15 @@ MIN_REPORT_ROUNDS = 10
 """Test rounds a position needs to be listed in the tables (and pooled in the survival ECE)."""
 
 
-def calibration_report(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, cal: Calibration) -> dict:
+def calibration_report(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, cal: Calibration,
+                       stage_tokens: int | None = None) -> dict:
     """Per round position j on test rounds: rounds reaching j, acceptance rate, AUC (raw logit vs the hard event,
     on the rounds whose drafts before j survived), ECE of c_j before / after calibration (same rounds), and the
     ECE of the survival S_j (product of calibrated c) against the event "drafts 1..j all accepted" (all rounds);
     ``ece_floor``: what a calibrated c_j would score by sampling alone on the same rows (:func:`ece_floor`).
-    ``y`` for ECE is the calibration's label."""
+    ``y`` for ECE is the calibration's label. With ``stage_tokens`` K, ``stages``: per stage boundary (where a DLoop
+    gate decides) the test rounds, the observed survival, the mean S and P(whole | S), their ECE, and the next
+    stage's yield on the test rounds against the calibration's (:func:`stage_rows`)."""
     y = hard if cal.label == "hard" else soft
     w = prefix_weights(hard)
     before, after = calibrated(z, None), calibrated(z, cal)
@@ -369,7 +455,29 @@ def calibration_report(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, 
               "survival_ece_after": ece(S_after[:, :J], survived[:, :J]), "survival_positions": J,
               "ece_floor": ece_floor(after, allw), "survival_ece_floor": ece_floor(S_after[:, :J]),
               "rounds": int(z.shape[0])}
-    return {"positions": rows, "pooled": pooled, "label": cal.label}
+    out = {"positions": rows, "pooled": pooled, "label": cal.label}
+    if stage_tokens is not None:
+        out["stages"] = stage_rows(after, y, cal, stage_tokens)
+    return out
+
+
+def stage_rows(c: torch.Tensor, y: torch.Tensor, cal: Calibration, K: int) -> list[dict]:
+    """Per stage boundary s (after s stages of K drafts) on these rounds: ``rounds``, ``alive`` (the mean survival:
+    every draft so far accepted), ``S`` and ``whole`` (the mean S and P(whole | S) predicted), ``ece_S`` and
+    ``ece_whole`` (against the survival), ``yield`` (the next stage's accepted drafts on the surviving rounds, as
+    :func:`fit_stages` measures it) and ``yield_fit`` (the calibration's)."""
+    S, alive, bounds = stage_events(c, y, K)
+    out = []
+    for s, b in enumerate(bounds, 1):
+        P = torch.tensor([cal.whole_stage(float(v)) for v in S[:, b]], dtype=torch.float64)
+        reached = float(alive[:, b].sum())
+        fit = None if cal.stage_yield is None else cal.stage_yield[min(s, len(cal.stage_yield)) - 1]
+        out.append({"stage": s, "rounds": int(S.shape[0]), "alive": float(alive[:, b].mean()),
+                    "S": float(S[:, b].mean()), "whole": float(P.mean()), "ece_S": ece(S[:, b], alive[:, b]),
+                    "ece_whole": ece(P, alive[:, b]),
+                    "yield": float(alive[:, b + 1: b + 1 + K].sum()) / reached if reached > 0 else float("nan"),
+                    "yield_fit": fit})
+    return out
 
 
 def report_markdown(name: str, report: dict) -> str:
@@ -383,6 +491,22 @@ def report_markdown(name: str, report: dict) -> str:
         if r["rounds"] < MIN_REPORT_ROUNDS:
             continue
         lines.append(f"| {position_cells(r)} |")
+    if report.get("stages"):
+        lines += ["", stage_markdown(report["stages"])]
+    return "\n".join(lines)
+
+
+def stage_markdown(stages: list[dict], name: str | None = None) -> str:
+    """:func:`stage_rows` as a Markdown table (``name``: a drafter column first)."""
+    head = "| drafter " if name else ""
+    lines = [head + "| after stage | rounds | survived | mean S | mean P(whole | S) | ECE of S | ECE of P(whole | S) | "
+             "next stage's yield (test) | yield (fit) |",
+             ("|---" if name else "") + "|---|---|---|---|---|---|---|---|---|"]
+    for r in stages:
+        fit = "–" if r["yield_fit"] is None else f"{r['yield_fit']:.2f}"
+        lines.append((f"| {name} " if name else "") +
+                     f"| {r['stage']} | {r['rounds']} | {r['alive']:.3f} | {r['S']:.3f} | {r['whole']:.3f} | "
+                     f"{100 * r['ece_S']:.1f} % | {100 * r['ece_whole']:.1f} % | {r['yield']:.2f} | {fit} |")
     return "\n".join(lines)
 
 
@@ -466,9 +590,11 @@ def build_predictor(target, drafter, prompts, settings: AcceptanceSettings = Acc
             return pred.logits(drafter, d["H"].to(dev), d["prev"].to(dev)).double().cpu()
 
     cal = settings.calibration_label
-    pred.calibration = fit_calibration(logits(held), held[cal], cal, settings.offsets)
+    K = drafter.config.block_size - 1
+    pred.calibration = fit_calibration(logits(held), held[cal], cal, settings.offsets,
+                                       stage_tokens=K if settings.stage_fit else None)
     zt = logits(test)
-    report = calibration_report(zt, test["hard"], test["soft"], pred.calibration)
+    report = calibration_report(zt, test["hard"], test["soft"], pred.calibration, K)
     pred.meta["test"] = report["pooled"]
     return pred, report, (zt, test["hard"], test["soft"])
 

@@ -11,10 +11,10 @@ import torch
 from lit_domino.decoding.acceptance import NoAcceptancePredictor, attach, drafter_key, predictor_of
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.sessions import StageDraft
-from lit_domino.testing import hf_greedy, lively_target
+from lit_domino.testing import OracleMix, hf_greedy, lively_target
 from lit_domino.training.acceptance import (AcceptanceSettings, acceptance_predictor, artifact_key, auc,
                                             build_predictor, calibrated, calibration_report, collect_rounds, ece,
-                                            fit_calibration, prefix_weights, train_head)
+                                            fit_calibration, fit_stages, prefix_weights, stage_markdown, train_head)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,6 +86,52 @@ def test_per_position_calibration_on_held_out_rounds_reaches_3_percent():
         assert r["ece_floor"] < 0.02
     assert platt["pooled"]["survival_ece_after"] <= 0.03 < platt["pooled"]["survival_ece_before"]
     assert max(r["ece_after"] for r in temps["positions"][1:]) > 0.03
+
+
+def stage_rounds(n: int, seed: int, a: float = 0.5, b: float = -0.8, K: int = 3):
+    """Rounds of two K-draft stages whose calibrated c_j (uniform in (0.2, 1)) multiply to S, while the first stage
+    is accepted whole with probability sigmoid(a · logit(S) + b) (its product is not calibrated, as a drafter's
+    correlated positions make it), a rejected stage holds one random rejection, and a whole first stage's second
+    stage accepts exactly 2 drafts then rejects (its yield is 2)."""
+    g = torch.Generator().manual_seed(seed)
+    c = 0.2 + 0.8 * torch.rand(n, 2 * K, generator=g, dtype=torch.float64)
+    S = torch.cumprod(c[:, :K], 1)[:, -1]
+    whole = torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(a * torch.logit(S) + b)
+    y = torch.ones(n, 2 * K, dtype=torch.float64)
+    miss = torch.randint(0, K, (n,), generator=g)
+    y[~whole, miss[~whole]] = 0.0
+    y[:, K + 2] = 0.0
+    return c, y
+
+
+def test_stage_map_and_yield_recover_a_known_stage_law():
+    """The stage map fitted on the stage boundary (Platt scaling of S) recovers (a, b), the yield is the second
+    stage's accepted drafts on the rounds whose first stage survived, and the report's ECE of P(whole | S) is small
+    where that of S is not."""
+    c, y = stage_rounds(20000, 0)
+    scale, yields = fit_stages(c, y, 3)
+    assert scale[0] == pytest.approx(0.5, abs=0.05) and scale[1] == pytest.approx(-0.8, abs=0.1)
+    assert yields == [pytest.approx(2.0)]
+    from lit_domino.decoding.acceptance import Calibration
+    from lit_domino.training.acceptance import stage_rows
+
+    cal = Calibration([1.0] * 6, [0.5] * 6, stage_scale=scale, stage_yield=yields)
+    ct, yt = stage_rounds(20000, 1)
+    row, = stage_rows(ct, yt, cal, 3)
+    assert row["ece_whole"] < 0.02 < row["ece_S"] and row["yield"] == pytest.approx(2.0)
+    assert "| 1 | 20000 |" in stage_markdown([row])
+    assert cal.whole_stage(0.0) == 0.0 and cal.whole_stage(1.0) == 1.0
+    assert 0.0 <= cal.whole_stage(1e-300) < 1e-100 and cal.whole_stage(1 - 1e-15) > 0.99
+    assert cal.next_yield(1, 3, 3) == 2.0 and 0 < cal.next_yield(1, 3, 1) < 2.0  # a shorter stage yields less
+    # too few surviving rounds: no map, no yield (the gates fall back to S and the mean confidences)
+    assert fit_stages(c[:15], torch.zeros_like(y[:15]), 3) == (None, None)
+
+
+def test_fit_calibration_with_stage_tokens_fills_the_stage_fields():
+    c, y = stage_rounds(4000, 2)
+    cal = fit_calibration(torch.logit(c), y, "hard", stage_tokens=3)
+    assert cal.stage_scale is not None and cal.stage_yield == [pytest.approx(2.0)]
+    assert fit_calibration(torch.logit(c), y, "hard").stage_scale is None  # without stage_tokens: as before
 
 
 def test_ece_floor_is_the_sampling_noise_of_a_calibrated_predictor():
@@ -196,7 +242,7 @@ def test_labels_of_a_drafter_that_drafts_the_targets_tokens(target, kind):
     labels)."""
     d = drafter(target, kind)
     prompt = [5, 6, 7, 8]
-    s = AcceptanceSettings(stages=3, anchors_per_sequence=5)
+    s = AcceptanceSettings(stages=3, anchors_per_sequence=5, anchors="even")
     K = d.config.block_size - 1
     ref = prompt + hf_greedy(target, prompt, 20 + s.stages * K)
     seqs = [(ref[: len(prompt) + 20], len(prompt))]
@@ -205,6 +251,28 @@ def test_labels_of_a_drafter_that_drafts_the_targets_tokens(target, kind):
     assert bool((data["soft"] > 0).all())  # c* = p_j(d_j) for a one-hot q
     wrong = collect_rounds(target, Oracle(d, ref, wrong=2), seqs, s)["hard"]
     assert bool((wrong[:, :2] == 1).all()) and bool((wrong[:, 2] == 0).all())
+
+
+@pytest.mark.parametrize("kind", ["backbone", "domino"])
+def test_decode_anchors_are_the_engines_round_starts(target, kind):
+    """The rounds ``anchors="decode"`` collects start where the engine's own greedy decode starts its rounds (drafts
+    replaced by the target's tokens at random, the same draws in both, so that rounds accept some of their drafts)."""
+    from lit_domino.decoding import generate
+    from lit_domino.training.acceptance import decode_starts
+
+    d = drafter(target, kind)
+    prompt = [5, 6, 7, 8]
+    reference = prompt + hf_greedy(target, prompt, 80)
+    res = generate(target, OracleMix(d, reference, seed=1, p=0.7), torch.tensor([prompt]), max_new_tokens=40)
+    oracle = OracleMix(d, reference, seed=1, p=0.7)
+    seq = torch.tensor(prompt + res.tokens)
+    engine = [len(prompt)]
+    for acc in res.accepted_per_round:
+        engine.append(engine[-1] + acc + 1)
+    feats = target.forward_features(seq[None], d.config.feature_layers)[0]
+    K = d.config.block_size - 1
+    starts = decode_starts(oracle, seq, feats, len(prompt), len(seq) - 1 - K, K, {}, 0.0, None)
+    assert max(res.accepted_per_round) >= 2 and starts == engine[: len(starts)] and len(starts) >= 5
 
 
 def test_gru_head_trains_on_domino_and_is_refused_elsewhere(target):
