@@ -150,14 +150,15 @@ def test_the_chain_through_the_tree_path_is_the_chain_engine(target, dloop):
     assert dloop is None or len(seen) >= 2  # the gate both opened and closed
 
 
-@pytest.mark.parametrize("kind,extra", [("domino", {}), ("dspark", {}), ("dspark", {"sample_from_anchor": True}),
-                                        ("dflash2", {})])
-def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind, extra):
+@pytest.mark.parametrize("kind,extra,pool", [("domino", {}, None), ("domino", {}, 16), ("dspark", {}, None),
+                                             ("dspark", {}, 16), ("dspark", {"sample_from_anchor": True}, 16),
+                                             ("dflash2", {}, None)])
+def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind, extra, pool):
     """top_k = 1: the path builder expands one node per depth, each from its parent's head state: the session's
     own greedy draft, token for token (the per-node recurrence is the head's; DSpark's rnn state in both anchor
-    conventions; DFlash 2's selector from each node's token)."""
+    conventions; DFlash 2's selector from each node's token; with a candidate pool, the chain's pool)."""
     drafter = drafter_of(target, kind, block_size=8, **extra)
-    session = drafter.new_session()
+    session = drafter.new_session(**({} if pool is None else {"pool_size": pool}))
     prompt = torch.tensor(prompt_of(3, 9))
     feats = torch.randn(9, drafter.config.num_features * drafter.config.hidden_size)
     if kind == "dspark":
@@ -315,14 +316,23 @@ def test_bad_tree_requests_fail_before_decoding(target, monkeypatch):
     assert not calls
 
 
-@pytest.mark.parametrize("kind", ["domino", "dspark", "dflash2"])
-def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind):
-    """Brute force: every path of top-3 children, 3 deep, scored by the head run on that path alone; the builder's
-    12 nodes are the 12 best, each with its own cumulative score."""
-    drafter = drafter_of(target, kind, block_size=4)
-    session = drafter.new_session()
+def session_of(drafter, kind, pool=None, seed=5, length=7):
+    """A session over a random prompt with random target features (DSpark's with its distribution layer)."""
+    session = drafter.new_session(**({} if pool is None else {"pool_size": pool}))
     width = drafter.config.num_features * 32 + (32 if kind == "dspark" else 0)
-    session.extend(torch.tensor(prompt_of(5, 7)), torch.randn(7, width))
+    g = torch.Generator().manual_seed(seed)
+    session.extend(torch.tensor(prompt_of(seed, length)), torch.randn(length, width, generator=g))
+    return session
+
+
+@pytest.mark.parametrize("kind,pool", [("domino", None), ("domino", 24), ("dspark", None), ("dspark", 24),
+                                       ("dflash2", None)])
+def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind, pool):
+    """Brute force: every path of top-3 children, 3 deep, scored by the head run on that path alone (the softmax
+    of its logits over the candidates: a pool's, DFlash 2's selector's, else the vocabulary); the builder's 12
+    nodes are the 12 best, each with its own cumulative score."""
+    drafter = drafter_of(target, kind, block_size=4)
+    session = session_of(drafter, kind, pool)
     anchor = torch.tensor([13])
     with torch.inference_mode():
         tree = tree_mod.build_tree(TreeConfig("path", budget=12, top_k=3), session, anchor, 3, 12, 0.0, None)
@@ -332,8 +342,9 @@ def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind
         def expand(state, d, path, score):
             if d == 3:
                 return
-            logits, inherited = head.step(d, state)
-            v, ids = torch.log_softmax(logits.float(), -1)[0].topk(3)
+            logits, cand, inherited = head.step(d, state)
+            v, col = torch.log_softmax(logits.float(), -1)[0].topk(3)
+            ids = col if cand is None else cand[0, col]
             for r in range(3):
                 tok = ids[r : r + 1]
                 scores[path + (int(tok),)] = score + float(v[r])
@@ -350,3 +361,65 @@ def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind
     best = sorted(scores.values(), reverse=True)[:12]
     assert sorted((scores[p] for p in paths), reverse=True) == pytest.approx(best, abs=1e-5)
     assert len(set(paths)) == 12
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_pooled_path_heads_are_the_full_heads_on_the_pool(target, kind):
+    """A candidate pool P (the chain's, ``pool_size``): the pooled head's logits at depth i are the full head's on
+    the top-P tokens of block position i's base logits (the same state, the correction on the pool only), so with
+    P = V the tree is the unpooled one, node for node; with P < V every child is in its position's pool, and a
+    drawn tree's q rows are the softmax over the pool at T, 0 outside it."""
+    drafter = drafter_of(target, kind, block_size=6)
+    anchor = torch.tensor([13])
+    cfg = TreeConfig("path", budget=20, top_k=3)
+    with torch.inference_mode():
+        full = session_of(drafter, kind)
+        tree = tree_mod.build_tree(cfg, full, anchor, 5, 20, 0.0, None)
+        hidden = full.stages[-1].hidden
+        whole = full.path_head(hidden, anchor)
+        base = drafter.compute_logits(hidden[1:])  # [K, V]
+        same = tree_mod.build_tree(cfg, session_of(drafter, kind, pool=VOCAB), anchor, 5, 20, 0.0, None)
+        assert (same.tokens, same.parents, same.ranks) == (tree.tokens, tree.parents, tree.ranks)
+        P = 8
+        pooled = session_of(drafter, kind, pool=P)
+        small = tree_mod.build_tree(cfg, pooled, anchor, 5, 20, 0.0, None)
+        pools = base.topk(P, -1).indices.tolist()
+        assert all(t in pools[d - 1] for t, d in zip(small.tokens, small.depths))
+        assert small.tokens != tree.tokens  # the pool changed what is drafted here
+        head = pooled.path_head(hidden, anchor)
+        states, wstates = head.start(), whole.start()
+        for d in range(3):  # along the full head's greedy path
+            logits, cand, inherited = head.step(d, states)
+            wlogits, wcand, winherited = whole.step(d, wstates)
+            assert wcand is None and cand[0].tolist() == pools[d]
+            assert torch.allclose(logits, wlogits[:, cand[0]], atol=1e-5)
+            tok = wlogits.argmax(-1)
+            states = head.child(inherited, torch.zeros(1, dtype=torch.long), tok)
+            wstates = whole.child(winherited, torch.zeros(1, dtype=torch.long), tok)
+        g = torch.Generator().manual_seed(0)
+        drawn = tree_mod.build_tree(TreeConfig("path", budget=20, top_k=3, draw="sample"),
+                                    session_of(drafter, kind, pool=P), anchor, 5, 20, 0.7, g)
+    assert drawn.q.shape == (len(drawn) + 1, VOCAB)
+    for u in {0, *drawn.parents}:  # the nodes with children (a leaf's row is never read)
+        row = drawn.q[u]
+        d = 0 if u == 0 else drawn.depths[u - 1]
+        assert set(row.nonzero()[:, 0].tolist()) <= set(pools[d]) and float(row.sum()) == pytest.approx(1.0)
+        kids = [drawn.tokens[i] for i, par in enumerate(drawn.parents) if par == u]
+        assert all(row[t] > 0 for t in kids)
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_pooled_path_trees_are_lossless_greedy(target, monkeypatch, kind):
+    """A pooled path tree (``pool_size`` P < V) with the target's continuation planted on a random branch, and
+    the real pooled trees alone, plain and cost-aware: the target's greedy output."""
+    drafter = drafter_of(target, kind)
+    prompt = prompt_of(4)
+    ref = greedy(target, prompt, 30)
+    curve = VerifyCost((1, 4, 16), (1e-3, 1.2e-3, 2e-3))
+    for tree in (TreeConfig("path", budget=16, top_k=3), TreeConfig("path", budget=24, top_k=3, cost=curve)):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12, tree=tree)
+        assert res.tokens == ref
+    oracle_trees(monkeypatch, prompt + ref, seed=1)
+    res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12,
+                   tree=TreeConfig("path", budget=16, top_k=3))
+    assert res.tokens == ref and max(res.accepted_per_round) >= 3 and {0, 1} <= set(res.accepted_ranks)
