@@ -11,18 +11,24 @@ order and ``g_i = exp(path log q_i)`` the draft's probability that node i is rea
 ``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included), and the rule verifies the n that maximises
 ``E(n) / (C_draft + C_v(n))``; ``budget`` caps it.
 
-Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``) and
-:func:`measure_verify_cost` (one curve per target, dtype, device, widths and context in a process).
+A tree grown depth by depth (the path trees) stops growing once no deeper node could raise that best rate
+(:meth:`VerifyCost.may_grow`).
+
+Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``, ``best_rate``,
+``may_grow``) and :func:`measure_verify_cost` (one curve per target, dtype, device, widths and context in a
+process).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -65,17 +71,38 @@ class VerifyCost:
         ``len(gains)``, at least 1 (ties: the smaller n). The global maximum, not the first fall: a measured
         curve is not concave (on a CPU C_v jumps ~20 % from 1 to 2 nodes and is nearly flat from 4 to 16), and
         stopping at its first step kept trees smaller than the chain."""
-        top = min(cap, len(gains))
-        if top <= 1:
-            return max(top, 1)
+        return max(self.best_rate(gains, cap, draft_s)[0], 1)
+
+    def best_rate(self, gains: list[float], cap: int, draft_s: float | None = None) -> tuple[int, float]:
+        """The rule's choice and its rate: ``(n, E(n) / (C_draft + C_v(n)))`` maximised over n = 1 ..
+        min(``cap``, ``len(gains)``) (ties: the smaller n); no node: ``(0, 1 / (C_draft + C_v(0)))``, the
+        anchor's bonus alone. ``gains`` in best-first order (non-increasing), as for :meth:`best_nodes`."""
         draft = self.draft_s if draft_s is None else draft_s
-        expected, best, best_rate = 1.0, 1, float("-inf")
-        for n in range(1, top + 1):
-            expected += gains[n - 1]
-            rate = expected / (draft + self.seconds_at(n))
-            if rate > best_rate:
-                best, best_rate = n, rate
-        return best
+        top = min(cap, len(gains))
+        if top < 1:
+            return 0, 1.0 / (draft + self.seconds_at(0))
+        # E(n) = 1 + g_1 + .. + g_n summed in that order (cumsum is sequential): the rates of a Python loop
+        rates = np.cumsum([1.0, *gains[:top]])[1:] / (draft + self._seconds_upto(top))
+        n = int(np.argmax(rates))  # the first maximum: ties go to the smaller n
+        return n + 1, float(rates[n])
+
+    def may_grow(self, gains: list[float], bound: float, cap: int, draft_s: float | None = None) -> bool:
+        """Whether nodes of gain at most ``bound`` added to a tree whose nodes have ``gains`` (best-first) could
+        raise the rule's best rate (:meth:`best_rate`, at most ``cap`` nodes). A path tree grows depth by depth
+        and stops when this is False: a child never outscores its parent, so a deeper node's gain is at most the
+        best frontier node's (``bound``), and for every n no grown tree has a larger E(n) than the current gains
+        at or above ``bound`` followed by ``bound`` repeated (the upper bound rated here). When that bound rates
+        no higher than the current best, the rule's choice on the fully grown tree rates the same as its choice
+        now (adding nodes never lowers an E(n)): growing on cannot pay."""
+        best = self.best_rate(gains, cap, draft_s)[1]
+        above = [g for g in gains[:cap] if g >= bound]
+        return self.best_rate(above + [bound] * (cap - len(above)), cap, draft_s)[1] > best
+
+    @functools.lru_cache(maxsize=16)
+    def _seconds_upto(self, top: int) -> np.ndarray:
+        """C_v(1 .. top) as an array (:meth:`seconds_at`), kept per curve and ``top``: the rule runs every round
+        (a cost-aware path tree: at every depth)."""
+        return np.array([self.seconds_at(n) for n in range(1, top + 1)])
 
     def describe(self) -> str:
         return "C_v(n): " + ", ".join(f"{w}: {1e3 * s:.2f} ms" for w, s in zip(self.widths, self.seconds))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache, StaticCache
@@ -269,6 +270,65 @@ def test_cost_rule_grows_while_throughput_rises():
     assert steep.seconds_at(3) == pytest.approx(3.0) and steep.seconds_at(8) == pytest.approx(8.0)
     with pytest.raises(ValueError):
         VerifyCost((4, 2), (1.0, 2.0))
+
+
+def random_curve(rng) -> VerifyCost:
+    """A random verify curve: 1-4 widths in 0..80, increasing times (in arbitrary units)."""
+    widths = sorted(int(w) for w in rng.choice(np.arange(0, 80), size=int(rng.integers(1, 5)), replace=False))
+    return VerifyCost(tuple(widths), tuple(float(x) for x in np.cumsum(rng.uniform(0.01, 1.0, len(widths)))))
+
+
+def test_may_grow_stops_only_when_no_deeper_node_can_raise_the_rate():
+    """Brute force of the cost-aware tree's stopping rule (random curves, draft costs, best-first gains and a bound
+    on the gains still to come): when ``may_grow`` says no, no tree that adds nodes of gain at most the bound
+    rates higher under the rule (nor lower: adding nodes never lowers a rate); when it says yes, some such tree
+    does."""
+    rng = np.random.default_rng(0)
+    said = set()
+    for _ in range(400):
+        curve, draft, cap = random_curve(rng), float(rng.uniform(0.0, 2.0)), int(rng.integers(1, 40))
+        gains = sorted((rng.uniform(0.0, 1.0, int(rng.integers(1, 30))) ** 3).tolist(), reverse=True)
+        bound = float(rng.uniform(0.0, 1.0)) * gains[0]
+        grow = curve.may_grow(gains, bound, cap, draft)
+        said.add(grow)
+        rate = curve.best_rate(gains, cap, draft)[1]
+        later = [[bound] * cap] + [rng.uniform(0.0, bound, int(rng.integers(1, 2 * cap + 1))).tolist()
+                                   for _ in range(5)]
+        grown = [curve.best_rate(sorted(gains + extra, reverse=True), cap, draft)[1] for extra in later]
+        assert min(grown) >= rate * (1 - 1e-12)
+        if grow:
+            assert grown[0] > rate  # the best case: ``cap`` more nodes of gain ``bound``
+        else:
+            assert max(grown) <= rate * (1 + 1e-12)
+    assert said == {True, False}
+    steep = VerifyCost((1, 2), (1.0, 10.0))
+    assert steep.best_rate([0.9, 0.5], 4) == (1, pytest.approx(1.9)) and steep.best_rate([], 4)[0] == 0
+    assert not steep.may_grow([0.9, 0.5], 0.5, 4) and VerifyCost((1, 64), (1.0, 1.0)).may_grow([0.9, 0.5], 1e-3, 4)
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_cost_aware_path_tree_stops_early_with_the_full_trees_choice(target, monkeypatch, kind):
+    """A cost-aware path tree grown depth by depth stops when ``may_grow`` says no deeper node can raise the rule's
+    rate, and the rule's tree is then the one it picks on the fully grown tree (random curves and draft costs)."""
+    drafter = drafter_of(target, kind, block_size=8)
+    rng = np.random.default_rng(1)
+    anchor = torch.tensor([13])
+    real, stops = VerifyCost.may_grow, []
+
+    def recorded(self, *a, **k):
+        stops.append(not real(self, *a, **k))
+        return not stops[-1]
+
+    for seed in range(12):
+        curve, draft, pool = random_curve(rng), float(rng.uniform(0.0, 3.0)), [None, 16][seed % 2]
+        cfg = TreeConfig("path", budget=40, top_k=3, cost=curve)
+        with torch.inference_mode():
+            monkeypatch.setattr(VerifyCost, "may_grow", recorded)
+            early = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
+            monkeypatch.setattr(VerifyCost, "may_grow", lambda *a, **k: True)
+            full = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
+        assert (early.tokens, early.parents, early.ranks) == (full.tokens, full.parents, full.ranks), seed
+    assert any(stops)  # some trees stopped growing before the last depth
 
 
 def test_cost_aware_trees_are_lossless_and_verify_fewer_nodes(target, monkeypatch):
