@@ -216,6 +216,26 @@ def test_best_first_is_the_n_most_likely_prefixes():
     assert [(d, p, r) for d, p, r, _ in best_first([[-0.1], [-0.2], [-0.3]], 5)] == [(0, 0, 0), (1, 1, 0), (2, 2, 0)]
 
 
+def test_chain_first_puts_the_main_chain_first():
+    """The anchor's rank-0 child, its rank-0 child, .. become nodes 1..L, the others follow in their order, with
+    their parents, depths, ranks and q rows; a tree whose main chain is first already is returned as it is."""
+    q = torch.arange(7.0)[:, None].expand(7, 3)
+    tree = DraftTree(tokens=[5, 6, 7, 8, 9, 10], parents=[0, 0, 2, 1, 2, 3], depths=[1, 1, 2, 2, 2, 3],
+                     ranks=[1, 0, 0, 0, 1, 0], stages=2, q=q)
+    out = tree_mod.chain_first(tree)
+    assert out.tokens == [6, 7, 10, 5, 8, 9] and out.parents == [0, 1, 2, 0, 4, 1]
+    assert out.depths == [1, 2, 3, 1, 2, 2] and out.ranks == [0, 0, 0, 1, 0, 1] and out.stages == 2
+    assert out.q[:, 0].tolist() == [0, 2, 3, 6, 1, 4, 5]
+    assert tree_mod.chain_first(out) is out
+
+
+def test_a_chain_verifies_as_the_chain_engine():
+    """A tree that is a chain has no 4-D mask and no positions: the target's own causal forward."""
+    ids, pos, mask = tree_mod.tree_inputs(DraftTree([5, 6, 7], [0, 1, 2], [1, 2, 3], [0, 0, 0]), torch.tensor([4]),
+                                          start=3, kv_len=10, dtype=torch.float32)
+    assert ids.tolist() == [4, 5, 6, 7] and pos is None and mask is None
+
+
 def test_tree_mask_sees_the_context_the_ancestors_and_itself():
     tree = DraftTree(tokens=[5, 6, 7, 8], parents=[0, 0, 1, 3], depths=[1, 1, 2, 3], ranks=[0, 1, 0, 0])
     ids, pos, mask = tree_mod.tree_inputs(tree, torch.tensor([4]), start=3, kv_len=10, dtype=torch.float32)
