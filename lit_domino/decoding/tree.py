@@ -406,7 +406,7 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
         logq = torch.log_softmax(logits.float() / temperature if drawn else logits.float(), -1)  # [F, C]
         if drawn:
             v, col = logq.topk(kk, -1).values, _draws(logq, kk, generator)  # [F, k]
-            qrows.append((logq.exp(), cand))
+            qrows.append((logq, cand))
         else:
             v, col = logq.topk(kk, -1)  # [F, k]
         ids = col if cand is None else cand.expand(col.shape[0], -1).gather(1, col)  # [F, k] token ids
@@ -442,18 +442,18 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
                      [new_id[offset[d - 1] + 1 + rows[c] // widths[d] if d else 0] for c, d in zip(chosen, level)],
                      [d + 1 for d in level], [rows[c] % widths[d] for c, d in zip(chosen, level)])
     if drawn:  # row u: the q node u's children were drawn from (0 outside its candidates; zeros if never expanded)
-        where, keep, row = [0] * (len(tree) + 1), [False] * (len(tree) + 1), 0
-        for d, (probs, _) in enumerate(qrows):  # depth d expanded the anchor (d = 0) or depth d-1's first rows
-            for r in range(probs.shape[0]):
-                u = new_id.get(offset[d - 1] + 1 + r if d else 0)
-                if u is not None:
-                    where[u], keep[u] = row + r, True
-            row += probs.shape[0]
-        probs = torch.cat([p for p, _ in qrows])  # [M', C]
-        where = torch.tensor(where, device=probs.device)
-        rows = probs.index_select(0, where) * torch.tensor(keep, device=probs.device)[:, None]
-        tree.q = rows if qrows[0][1] is None else rows.new_zeros(len(tree) + 1, head.vocab_size).scatter_(
-            1, torch.cat([c.expand(p.shape[0], -1) for p, c in qrows]).index_select(0, where), rows)
+        parts, where = [], []
+        for d, (logq, cand) in enumerate(qrows):  # depth d expanded the anchor (d = 0) or depth d-1's first rows
+            found = [(u, r) for r in range(logq.shape[0])
+                     if (u := new_id.get(offset[d - 1] + 1 + r if d else 0)) is not None]
+            if found:
+                where += [u for u, _ in found]
+                sel = torch.tensor([r for _, r in found], device=logq.device)
+                probs = logq.index_select(0, sel).exp()  # the tree's rows only: [F, V] exps at C = V are not cheap
+                parts.append(probs if cand is None else probs.new_zeros(len(found), head.vocab_size).scatter_(
+                    1, cand.expand(logq.shape[0], -1).index_select(0, sel), probs))
+        tree.q = parts[0].new_zeros(len(tree) + 1, head.vocab_size).index_copy_(
+            0, torch.tensor(where, device=parts[0].device), torch.cat(parts))
     return tree
 
 
