@@ -44,8 +44,8 @@ One round, with the committed sequence ending in the anchor x at position ``star
    extended with the anchor and the accepted path with their target features.
 
 ``budget`` caps n (nodes beyond the anchor); ``cost`` (:class:`lit_domino.decoding.cost.VerifyCost`) makes it
-cost-aware: each round verifies the best-first prefix CaDDTree's rule picks, and a path tree stops growing once
-no deeper node could raise the rule's rate.
+cost-aware: each round verifies the best-first prefix CaDDTree's rule picks, and a path tree expands only the
+nodes whose descendants that choice could hold.
 """
 
 from __future__ import annotations
@@ -387,10 +387,10 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     own token; the stable sort keeps each node's children a prefix of its draws; ``DraftTree.q`` row u is the q
     node u's children were drawn from (0 outside its candidates).
 
-    Cost-aware (``cfg.cost``): after each depth, growing stops once no deeper node could raise the rule's best
-    rate (:meth:`VerifyCost.may_grow`: a deeper node scores at most the best frontier node), so a round drafts
-    only the depths the rule can use; the rule then picks among the candidates so far (the same choice as on the
-    fully grown tree, ties aside)."""
+    Cost-aware (``cfg.cost``): each depth expands only the frontier nodes whose descendants could still be in the
+    rule's choice (:meth:`VerifyCost.growable`: a frontier node's descendants at one depth have gains summing to
+    at most its own), and growing stops when none could, so a round drafts only what the rule can use; its
+    choice among the candidates is the one on the fully grown tree (ties aside)."""
     if depth <= 0:
         return DraftTree()
     k, drawn = cfg.top_k, _drawn(cfg, temperature)
@@ -425,11 +425,11 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
         f = min(width, q)
         if len(kept) >= nodes:
             f = sum(1 for x in new[:f] if x >= kept[-1])
+        if cfg.cost is not None and f and d + 1 < depth:  # and those whose descendants the rule could choose
+            f = cfg.cost.growable([math.exp(x) for x in kept], [math.exp(x) for x in new[:f]], depth - d - 1, nodes,
+                                  draft_s)
         if f == 0 or d + 1 == depth:
             break
-        if cfg.cost is not None and not cfg.cost.may_grow([math.exp(x) for x in kept], math.exp(new[0]), nodes,
-                                                          draft_s):
-            break  # no deeper node can raise the rule's rate: the rule's tree is among the candidates already
         score = score[:f]
         states = head.child(inherited, j[:f] // kk, tok[:f])
     flat = [x for depth_scores in scores for x in depth_scores]  # candidate c has id c + 1

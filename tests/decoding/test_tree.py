@@ -298,57 +298,72 @@ def random_curve(rng) -> VerifyCost:
     return VerifyCost(tuple(widths), tuple(float(x) for x in np.cumsum(rng.uniform(0.01, 1.0, len(widths)))))
 
 
-def test_may_grow_stops_only_when_no_deeper_node_can_raise_the_rate():
-    """Brute force of the cost-aware tree's stopping rule (random curves, draft costs, best-first gains and a bound
-    on the gains still to come): when ``may_grow`` says no, no tree that adds nodes of gain at most the bound
-    rates higher under the rule (nor lower: adding nodes never lowers a rate); when it says yes, some such tree
-    does."""
+def test_growable_keeps_every_frontier_node_the_rules_choice_could_reach():
+    """Brute force of the cost-aware tree's frontier rule (random curves, draft costs, best-first gains, a frontier
+    with D depths left, and random descendants: below each frontier node of gain g, per depth, nodes of gains
+    summing to at most g): growing without the descendants of the frontier nodes ``growable`` leaves out gives the
+    rule's choice on the fully grown tree (its rate, up to a tie within rounding); when it keeps any, the best case
+    (below each frontier node a chain of its own gain) beats the current rate."""
     rng = np.random.default_rng(0)
-    said = set()
+    seen = set()
     for _ in range(400):
         curve, draft, cap = random_curve(rng), float(rng.uniform(0.0, 2.0)), int(rng.integers(1, 40))
         gains = sorted((rng.uniform(0.0, 1.0, int(rng.integers(1, 30))) ** 3).tolist(), reverse=True)
-        bound = float(rng.uniform(0.0, 1.0)) * gains[0]
-        grow = curve.may_grow(gains, bound, cap, draft)
-        said.add(grow)
-        rate = curve.best_rate(gains, cap, draft)[1]
-        later = [[bound] * cap] + [rng.uniform(0.0, bound, int(rng.integers(1, 2 * cap + 1))).tolist()
-                                   for _ in range(5)]
-        grown = [curve.best_rate(sorted(gains + extra, reverse=True), cap, draft)[1] for extra in later]
-        assert min(grown) >= rate * (1 - 1e-12)
-        if grow:
-            assert grown[0] > rate  # the best case: ``cap`` more nodes of gain ``bound``
-        else:
-            assert max(grown) <= rate * (1 + 1e-12)
-    assert said == {True, False}
+        frontier = sorted(rng.choice(gains, int(rng.integers(1, len(gains) + 1)), replace=False).tolist(),
+                          reverse=True)
+        left = int(rng.integers(1, 5))
+        grow = curve.growable(gains, frontier, left, cap, draft)
+        seen.add(min(grow, 1) + (grow == len(frontier)))  # 0: stop, 1: some kept, 2: all kept
+        best = curve.best_rate(gains, cap, draft)
+        for _ in range(5):
+            later = [(x, i) for i, g in enumerate(frontier) for _ in range(left)
+                     for x in (g * rng.uniform() * rng.dirichlet(np.ones(int(rng.integers(1, 5))))).tolist()]
+            grown = sorted([(g, -1) for g in gains] + later, reverse=True)
+            rate = curve.best_rate([g for g, _ in grown], cap, draft)[1]
+            assert rate >= best[1] * (1 - 1e-12)
+            without = curve.best_rate([g for g, i in grown if i < grow], cap, draft)  # not grown below those left out
+            assert without[1] == pytest.approx(rate, rel=1e-9)  # the same choice, up to a tie within rounding
+        if grow:  # the best case: below each frontier node a chain of its own gain
+            chains = [g for g in frontier for _ in range(left)]
+            assert curve.best_rate(sorted(gains + chains, reverse=True), cap, draft)[1] > best[1]
+    assert seen == {0, 1, 2}
     steep = VerifyCost((1, 2), (1.0, 10.0))
     assert steep.best_rate([0.9, 0.5], 4) == (1, pytest.approx(1.9)) and steep.best_rate([], 4)[0] == 0
-    assert not steep.may_grow([0.9, 0.5], 0.5, 4) and VerifyCost((1, 64), (1.0, 1.0)).may_grow([0.9, 0.5], 1e-3, 4)
+    assert steep.growable([0.9, 0.5], [0.5], 2, 4) == 0
+    assert VerifyCost((1, 64), (1.0, 1.0)).growable([0.9, 0.5, 0.1], [0.5, 0.1], 2, 8) == 2
 
 
 @pytest.mark.parametrize("kind", ["domino", "dspark"])
-def test_cost_aware_path_tree_stops_early_with_the_full_trees_choice(target, monkeypatch, kind):
-    """A cost-aware path tree grown depth by depth stops when ``may_grow`` says no deeper node can raise the rule's
-    rate, and the rule's tree is then the one it picks on the fully grown tree (random curves and draft costs)."""
+def test_cost_aware_path_tree_grows_only_what_the_rule_can_choose(target, monkeypatch, kind):
+    """A cost-aware path tree expands only the frontier nodes ``growable`` keeps (and stops when it keeps none), and
+    the rule's tree rates as the one it picks on the fully grown tree (random curves and draft costs), and is that
+    tree but for a tie within rounding."""
     drafter = drafter_of(target, kind, block_size=8)
     rng = np.random.default_rng(1)
     anchor = torch.tensor([13])
-    real, stops = VerifyCost.may_grow, []
+    real, cut, rates = VerifyCost.growable, [], []
 
-    def recorded(self, *a, **k):
-        stops.append(not real(self, *a, **k))
-        return not stops[-1]
+    def recorded(self, gains, frontier, *a):
+        cut.append(real(self, gains, frontier, *a) < len(frontier))
+        return real(self, gains, frontier, *a)
 
+    def rule(cfg, gains, nodes, draft_s):  # the rule's choice and its rate
+        rates.append(cfg.cost.best_rate(gains, nodes, draft_s)[1])
+        return cfg.cost.best_nodes(gains, nodes, draft_s)
+
+    monkeypatch.setattr(tree_mod, "_cap", rule)
     for seed in range(12):
         curve, draft, pool = random_curve(rng), float(rng.uniform(0.0, 3.0)), [None, 16][seed % 2]
         cfg = TreeConfig("path", budget=40, top_k=3, cost=curve)
         with torch.inference_mode():
-            monkeypatch.setattr(VerifyCost, "may_grow", recorded)
+            monkeypatch.setattr(VerifyCost, "growable", recorded)
             early = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
-            monkeypatch.setattr(VerifyCost, "may_grow", lambda *a, **k: True)
+            monkeypatch.setattr(VerifyCost, "growable", lambda self, gains, frontier, *a: len(frontier))
             full = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
-        assert (early.tokens, early.parents, early.ranks) == (full.tokens, full.parents, full.ranks), seed
-    assert any(stops)  # some trees stopped growing before the last depth
+        assert rates[-2] == pytest.approx(rates[-1], rel=1e-9), seed
+        if rates[-2] == rates[-1]:  # no tie within rounding: the same tree
+            assert (early.tokens, early.parents, early.ranks) == (full.tokens, full.parents, full.ranks), seed
+    assert any(cut)  # some frontiers were cut
 
 
 def test_cost_aware_trees_are_lossless_and_verify_fewer_nodes(target, monkeypatch):
