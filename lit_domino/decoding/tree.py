@@ -433,7 +433,7 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
         score = score[:f]
         states = head.child(inherited, j[:f] // kk, tok[:f])
     flat = [x for depth_scores in scores for x in depth_scores]  # candidate c has id c + 1
-    best = sorted((c for c, x in enumerate(flat) if x >= kept[-1]), key=lambda c: -flat[c])[:nodes]  # stable
+    best = sorted((c for c, x in enumerate(flat) if x >= kept[-1]), key=lambda c: -flat[c])[:nodes]  # ties: shallower
     chosen = sorted(best[: _cap(cfg, [math.exp(flat[c]) for c in best], len(best), draft_s)])  # parents first
     rows, tokens = torch.stack([torch.cat(picks), torch.cat(toks)]).tolist()  # one host copy
     level = [bisect.bisect_right(offset, c) - 1 for c in chosen]

@@ -506,13 +506,16 @@ def test_pooled_path_heads_are_the_full_heads_on_the_pool(target, kind):
 @pytest.mark.parametrize("kind", ["domino", "dspark"])
 def test_pooled_path_trees_are_lossless_greedy(target, monkeypatch, kind):
     """A pooled path tree (``pool_size`` P < V) with the target's continuation planted on a random branch, and
-    the real pooled trees alone, plain and cost-aware: the target's greedy output."""
+    the real pooled trees alone, plain, cost-aware and as DLoop's last stage: the target's greedy output."""
     drafter = drafter_of(target, kind)
     prompt = prompt_of(4)
     ref = greedy(target, prompt, 30)
     curve = VerifyCost((1, 4, 16), (1e-3, 1.2e-3, 2e-3))
-    for tree in (TreeConfig("path", budget=16, top_k=3), TreeConfig("path", budget=24, top_k=3, cost=curve)):
-        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12, tree=tree)
+    for tree, dloop in ((TreeConfig("path", budget=16, top_k=3), None),
+                        (TreeConfig("path", budget=24, top_k=3, cost=curve), None),
+                        (TreeConfig("path", budget=16, top_k=3), DLoopConfig(float("-inf"), 2))):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12, tree=tree,
+                       dloop=dloop)
         assert res.tokens == ref
     oracle_trees(monkeypatch, prompt + ref, seed=1)
     res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12,
