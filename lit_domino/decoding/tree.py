@@ -15,7 +15,9 @@ One round, with the committed sequence ending in the anchor x at position ``star
      the Markov head on each node's token, PCTree; DFlash 2: the selector's transition from each node's
      token over its position's candidates); each depth keeps the n best of parent × top-k candidates by
      cumulative log-probability, and the n best of all of them are the tree: the exact best-first tree under
-     the path-conditioned scores;
+     the path-conditioned scores. A child's log-probability is normalised over its parent's candidates, as the
+     chain's q: with a candidate pool (``pool_size``, Domino and DSpark) the top-P tokens of its position's base
+     logits, DFlash 2's selector's c, else the vocabulary (:class:`PathHead`);
    * ``eagle``: EAGLE-2's dynamic tree for the EAGLE-3 drafter: each depth expands the top-k nodes of the frontier
      by cumulative log-probability (one batched drafter step over them, a tree mask over the drafter's own
      context: each node sees the committed steps and its ancestors), then all candidates are reranked by
@@ -42,15 +44,18 @@ One round, with the committed sequence ending in the anchor x at position ``star
    extended with the anchor and the accepted path with their target features.
 
 ``budget`` caps n (nodes beyond the anchor); ``cost`` (:class:`lit_domino.decoding.cost.VerifyCost`) makes it
-cost-aware: each round verifies the best-first prefix CaDDTree's rule picks.
+cost-aware: each round verifies the best-first prefix CaDDTree's rule picks, and a path tree expands only the
+nodes whose descendants that choice could hold.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -168,7 +173,8 @@ class DraftTree:
     """Drafting stages the tree came from (DLoop: its chain stages and the last stage's tree)."""
     q: torch.Tensor | None = None
     """[n+1, V] row u: the draft distribution node u's children were drawn from (``draw="sample"`` at T > 0 and
-    the sampled chain; what the multi-draft walk needs); None otherwise."""
+    the sampled chain; what the multi-draft walk needs): with a candidate pool, q over the pool and 0 elsewhere;
+    None otherwise."""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -216,6 +222,27 @@ def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, lim
 
 
 # --------------------------------------------------------------------------- builders
+
+
+class PathHead(Protocol):
+    """A drafter's head over a tree's frontier, what :func:`_path_tree` expands (the path heads of Domino, DSpark
+    and DFlash 2, ``session.path_head``; EAGLE-3's ``session.tree_head``): every frontier node of a depth in one
+    batch, each node's children drafted from its own path."""
+
+    vocab_size: int
+    """V: a drawn tree's ``DraftTree.q`` rows are over the vocabulary."""
+
+    def start(self):
+        """The root's state (the anchor's)."""
+
+    def step(self, i: int, states) -> tuple[torch.Tensor, torch.Tensor | None, object]:
+        """The frontier at depth i (its states, F nodes) → (its children's logits over their candidates [F, C],
+        the candidates' token ids [1, C] (shared by the frontier) or [F, C], or None when C = V and a column is
+        its token id; what the children inherit). The tree scores a child by the softmax of these logits over
+        the candidates: with a candidate pool, the pool's q, as the chain's."""
+
+    def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
+        """The states of the next frontier: the children of frontier rows ``rows`` [F'] holding ``tokens`` [F']."""
 
 
 def best_first(values: list[list[float]], n: int) -> list[tuple[int, int, int, float]]:
@@ -341,81 +368,130 @@ def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room
 
 
 @torch.no_grad()
-def _path_tree(cfg: TreeConfig, head, depth: int, nodes: int, width: int, draft_s, temperature: float = 0.0,
-               generator=None) -> DraftTree:
+def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: int, draft_s,
+               temperature: float = 0.0, generator=None) -> DraftTree:
     """Best-first under the path-conditioned scores, expanded depth by depth: each depth scores (frontier node ×
     its top-k children) by cumulative log-probability and keeps the ``nodes`` best as candidates, of which the
-    ``width`` best are the next frontier, all on the device; then the ``nodes`` best of all candidates are the
-    tree. ``width = nodes`` (``path``) is the exact best-first tree (a child never outscores its parent, so the
-    best n nodes at a depth all hang below the best n of the depth above); ``width = k`` is EAGLE-2's.
+    ``width`` best are the next frontier; then the ``nodes`` best of all candidates are the tree. ``width =
+    nodes`` (``path``) is the exact best-first tree (a child never outscores its parent, so the best n nodes at a
+    depth all hang below the best n of the depth above); ``width = k`` is EAGLE-2's. The head's work stays on the
+    device; each depth copies its (at most ``nodes``) candidate scores to the host, where the pruning below and
+    the cost rule read them.
+
+    A child's log-probability is the softmax of the head's logits over its parent's candidates
+    (:class:`PathHead`; with a candidate pool, over the pool, as the chain's q), so the search runs on C columns,
+    not V.
 
     Drawn (:func:`_drawn`): each frontier node's k children are draws from q without replacement, scored by q's
     rank-ordered probabilities (the i-th draw by the i-th largest q), so a child's place never depends on its
-    own token; the stable sort keeps each node's children a prefix of its draws."""
+    own token; the stable sort keeps each node's children a prefix of its draws; ``DraftTree.q`` row u is the q
+    node u's children were drawn from (0 outside its candidates).
+
+    Cost-aware (``cfg.cost``): each depth expands only the frontier nodes whose descendants could still be in the
+    rule's choice (:meth:`VerifyCost.growable`: a frontier node's descendants at one depth have gains summing to
+    at most its own), and growing stops when none could, so a round drafts only what the rule can use; its
+    choice among the candidates is the one on the fully grown tree (ties aside)."""
     if depth <= 0:
         return DraftTree()
     k, drawn = cfg.top_k, _drawn(cfg, temperature)
-    states, score, frontier = head.start(), None, None
-    cols, qrows, next_id, kept = [], [], 1, None  # kept: the ``nodes`` best scores of all candidates so far
+    states, score = head.start(), None
+    # depth d's candidates are ids offset[d] + 1 .. offset[d] + len(scores[d]) (0 = the anchor), best first; its
+    # first ones are the frontier depth d+1 expands, so a child of frontier row r at depth d+1 has parent
+    # offset[d] + 1 + r
+    offset, scores, picks, toks, widths, qrows = [], [], [], [], [], []
+    kept: list[float] = []  # the ``nodes`` best scores of all candidates so far, best first
     for d in range(depth):
-        logits, inherited = head.step(d, states)  # [F, V]
-        dev = logits.device
-        if score is None:
-            score = torch.zeros(1, device=dev)
-            frontier = torch.zeros(1, dtype=torch.long, device=dev)  # candidate ids (0 = the anchor)
+        logits, cand, inherited = head.step(d, states)  # [F, C], C's token ids [1 | F, C] (None: C = V)
+        kk = min(k, logits.shape[-1])
+        logq = torch.log_softmax(logits.float() / temperature if drawn else logits.float(), -1)  # [F, C]
         if drawn:
-            logq = torch.log_softmax(logits.float() / temperature, -1)
-            v, ids = logq.topk(k, -1).values, _draws(logq, k, generator)  # [F, k]
-            qrows.append((frontier, logq.exp()))
+            v, col = logq.topk(kk, -1).values, _draws(logq, kk, generator)  # [F, k]
+            qrows.append((logq, cand))
         else:
-            v, ids = torch.log_softmax(logits.float(), -1).topk(k, -1)  # [F, k]
-        cand = (score[:, None] + v).reshape(-1)
-        score, j = cand.sort(descending=True, stable=True)  # ties: the lower rank first
+            v, col = logq.topk(kk, -1)  # [F, k]
+        ids = col if cand is None else cand.expand(col.shape[0], -1).gather(1, col)  # [F, k] token ids
+        total = v if score is None else score[:, None] + v  # cumulative log-probabilities [F, k]
+        score, j = total.reshape(-1).sort(descending=True, stable=True)  # ties: the lower rank first
         q = min(nodes, j.numel())
         score, j = score[:q], j[:q]
-        rows, tok = j // k, ids.reshape(-1).index_select(0, j)
-        cols.append(torch.stack([score, frontier.index_select(0, rows).float(), tok.float(), (j % k).float(),
-                                 torch.full((q,), float(d + 1), device=dev)]))
+        tok = ids.reshape(-1).index_select(0, j)
+        new = score.tolist()
+        offset.append(offset[-1] + len(scores[-1]) if scores else 0)
+        scores.append(new), picks.append(j), toks.append(tok), widths.append(kk)
         # exact pruning: a child never outscores its parent, and of equal scores the shallower node ranks first,
         # so a frontier node below the n-th best score found so far has no descendant in the tree: expand only
         # those at or above it, and stop once none is (the deep levels of a peaked draft cost nothing)
-        kept = score if kept is None else torch.cat([kept, score]).topk(min(nodes, kept.numel() + q)).values
+        kept = sorted(kept + new, reverse=True)[:nodes]
         f = min(width, q)
-        if kept.numel() >= nodes:
-            f = min(f, int((score[:f] >= kept[-1]).sum()))
-        frontier = torch.arange(next_id, next_id + f, device=dev)
-        next_id += q
-        score = score[:f]
-        if f == 0:
+        if len(kept) >= nodes:
+            f = sum(1 for x in new[:f] if x >= kept[-1])
+        if cfg.cost is not None and f and d + 1 < depth:  # and those whose descendants the rule could choose
+            f = cfg.cost.growable([math.exp(x) for x in kept], [math.exp(x) for x in new[:f]], depth - d - 1, nodes,
+                                  draft_s)
+        if f == 0 or d + 1 == depth:
             break
-        if d + 1 < depth:
-            states = head.child(inherited, rows[:f], tok[:f])
-    scores, parents, tokens, ranks, depths = torch.cat(cols, 1).tolist()  # one host copy ([5, M], M <= n·K)
-    best = sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i]))[:nodes]
-    best = best[: _cap(cfg, [math.exp(scores[i]) for i in best], nodes, draft_s)]
-    best.sort()  # candidate ids grow with depth: parents first
-    new_id = {0: 0, **{i + 1: n + 1 for n, i in enumerate(best)}}
-    tree = DraftTree([int(tokens[i]) for i in best], [new_id[int(parents[i])] for i in best],
-                     [int(depths[i]) for i in best], [int(ranks[i]) for i in best])
-    if drawn:  # row u: the q node u's children were drawn from (zeros for the leaves)
-        ids = torch.cat([f for f, _ in qrows]).tolist()
-        table = torch.cat([r for _, r in qrows])
-        where = [0] * (len(tree) + 1)
-        keep = torch.zeros(len(tree) + 1, dtype=torch.bool)
-        for row, cid in enumerate(ids):
-            if cid in new_id:
-                where[new_id[cid]], keep[new_id[cid]] = row, True
-        tree.q = table.index_select(0, torch.tensor(where, device=table.device)) * keep.to(table.device)[:, None]
+        score = score[:f]
+        states = head.child(inherited, j[:f] // kk, tok[:f])
+    flat = [x for depth_scores in scores for x in depth_scores]  # candidate c has id c + 1
+    best = sorted((c for c, x in enumerate(flat) if x >= kept[-1]), key=lambda c: -flat[c])[:nodes]  # ties: shallower
+    chosen = sorted(best[: _cap(cfg, [math.exp(flat[c]) for c in best], len(best), draft_s)])  # parents first
+    rows, tokens = torch.stack([torch.cat(picks), torch.cat(toks)]).tolist()  # one host copy
+    level = [bisect.bisect_right(offset, c) - 1 for c in chosen]
+    new_id = {0: 0, **{c + 1: u for u, c in enumerate(chosen, 1)}}
+    tree = DraftTree([tokens[c] for c in chosen],
+                     [new_id[offset[d - 1] + 1 + rows[c] // widths[d] if d else 0] for c, d in zip(chosen, level)],
+                     [d + 1 for d in level], [rows[c] % widths[d] for c, d in zip(chosen, level)])
+    if drawn:  # row u: the q node u's children were drawn from (0 outside its candidates; zeros if never expanded)
+        parts, where = [], []
+        for d, (logq, cand) in enumerate(qrows):  # depth d expanded the anchor (d = 0) or depth d-1's first rows
+            found = [(u, r) for r in range(logq.shape[0])
+                     if (u := new_id.get(offset[d - 1] + 1 + r if d else 0)) is not None]
+            if found:
+                where += [u for u, _ in found]
+                sel = torch.tensor([r for _, r in found], device=logq.device)
+                probs = logq.index_select(0, sel).exp()  # the tree's rows only: [F, V] exps at C = V are not cheap
+                parts.append(probs if cand is None else probs.new_zeros(len(found), head.vocab_size).scatter_(
+                    1, cand.expand(logq.shape[0], -1).index_select(0, sel), probs))
+        tree.q = parts[0].new_zeros(len(tree) + 1, head.vocab_size).index_copy_(
+            0, torch.tensor(where, device=parts[0].device), torch.cat(parts))
     return tree
 
 
 # --------------------------------------------------------------------------- verify, walk
 
 
+def chain_first(tree: DraftTree) -> DraftTree:
+    """``tree`` with its main chain first: the anchor's rank-0 child, that node's rank-0 child, .. as nodes 1..L,
+    then the other nodes in their order (parents still before children; ``q``'s rows alike). Most accepted paths
+    are a prefix of the main chain (74-88 % of the accepted nodes are rank 0 in the default preset's tree study),
+    and such a prefix is where compaction puts it already (:func:`compact_cache` moves nothing)."""
+    first: dict[int, int] = {}  # parent -> its rank-0 child
+    for i, (par, r) in enumerate(zip(tree.parents, tree.ranks), 1):
+        if r == 0:
+            first.setdefault(par, i)
+    chain, u = [], 0
+    while u in first:
+        u = first[u]
+        chain.append(u)
+    if chain == list(range(1, len(chain) + 1)):
+        return tree
+    on = set(chain)
+    order = chain + [i for i in range(1, len(tree) + 1) if i not in on]
+    new = {0: 0, **{old: i for i, old in enumerate(order, 1)}}
+    q = None if tree.q is None else tree.q.index_select(0, torch.tensor([0] + order, device=tree.q.device))
+    return DraftTree([tree.tokens[o - 1] for o in order], [new[tree.parents[o - 1]] for o in order],
+                     [tree.depths[o - 1] for o in order], [tree.ranks[o - 1] for o in order], tree.stages, q)
+
+
 def tree_inputs(tree: DraftTree, anchor: torch.Tensor, start: int, kv_len: int, dtype: torch.dtype):
     """The verify forward's ``(ids [n+1], position_ids [1, n+1], mask [1, 1, n+1, kv_len])``: node i sees the
-    committed slots ``0 .. start-1``, its ancestors (the anchor included) and itself; additive (0 / dtype min)."""
+    committed slots ``0 .. start-1``, its ancestors (the anchor included) and itself; additive (0 / dtype min).
+    A chain (every node the child of the one before, as :func:`chain_first` puts a one-path tree) verifies as the
+    chain engine does: ``(ids, None, None)``, consecutive positions under the target's own causal mask."""
     n, dev = len(tree), anchor.device
+    ids = torch.cat([anchor.reshape(1), torch.tensor(tree.tokens, dtype=torch.long, device=dev)])
+    if tree.parents == list(range(n)):
+        return ids, None, None
     parents = np.asarray([0] + tree.parents, dtype=np.int64)
     anc = np.eye(n + 1, dtype=bool)
     idx = np.arange(n + 1)
@@ -426,7 +502,6 @@ def tree_inputs(tree: DraftTree, anchor: torch.Tensor, start: int, kv_len: int, 
     mask = torch.full((n + 1, kv_len), torch.finfo(dtype).min, dtype=dtype)
     mask[:, :start] = 0
     mask[:, start: start + n + 1].masked_fill_(torch.from_numpy(anc), 0)
-    ids = torch.cat([anchor.reshape(1), torch.tensor(tree.tokens, dtype=torch.long, device=dev)])
     pos = torch.tensor([[start] + [start + d for d in tree.depths]], dtype=torch.long, device=dev)
     return ids, pos, mask[None, None].to(dev)
 
@@ -519,6 +594,7 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         else:  # the chain engine's DLoop stages (full stages: no cap by the tokens wanted), the last one a tree
             tree = build_dloop_tree(cfg, dloop, session, anchor, lambda m: min(block_size - 1, room - m),
                                     lambda m: min(cfg.budget, room - m), temperature, generator, draft_s)
+        tree = chain_first(tree)
         clock.lap("draft")
         spent = time.perf_counter() - t0
         draft_s = spent if draft_s is None else 0.8 * draft_s + 0.2 * spent

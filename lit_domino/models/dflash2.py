@@ -258,29 +258,30 @@ def training_candidates(cand: torch.Tensor, target_ids: torch.Tensor):
 
 
 class SelectorPathHead:
-    """DFlash 2's selector over a tree's frontier: each node's children are its position's unary top-c candidates,
-    rescored by the transition from the node's own token (the chain's rule of :meth:`CandidateSelector.draft`,
-    one row per frontier node); logits are −inf outside the candidates, as the chain's q."""
+    """DFlash 2's selector over a tree's frontier (:class:`lit_domino.decoding.tree.PathHead`): each node's children
+    are its position's unary top-c candidates, rescored by the transition from the node's own token (the chain's
+    rule of :meth:`CandidateSelector.draft`, one row per frontier node); the scores are over the c candidates
+    only, so the tree's q is the chain's (the softmax over them, 0 elsewhere)."""
 
     def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
         sel = drafter.selector
         self.selector, self.anchor = sel, anchor
-        self.unary = drafter.compute_logits(hidden[1:])  # [K, V]; hidden [K+1, d] of draft_hidden
-        self.cand = sel.candidates(self.unary)  # [K, c]
+        unary = drafter.compute_logits(hidden[1:])  # [K, V]; hidden [K+1, d] of draft_hidden
+        self.vocab_size = unary.shape[-1]
+        self.cand = sel.candidates(unary)  # [K, c]
         # the predecessor-free parts, once per block (as the chain does)
         self.proj = sel.hidden_projection(hidden[1:].to(sel.hidden_projection.weight.dtype)).to(
             sel.predecessor_codebook.dtype)  # [K, r]
-        self.succ, self.base = sel.successor_codebook[self.cand], self.unary.gather(-1, self.cand)  # [K, c, r], [K, c]
+        self.succ, self.base = sel.successor_codebook[self.cand], unary.gather(-1, self.cand)  # [K, c, r], [K, c]
 
     def start(self):
         return self.anchor  # the root's token [1]
 
     def step(self, i: int, prev: torch.Tensor):
-        """Frontier tokens [F] at depth i → (children's logits [F, V], nothing inherited but the token)."""
+        """Frontier tokens [F] at depth i → (children's scores [F, c] on position i's candidates, their token ids
+        [1, c], nothing inherited but the token)."""
         context = self.selector.predecessor_codebook[prev] * self.proj[i: i + 1]  # [F, r]
-        s = self.base[i: i + 1] + (context @ self.succ[i].T).to(self.base.dtype)  # [F, c]
-        logits = self.unary.new_full((prev.shape[0], self.unary.shape[-1]), float("-inf"))
-        return logits.scatter_(1, self.cand[i: i + 1].expand(prev.shape[0], -1), s), None
+        return self.base[i: i + 1] + (context @ self.succ[i].T).to(self.base.dtype), self.cand[i: i + 1], None
 
     def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
         return tokens

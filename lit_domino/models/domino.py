@@ -298,34 +298,49 @@ class HeadDraft:
 
 
 class DominoPathHead:
-    """Domino's head over a tree's frontier (DARTree): one GRU state per node, every frontier node of a depth in
-    one batch. The recurrence of :func:`draft_block`, row-wise: S_0 consumed x_a; a node at depth i (block
-    position i+1) has ``L = L_base + W_up·SiLU(W_down·[H ; S_parent])``; a child's state consumed its token.
-    Always the full vocabulary (``pool_size`` shapes the chain's picks only)."""
+    """Domino's head over a tree's frontier (DARTree; :class:`lit_domino.decoding.tree.PathHead`): one GRU state per
+    node, every frontier node of a depth in one batch. The recurrence of :func:`draft_block`, row-wise: S_0
+    consumed x_a; a node at depth i (block position i+1) has ``L = L_base + W_up·SiLU(W_down·[H ; S_parent])``; a
+    child's state consumed its token. ``pool_size`` P: a node's children are among the top-P tokens of its
+    position's base logits (the chain's candidate pool, :meth:`DominoHead.draft`: the pool and W_up's rows of it
+    taken once per block, the correction computed on the pool only); None (or P = V): the full vocabulary."""
 
-    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
+    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor, pool_size: int | None = None):
         H = hidden[1:]  # [K, d]
-        self.base = drafter.compute_logits(H)  # [K, V] the backbone's marginals
+        base = drafter.compute_logits(H)  # [K, V] the backbone's marginals
+        self.vocab_size = base.shape[-1]
         self.tables = t = drafter.head.decode_tables(drafter.embed.weight)
         self.h_part = H @ t.w_down_h  # [K, r]
-        self.w_hh_t = drafter.head.gru.weight_hh_l0.T  # [d_s, 3d_s]
+        self.w_hh = drafter.head.gru.weight_hh_l0  # [3d_s, d_s]
+        self.no_w = self.w_hh.new_empty(self.w_hh.shape[0], 0)
         self.anchor = anchor
+        self.base, self.ids, self.ups_t = base, None, t.w_up_t  # the whole vocabulary, W_upᵀ [r, V] shared
+        if pool_size is not None and pool_size < base.shape[-1]:
+            self.base, self.ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
+            self.ups_t = drafter.head.up.weight.index_select(0, self.ids.reshape(-1)).view(
+                *self.ids.shape, -1).transpose(1, 2)  # [K, r, P] W_up's rows of each position's pool
 
-    def start(self) -> torch.Tensor:  # [1, d_s] S_0
-        gi = self.tables.gi.index_select(0, self.anchor)
-        s = gi.new_zeros(1, self.w_hh_t.shape[0])
-        return gru_gates(gi, s @ self.w_hh_t, s)
+    def start(self) -> torch.Tensor:  # [1, d_s] S_0: consumed x_a
+        return self._consume(self.anchor, self.h_part.new_zeros(1, self.w_hh.shape[1]))
 
-    def step(self, i: int, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Frontier states [F, d_s] at depth i → (their children's logits [F, V], what the children inherit)."""
-        t = self.tables
-        z = torch.addmm(self.h_part[i: i + 1], states, t.w_down_s)  # [F, r]
-        return corrected_logits(z, t.w_up_t, self.base[i: i + 1].expand(states.shape[0], -1)), states
+    def step(self, i: int, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Frontier states [F, d_s] at depth i → (their children's logits [F, C] on position i's pool, the pool's
+        token ids [1, C] (None without a pool: C = V), what the children inherit)."""
+        z = torch.addmm(self.h_part[i: i + 1], states, self.tables.w_down_s)  # [F, r]
+        base = self.base[i: i + 1].expand(states.shape[0], -1)
+        if self.ids is None:
+            return corrected_logits(z, self.ups_t, base), None, states
+        return corrected_logits(z, self.ups_t[i], base), self.ids[i: i + 1], states
 
     def child(self, inherited: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The GRU states of the chosen children: parent rows ``rows`` [F'] consumed ``tokens`` [F']."""
-        s = inherited.index_select(0, rows)
-        return gru_gates(self.tables.gi.index_select(0, tokens), s @ self.w_hh_t, s)
+        return self._consume(tokens, inherited.index_select(0, rows))
+
+    def _consume(self, tokens: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """States s [F, d_s] after consuming ``tokens`` [F]: one fused ``gru_cell`` whose input is empty and whose
+        input bias is the tokens' rows of the input-projection table (as :func:`draft_block`)."""
+        return torch.gru_cell(s.new_empty(s.shape[0], 0), s, self.no_w, self.w_hh,
+                              self.tables.gi.index_select(0, tokens))
 
 
 class DominoSession(ParallelSession):
@@ -344,8 +359,9 @@ class DominoSession(ParallelSession):
         self.head_loop = compiled_draft_block(self.device) if compile else draft_block
 
     def path_head(self, hidden: torch.Tensor, anchor: torch.Tensor) -> DominoPathHead:
-        """The head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
-        return DominoPathHead(self.drafter, hidden, anchor)
+        """The head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`, on the
+        session's candidate pool (``pool_size``)."""
+        return DominoPathHead(self.drafter, hidden, anchor, self.pool_size)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter

@@ -252,15 +252,23 @@ class DSparkOutput(BlockOutput):
 
 
 class MarkovPathHead:
-    """DSpark's Markov head over a tree's frontier (PCTree): each node's children are drafted from the node's own
-    token (and, for ``rnn``, its own recurrent state), every frontier node of a depth in one batch; the
-    recurrence of :meth:`MarkovHead.draft`, row-wise."""
+    """DSpark's Markov head over a tree's frontier (PCTree; :class:`lit_domino.decoding.tree.PathHead`): each node's
+    children are drafted from the node's own token (and, for ``rnn``, its own recurrent state), every frontier
+    node of a depth in one batch; the recurrence of :meth:`MarkovHead.draft`, row-wise. ``pool_size`` P: a node's
+    children are among the top-P tokens of its position's base logits (the chain's candidate pool: the pool and
+    W2's rows of it taken once per block, the bias computed on the pool only); None (or P = V): the full
+    vocabulary."""
 
-    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor):
+    def __init__(self, drafter, hidden: torch.Tensor, anchor: torch.Tensor, pool_size: int | None = None):
         self.head, self.hidden, self.anchor = drafter.head, hidden, anchor  # hidden [K+1, d]
         self.anchor_slot = not drafter.anchor_predicts  # as MarkovHead.draft: an rnn state steps over row 0
-        self.base = drafter.compute_logits(hidden[1:])  # [K, V] the backbone's marginals
-        self.w2_t = self.head.w2.weight.T.to(self.base.dtype)  # [r, V]
+        base = drafter.compute_logits(hidden[1:])  # [K, V] the backbone's marginals
+        self.vocab_size, w2 = base.shape[-1], self.head.w2.weight  # W2 [V, r]
+        self.base, self.ids, self.w2_t = base, None, w2.T.to(base.dtype)  # the whole vocabulary, W2ᵀ [r, V] shared
+        if pool_size is not None and pool_size < base.shape[-1]:
+            self.base, self.ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
+            self.w2_t = w2.index_select(0, self.ids.reshape(-1)).view(*self.ids.shape, -1).transpose(1, 2).to(
+                base.dtype)  # [K, r, P] W2's rows of each position's pool
 
     def start(self):
         """(previous token [1], rnn state [1, r] | None): the root's; the rnn state starts at slot 0 (at row 1
@@ -273,11 +281,15 @@ class MarkovPathHead:
         return self.anchor, state
 
     def step(self, i: int, states):
-        """Frontier (tokens [F], rnn states [F, r] | None) at depth i → (children's logits [F, V], inherited)."""
+        """Frontier (tokens [F], rnn states [F, r] | None) at depth i → (children's logits [F, C] on position i's
+        pool, the pool's token ids [1, C] (None without a pool: C = V), inherited)."""
         prev, state = states
         h = self.hidden[i + 1: i + 2].expand(prev.shape[0], -1)
         u, state = self.head.step(h, self.head.w1(prev), state)  # [F, r]
-        return torch.addmm(self.base[i: i + 1], u.to(self.base.dtype), self.w2_t), state
+        u = u.to(self.base.dtype)
+        if self.ids is None:
+            return torch.addmm(self.base[i: i + 1], u, self.w2_t), None, state
+        return torch.addmm(self.base[i: i + 1], u, self.w2_t[i]), self.ids[i: i + 1], state
 
     def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
         return tokens, None if inherited is None else inherited.index_select(0, rows)
@@ -307,8 +319,9 @@ class DSparkSession(ParallelSession):
         super().extend(tokens, features)
 
     def path_head(self, hidden: torch.Tensor, anchor: torch.Tensor) -> MarkovPathHead:
-        """The Markov head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
-        return MarkovPathHead(self.drafter, hidden, anchor)
+        """The Markov head over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`, on
+        the session's candidate pool (``pool_size``)."""
+        return MarkovPathHead(self.drafter, hidden, anchor, self.pool_size)
 
     def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
         drafter = self.drafter

@@ -223,10 +223,10 @@ class EagleSession(ChainSession):
 
 class EagleTreeHead:
     """EAGLE-3's drafter over a tree's frontier (EAGLE-2's draft tree), in the protocol of the path heads
-    (:func:`lit_domino.decoding.tree._path_tree`): the children of a node come from its own step, which takes the
-    node's token and its parent's step output at position anchor + depth; every frontier node of a depth is one
-    batched step whose mask lets each node see the committed steps (the cache up to the anchor's) and its
-    ancestors' steps (written to the cache depth by depth) and itself.
+    (:class:`lit_domino.decoding.tree.PathHead`, over the full vocabulary): the children of a node come from its
+    own step, which takes the node's token and its parent's step output at position anchor + depth; every
+    frontier node of a depth is one batched step whose mask lets each node see the committed steps (the cache up
+    to the anchor's) and its ancestors' steps (written to the cache depth by depth) and itself.
 
     States: ready nodes ``(h [F, d], seen [F, S])`` (their step outputs; which of the S tree steps so far each
     sees) or pending ones ``(tokens [F], parent h [F, d], parent seen [F, S])``."""
@@ -235,12 +235,14 @@ class EagleTreeHead:
         self.drafter, self.cache, self.start_pos = drafter, cache, start
         self.committed = len(cache)  # the real steps and the anchor's
         self.root = root  # [1, d] the anchor step's output
+        self.vocab_size = drafter.config.vocab_size
 
     def start(self):
         return self.root, torch.zeros(1, 0, dtype=torch.bool, device=self.root.device)
 
-    def step(self, i: int, states) -> tuple[torch.Tensor, tuple]:
-        """Depth-i frontier → (its children's logits [F, V], what the children inherit)."""
+    def step(self, i: int, states) -> tuple[torch.Tensor, None, tuple]:
+        """Depth-i frontier → (its children's logits [F, V], None: no candidate pool (EAGLE-3 has no base logits
+        to pool from), what the children inherit)."""
         if len(states) == 3:  # pending: the depth's nodes take their one step together
             tokens, h_par, seen_par = states
             drafter, F_ = self.drafter, tokens.numel()
@@ -251,7 +253,7 @@ class EagleTreeHead:
             h = drafter.step(drafter.embed_tokens(tokens)[None], h_par[None], pos, mask, self.cache)[0]  # [F, d]
             states = (h, seen)
         h, seen = states
-        return self.drafter.compute_logits(h), (h, seen)
+        return self.drafter.compute_logits(h), None, (h, seen)
 
     def child(self, inherited, rows: torch.Tensor, tokens: torch.Tensor):
         h, seen = inherited

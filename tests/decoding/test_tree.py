@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache, StaticCache
@@ -150,14 +151,15 @@ def test_the_chain_through_the_tree_path_is_the_chain_engine(target, dloop):
     assert dloop is None or len(seen) >= 2  # the gate both opened and closed
 
 
-@pytest.mark.parametrize("kind,extra", [("domino", {}), ("dspark", {}), ("dspark", {"sample_from_anchor": True}),
-                                        ("dflash2", {})])
-def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind, extra):
+@pytest.mark.parametrize("kind,extra,pool", [("domino", {}, None), ("domino", {}, 16), ("dspark", {}, None),
+                                             ("dspark", {}, 16), ("dspark", {"sample_from_anchor": True}, 16),
+                                             ("dflash2", {}, None)])
+def test_path_tree_of_one_child_per_node_is_the_heads_own_chain(target, kind, extra, pool):
     """top_k = 1: the path builder expands one node per depth, each from its parent's head state: the session's
     own greedy draft, token for token (the per-node recurrence is the head's; DSpark's rnn state in both anchor
-    conventions; DFlash 2's selector from each node's token)."""
+    conventions; DFlash 2's selector from each node's token; with a candidate pool, the chain's pool)."""
     drafter = drafter_of(target, kind, block_size=8, **extra)
-    session = drafter.new_session()
+    session = drafter.new_session(**({} if pool is None else {"pool_size": pool}))
     prompt = torch.tensor(prompt_of(3, 9))
     feats = torch.randn(9, drafter.config.num_features * drafter.config.hidden_size)
     if kind == "dspark":
@@ -212,6 +214,26 @@ def test_best_first_is_the_n_most_likely_prefixes():
         assert [s for *_, s in got] == pytest.approx(scores[:n])
         assert all(par < i + 1 for i, (_, par, _, _) in enumerate(got))
     assert [(d, p, r) for d, p, r, _ in best_first([[-0.1], [-0.2], [-0.3]], 5)] == [(0, 0, 0), (1, 1, 0), (2, 2, 0)]
+
+
+def test_chain_first_puts_the_main_chain_first():
+    """The anchor's rank-0 child, its rank-0 child, .. become nodes 1..L, the others follow in their order, with
+    their parents, depths, ranks and q rows; a tree whose main chain is first already is returned as it is."""
+    q = torch.arange(7.0)[:, None].expand(7, 3)
+    tree = DraftTree(tokens=[5, 6, 7, 8, 9, 10], parents=[0, 0, 2, 1, 2, 3], depths=[1, 1, 2, 2, 2, 3],
+                     ranks=[1, 0, 0, 0, 1, 0], stages=2, q=q)
+    out = tree_mod.chain_first(tree)
+    assert out.tokens == [6, 7, 10, 5, 8, 9] and out.parents == [0, 1, 2, 0, 4, 1]
+    assert out.depths == [1, 2, 3, 1, 2, 2] and out.ranks == [0, 0, 0, 1, 0, 1] and out.stages == 2
+    assert out.q[:, 0].tolist() == [0, 2, 3, 6, 1, 4, 5]
+    assert tree_mod.chain_first(out) is out
+
+
+def test_a_chain_verifies_as_the_chain_engine():
+    """A tree that is a chain has no 4-D mask and no positions: the target's own causal forward."""
+    ids, pos, mask = tree_mod.tree_inputs(DraftTree([5, 6, 7], [0, 1, 2], [1, 2, 3], [0, 0, 0]), torch.tensor([4]),
+                                          start=3, kv_len=10, dtype=torch.float32)
+    assert ids.tolist() == [4, 5, 6, 7] and pos is None and mask is None
 
 
 def test_tree_mask_sees_the_context_the_ancestors_and_itself():
@@ -270,6 +292,80 @@ def test_cost_rule_grows_while_throughput_rises():
         VerifyCost((4, 2), (1.0, 2.0))
 
 
+def random_curve(rng) -> VerifyCost:
+    """A random verify curve: 1-4 widths in 0..80, increasing times (in arbitrary units)."""
+    widths = sorted(int(w) for w in rng.choice(np.arange(0, 80), size=int(rng.integers(1, 5)), replace=False))
+    return VerifyCost(tuple(widths), tuple(float(x) for x in np.cumsum(rng.uniform(0.01, 1.0, len(widths)))))
+
+
+def test_growable_keeps_every_frontier_node_the_rules_choice_could_reach():
+    """Brute force of the cost-aware tree's frontier rule (random curves, draft costs, best-first gains, a frontier
+    with D depths left, and random descendants: below each frontier node of gain g, per depth, nodes of gains
+    summing to at most g): growing without the descendants of the frontier nodes ``growable`` leaves out gives the
+    rule's choice on the fully grown tree (its rate, up to a tie within rounding); when it keeps any, the best case
+    (below each frontier node a chain of its own gain) beats the current rate."""
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(400):
+        curve, draft, cap = random_curve(rng), float(rng.uniform(0.0, 2.0)), int(rng.integers(1, 40))
+        gains = sorted((rng.uniform(0.0, 1.0, int(rng.integers(1, 30))) ** 3).tolist(), reverse=True)
+        frontier = sorted(rng.choice(gains, int(rng.integers(1, len(gains) + 1)), replace=False).tolist(),
+                          reverse=True)
+        left = int(rng.integers(1, 5))
+        grow = curve.growable(gains, frontier, left, cap, draft)
+        seen.add(min(grow, 1) + (grow == len(frontier)))  # 0: stop, 1: some kept, 2: all kept
+        best = curve.best_rate(gains, cap, draft)
+        for _ in range(5):
+            later = [(x, i) for i, g in enumerate(frontier) for _ in range(left)
+                     for x in (g * rng.uniform() * rng.dirichlet(np.ones(int(rng.integers(1, 5))))).tolist()]
+            grown = sorted([(g, -1) for g in gains] + later, reverse=True)
+            rate = curve.best_rate([g for g, _ in grown], cap, draft)[1]
+            assert rate >= best[1] * (1 - 1e-12)
+            without = curve.best_rate([g for g, i in grown if i < grow], cap, draft)  # not grown below those left out
+            assert without[1] == pytest.approx(rate, rel=1e-9)  # the same choice, up to a tie within rounding
+        if grow:  # the best case: below each frontier node a chain of its own gain
+            chains = [g for g in frontier for _ in range(left)]
+            assert curve.best_rate(sorted(gains + chains, reverse=True), cap, draft)[1] > best[1]
+    assert seen == {0, 1, 2}
+    steep = VerifyCost((1, 2), (1.0, 10.0))
+    assert steep.best_rate([0.9, 0.5], 4) == (1, pytest.approx(1.9)) and steep.best_rate([], 4)[0] == 0
+    assert steep.growable([0.9, 0.5], [0.5], 2, 4) == 0
+    assert VerifyCost((1, 64), (1.0, 1.0)).growable([0.9, 0.5, 0.1], [0.5, 0.1], 2, 8) == 2
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_cost_aware_path_tree_grows_only_what_the_rule_can_choose(target, monkeypatch, kind):
+    """A cost-aware path tree expands only the frontier nodes ``growable`` keeps (and stops when it keeps none), and
+    the rule's tree rates as the one it picks on the fully grown tree (random curves and draft costs), and is that
+    tree but for a tie within rounding."""
+    drafter = drafter_of(target, kind, block_size=8)
+    rng = np.random.default_rng(1)
+    anchor = torch.tensor([13])
+    real, cut, rates = VerifyCost.growable, [], []
+
+    def recorded(self, gains, frontier, *a):
+        cut.append(real(self, gains, frontier, *a) < len(frontier))
+        return real(self, gains, frontier, *a)
+
+    def rule(cfg, gains, nodes, draft_s):  # the rule's choice and its rate
+        rates.append(cfg.cost.best_rate(gains, nodes, draft_s)[1])
+        return cfg.cost.best_nodes(gains, nodes, draft_s)
+
+    monkeypatch.setattr(tree_mod, "_cap", rule)
+    for seed in range(12):
+        curve, draft, pool = random_curve(rng), float(rng.uniform(0.0, 3.0)), [None, 16][seed % 2]
+        cfg = TreeConfig("path", budget=40, top_k=3, cost=curve)
+        with torch.inference_mode():
+            monkeypatch.setattr(VerifyCost, "growable", recorded)
+            early = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
+            monkeypatch.setattr(VerifyCost, "growable", lambda self, gains, frontier, *a: len(frontier))
+            full = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
+        assert rates[-2] == pytest.approx(rates[-1], rel=1e-9), seed
+        if rates[-2] == rates[-1]:  # no tie within rounding: the same tree
+            assert (early.tokens, early.parents, early.ranks) == (full.tokens, full.parents, full.ranks), seed
+    assert any(cut)  # some frontiers were cut
+
+
 def test_cost_aware_trees_are_lossless_and_verify_fewer_nodes(target, monkeypatch):
     curve = measure_verify_cost(target, widths=(1, 4, 16), context=16, repeats=1, verbose=False)
     assert list(curve.seconds) == sorted(curve.seconds) and curve is measure_verify_cost(
@@ -315,14 +411,23 @@ def test_bad_tree_requests_fail_before_decoding(target, monkeypatch):
     assert not calls
 
 
-@pytest.mark.parametrize("kind", ["domino", "dspark", "dflash2"])
-def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind):
-    """Brute force: every path of top-3 children, 3 deep, scored by the head run on that path alone; the builder's
-    12 nodes are the 12 best, each with its own cumulative score."""
-    drafter = drafter_of(target, kind, block_size=4)
-    session = drafter.new_session()
+def session_of(drafter, kind, pool=None, seed=5, length=7):
+    """A session over a random prompt with random target features (DSpark's with its distribution layer)."""
+    session = drafter.new_session(**({} if pool is None else {"pool_size": pool}))
     width = drafter.config.num_features * 32 + (32 if kind == "dspark" else 0)
-    session.extend(torch.tensor(prompt_of(5, 7)), torch.randn(7, width))
+    g = torch.Generator().manual_seed(seed)
+    session.extend(torch.tensor(prompt_of(seed, length)), torch.randn(length, width, generator=g))
+    return session
+
+
+@pytest.mark.parametrize("kind,pool", [("domino", None), ("domino", 24), ("dspark", None), ("dspark", 24),
+                                       ("dflash2", None)])
+def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind, pool):
+    """Brute force: every path of top-3 children, 3 deep, scored by the head run on that path alone (the softmax
+    of its logits over the candidates: a pool's, DFlash 2's selector's, else the vocabulary); the builder's 12
+    nodes are the 12 best, each with its own cumulative score."""
+    drafter = drafter_of(target, kind, block_size=4)
+    session = session_of(drafter, kind, pool)
     anchor = torch.tensor([13])
     with torch.inference_mode():
         tree = tree_mod.build_tree(TreeConfig("path", budget=12, top_k=3), session, anchor, 3, 12, 0.0, None)
@@ -332,8 +437,9 @@ def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind
         def expand(state, d, path, score):
             if d == 3:
                 return
-            logits, inherited = head.step(d, state)
-            v, ids = torch.log_softmax(logits.float(), -1)[0].topk(3)
+            logits, cand, inherited = head.step(d, state)
+            v, col = torch.log_softmax(logits.float(), -1)[0].topk(3)
+            ids = col if cand is None else cand[0, col]
             for r in range(3):
                 tok = ids[r : r + 1]
                 scores[path + (int(tok),)] = score + float(v[r])
@@ -350,3 +456,68 @@ def test_path_tree_is_the_best_first_tree_of_the_conditioned_scores(target, kind
     best = sorted(scores.values(), reverse=True)[:12]
     assert sorted((scores[p] for p in paths), reverse=True) == pytest.approx(best, abs=1e-5)
     assert len(set(paths)) == 12
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_pooled_path_heads_are_the_full_heads_on_the_pool(target, kind):
+    """A candidate pool P (the chain's, ``pool_size``): the pooled head's logits at depth i are the full head's on
+    the top-P tokens of block position i's base logits (the same state, the correction on the pool only), so with
+    P = V the tree is the unpooled one, node for node; with P < V every child is in its position's pool, and a
+    drawn tree's q rows are the softmax over the pool at T, 0 outside it."""
+    drafter = drafter_of(target, kind, block_size=6)
+    anchor = torch.tensor([13])
+    cfg = TreeConfig("path", budget=20, top_k=3)
+    with torch.inference_mode():
+        full = session_of(drafter, kind)
+        tree = tree_mod.build_tree(cfg, full, anchor, 5, 20, 0.0, None)
+        hidden = full.stages[-1].hidden
+        whole = full.path_head(hidden, anchor)
+        base = drafter.compute_logits(hidden[1:])  # [K, V]
+        same = tree_mod.build_tree(cfg, session_of(drafter, kind, pool=VOCAB), anchor, 5, 20, 0.0, None)
+        assert (same.tokens, same.parents, same.ranks) == (tree.tokens, tree.parents, tree.ranks)
+        P = 8
+        pooled = session_of(drafter, kind, pool=P)
+        small = tree_mod.build_tree(cfg, pooled, anchor, 5, 20, 0.0, None)
+        pools = base.topk(P, -1).indices.tolist()
+        assert all(t in pools[d - 1] for t, d in zip(small.tokens, small.depths))
+        assert small.tokens != tree.tokens  # the pool changed what is drafted here
+        head = pooled.path_head(hidden, anchor)
+        states, wstates = head.start(), whole.start()
+        for d in range(3):  # along the full head's greedy path
+            logits, cand, inherited = head.step(d, states)
+            wlogits, wcand, winherited = whole.step(d, wstates)
+            assert wcand is None and cand[0].tolist() == pools[d]
+            assert torch.allclose(logits, wlogits[:, cand[0]], atol=1e-5)
+            tok = wlogits.argmax(-1)
+            states = head.child(inherited, torch.zeros(1, dtype=torch.long), tok)
+            wstates = whole.child(winherited, torch.zeros(1, dtype=torch.long), tok)
+        g = torch.Generator().manual_seed(0)
+        drawn = tree_mod.build_tree(TreeConfig("path", budget=20, top_k=3, draw="sample"),
+                                    session_of(drafter, kind, pool=P), anchor, 5, 20, 0.7, g)
+    assert drawn.q.shape == (len(drawn) + 1, VOCAB)
+    for u in {0, *drawn.parents}:  # the nodes with children (a leaf's row is never read)
+        row = drawn.q[u]
+        d = 0 if u == 0 else drawn.depths[u - 1]
+        assert set(row.nonzero()[:, 0].tolist()) <= set(pools[d]) and float(row.sum()) == pytest.approx(1.0)
+        kids = [drawn.tokens[i] for i, par in enumerate(drawn.parents) if par == u]
+        assert all(row[t] > 0 for t in kids)
+
+
+@pytest.mark.parametrize("kind", ["domino", "dspark"])
+def test_pooled_path_trees_are_lossless_greedy(target, monkeypatch, kind):
+    """A pooled path tree (``pool_size`` P < V) with the target's continuation planted on a random branch, and
+    the real pooled trees alone, plain, cost-aware and as DLoop's last stage: the target's greedy output."""
+    drafter = drafter_of(target, kind)
+    prompt = prompt_of(4)
+    ref = greedy(target, prompt, 30)
+    curve = VerifyCost((1, 4, 16), (1e-3, 1.2e-3, 2e-3))
+    for tree, dloop in ((TreeConfig("path", budget=16, top_k=3), None),
+                        (TreeConfig("path", budget=24, top_k=3, cost=curve), None),
+                        (TreeConfig("path", budget=16, top_k=3), DLoopConfig(float("-inf"), 2))):
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12, tree=tree,
+                       dloop=dloop)
+        assert res.tokens == ref
+    oracle_trees(monkeypatch, prompt + ref, seed=1)
+    res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=30, pool_size=12,
+                   tree=TreeConfig("path", budget=16, top_k=3))
+    assert res.tokens == ref and max(res.accepted_per_round) >= 3 and {0, 1} <= set(res.accepted_ranks)

@@ -127,21 +127,23 @@ def test_multidraft_is_greedy_decoding_at_t0(kind, builder):
 @pytest.mark.slow
 def test_multidraft_sampling_is_distributed_as_the_target():
     """T > 0 through ``generate``: chi-square on (x1, x2) for the sampled chain (speculative sampling), the drawn
-    DDTree on a backbone, the drawn path tree on Domino and the drawn EAGLE tree on EAGLE-3."""
+    DDTree on a backbone, the drawn path tree on Domino (over the vocabulary and over a candidate pool of half
+    of it: q is the pool's, 0 outside) and the drawn EAGLE tree on EAGLE-3."""
     prompt = [3, 5, 2, 6]
     small, deep = chi_square_target(), eagle_chi_target()
     laws = {id(small): exact_joint(small, prompt), id(deep): exact_joint(deep, prompt)}
-    for kind, builder in (("backbone", "chain"), ("backbone", "ddtree"), ("domino", "path"), ("eagle3", "eagle")):
+    for kind, builder, pool in (("backbone", "chain", None), ("backbone", "ddtree", None), ("domino", "path", None),
+                                ("domino", "path", 4), ("eagle3", "eagle", None)):
         target = deep if kind == "eagle3" else small
         law = laws[id(target)]
         torch.manual_seed(0)
         over = dict(head=dict(rank=8, gru_hidden=8)) if kind == "domino" else {}
         drafter = build_drafter(drafter_config(kind, target, block_size=3, num_layers=1, **over), target)
         tree = TreeConfig(builder, budget=8, top_k=3, acceptance="multidraft", draw="sample")
-        counts, accepted = sampled_pairs(target, drafter, prompt, 1200, temperature=1.0, tree=tree)
+        counts, accepted = sampled_pairs(target, drafter, prompt, 1200, temperature=1.0, tree=tree, pool_size=pool)
         assert max(accepted) >= 1
         ok, stat = passes_chi_square(counts, law)
-        assert ok, (kind, builder, stat)
+        assert ok, (kind, builder, pool, stat)
 
 
 def test_spec_format_round_trips_and_bad_specs_are_refused():
