@@ -84,7 +84,7 @@ class VerifyCost:
         return n + 1, float(rates[n])
 
     def growable(self, gains: list[float], frontier: list[float], depths_left: int, cap: int,
-                 draft_s: float | None = None) -> int:
+                 draft_s: float | None = None, extra_s: float = 0.0) -> int:
         """How many of a tree's frontier nodes may still have a descendant in the rule's choice (:meth:`best_rate`,
         at most ``cap`` nodes): a prefix of ``frontier``; 0: no deeper node can raise the tree's best rate, stop
         growing. ``gains``: the tree's candidates so far, best first (the frontier's among them); ``frontier``:
@@ -98,7 +98,8 @@ class VerifyCost:
         later nodes, of rate at most ``(1 + top n0 of gains + top m of later) / (C_draft + C_v(n0 + m))``. When no
         such bound beats the current best rate (which a grown tree keeps: adding nodes never lowers an E(n)), the
         rule's choice on any grown tree holds no descendant of u, and on the tree grown without them it is the
-        same."""
+        same. ``extra_s``: the drafting a deeper node costs first (a depth of a path tree's head: the bounds pay it,
+        the current best does not), so a tree stops growing where its next depth costs more than it can add."""
         best = self.best_rate(gains, cap, draft_s)[1]
         draft = self.draft_s if draft_s is None else draft_s
         later = [g for g in frontier for _ in range(depths_left)][:cap]
@@ -106,7 +107,7 @@ class VerifyCost:
         new = np.cumsum([0.0, *later])  # [m + 1]: the most the top m later nodes add
         n = np.arange(own.size)[:, None] + np.arange(new.size)[None, :]  # n0 + m
         seconds = np.concatenate([[np.inf], self._seconds_upto(cap), np.full(own.size + new.size, np.inf)])
-        bound = (1.0 + own[:, None] + new[None, :]) / (draft + seconds[np.minimum(n, cap + 1)])  # 0 beyond cap
+        bound = (1.0 + own[:, None] + new[None, :]) / (draft + extra_s + seconds[np.minimum(n, cap + 1)])  # 0 beyond cap
         beyond = np.maximum.accumulate(bound[:, 1:].max(1)[::-1])[::-1]  # beyond[k]: the best with n0 >= k, m >= 1
         above = sorted(gains)  # ascending, to count the candidates above a gain
         grow = 0

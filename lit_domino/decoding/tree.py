@@ -297,7 +297,7 @@ def _cap(cfg: TreeConfig, gains: list[float], nodes: int, draft_s: float | None)
 
 
 def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes: int, temperature: float,
-               generator, draft_s: float | None = None) -> DraftTree:
+               generator, draft_s: float | None = None, started: float | None = None) -> DraftTree:
     """A tree of at most ``nodes`` nodes and ``depth`` levels below ``anchor`` [1] (see the module docstring)."""
     if cfg.builder == "chain":
         return tree_from_stage(cfg, session, session.draft(anchor, depth, temperature, generator), anchor, nodes,
@@ -308,14 +308,14 @@ def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes
     if hasattr(session, "tree_head"):  # EAGLE-3: its own steps over the tree (eagle: EAGLE-2's frontier of k)
         head = session.tree_head(anchor, depth)
         width = cfg.top_k if cfg.builder == "eagle" and not _drawn(cfg, temperature) else nodes
-        return _path_tree(cfg, head, depth, nodes, width, draft_s, temperature, generator)
+        return _path_tree(cfg, head, depth, nodes, width, draft_s, temperature, generator, started)
     hidden, anchor = session.draft_hidden(anchor, depth)
     return _path_tree(cfg, session.path_head(hidden, anchor), hidden.shape[0] - 1, nodes, nodes, draft_s,
-                      temperature, generator)
+                      temperature, generator, started)
 
 
 def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: int, draft_s=None,
-                    temperature: float = 0.0, generator=None) -> DraftTree:
+                    temperature: float = 0.0, generator=None, started: float | None = None) -> DraftTree:
     """The tree of an already drafted stage ``st`` (anchored at ``anchor``; the session's newest stage): its
     chain, its marginals' best-first tree, or the path tree over its block (DLoop's last stage)."""
     if cfg.builder == "chain":
@@ -347,11 +347,11 @@ def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: i
         return DraftTree([ids[p][r] for _, p, r, _ in order], [p for _, p, _, _ in order],
                          [d + 1 for d, *_ in order], [r for _, _, r, _ in order], q=rows.exp())
     return _path_tree(cfg, session.path_head(session.stages[-1].hidden, anchor.reshape(1)),
-                      session.stages[-1].hidden.shape[0] - 1, nodes, nodes, draft_s, temperature, generator)
+                      session.stages[-1].hidden.shape[0] - 1, nodes, nodes, draft_s, temperature, generator, started)
 
 
 def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room, nodes, temperature: float,
-                     generator, draft_s: float | None = None) -> DraftTree:
+                     generator, draft_s: float | None = None, started: float | None = None) -> DraftTree:
     """DLoop with a tree: stages drafted as chains while the gate is open (the chain engine's loop), the last
     one turned into a tree (:func:`tree_from_stage`) hanging below the earlier stages' chain. ``room(m)``: the
     drafts a stage may add after m; ``nodes(m)``: the last stage's tree budget after a chain of m."""
@@ -362,14 +362,14 @@ def build_dloop_tree(cfg: TreeConfig, dloop, session, anchor: torch.Tensor, room
     prefix = torch.cat([st.tokens.reshape(-1) for st in stages[:-1]]).tolist() if len(stages) > 1 else []
     last_anchor = stages[-2].tokens[-1:] if len(stages) > 1 else anchor
     m0 = len(prefix)
-    sub = tree_from_stage(cfg, session, stages[-1], last_anchor, nodes(m0), draft_s, temperature, generator)
+    sub = tree_from_stage(cfg, session, stages[-1], last_anchor, nodes(m0), draft_s, temperature, generator, started)
     return DraftTree(prefix + sub.tokens, list(range(m0)) + [p + m0 for p in sub.parents],
                      list(range(1, m0 + 1)) + [d + m0 for d in sub.depths], [0] * m0 + sub.ranks, len(stages))
 
 
 @torch.no_grad()
 def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: int, draft_s,
-               temperature: float = 0.0, generator=None) -> DraftTree:
+               temperature: float = 0.0, generator=None, started: float | None = None) -> DraftTree:
     """Best-first under the path-conditioned scores, expanded depth by depth: each depth scores (frontier node ×
     its top-k children) by cumulative log-probability and keeps the ``nodes`` best as candidates, of which the
     ``width`` best are the next frontier; then the ``nodes`` best of all candidates are the tree. ``width =
@@ -389,8 +389,12 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
 
     Cost-aware (``cfg.cost``): each depth expands only the frontier nodes whose descendants could still be in the
     rule's choice (:meth:`VerifyCost.growable`: a frontier node's descendants at one depth have gains summing to
-    at most its own), and growing stops when none could, so a round drafts only what the rule can use; its
-    choice among the candidates is the one on the fully grown tree (ties aside)."""
+    at most its own), and growing stops when none could, so a round drafts only what the rule can use. The rule's
+    C_draft is ``draft_s``, or with ``started`` (``time.perf_counter()`` when the round began drafting) what this
+    round has drafted so far, and a deeper node must also pay one more depth of the head (this round's mean per
+    depth): a path tree's drafting grows with its frontier (EAGLE-3's head is a decoder step per depth), and a
+    constant C_draft let it grow depths that cost more than they added (EAGLE-3's cost-aware tree: 0.89x its chain,
+    1.1-1.2x when its depths are priced)."""
     if depth <= 0:
         return DraftTree()
     k, drawn = cfg.top_k, _drawn(cfg, temperature)
@@ -400,6 +404,7 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     # offset[d] + 1 + r
     offset, scores, picks, toks, widths, qrows = [], [], [], [], [], []
     kept: list[float] = []  # the ``nodes`` best scores of all candidates so far, best first
+    first_depth = time.perf_counter()
     for d in range(depth):
         logits, cand, inherited = head.step(d, states)  # [F, C], C's token ids [1 | F, C] (None: C = V)
         kk = min(k, logits.shape[-1])
@@ -426,15 +431,18 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
         if len(kept) >= nodes:
             f = sum(1 for x in new[:f] if x >= kept[-1])
         if cfg.cost is not None and f and d + 1 < depth:  # and those whose descendants the rule could choose
+            now = time.perf_counter()
+            spent, per_depth = (draft_s, 0.0) if started is None else (now - started, (now - first_depth) / (d + 1))
             f = cfg.cost.growable([math.exp(x) for x in kept], [math.exp(x) for x in new[:f]], depth - d - 1, nodes,
-                                  draft_s)
+                                  spent, extra_s=per_depth)
         if f == 0 or d + 1 == depth:
             break
         score = score[:f]
         states = head.child(inherited, j[:f] // kk, tok[:f])
     flat = [x for depth_scores in scores for x in depth_scores]  # candidate c has id c + 1
     best = sorted((c for c, x in enumerate(flat) if x >= kept[-1]), key=lambda c: -flat[c])[:nodes]  # ties: shallower
-    chosen = sorted(best[: _cap(cfg, [math.exp(flat[c]) for c in best], len(best), draft_s)])  # parents first
+    spent = draft_s if started is None else time.perf_counter() - started
+    chosen = sorted(best[: _cap(cfg, [math.exp(flat[c]) for c in best], len(best), spent)])  # parents first
     rows, tokens = torch.stack([torch.cat(picks), torch.cat(toks)]).tolist()  # one host copy
     level = [bisect.bisect_right(offset, c) - 1 for c in chosen]
     new_id = {0: 0, **{c + 1: u for u, c in enumerate(chosen, 1)}}
@@ -590,10 +598,10 @@ def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block
         if depth <= 0:
             tree = DraftTree()
         elif dloop is None or dloop.max_stages == 1:  # one stage: plain rounds, as in the chain engine
-            tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s)
+            tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s, t0)
         else:  # the chain engine's DLoop stages (full stages: no cap by the tokens wanted), the last one a tree
             tree = build_dloop_tree(cfg, dloop, session, anchor, lambda m: min(block_size - 1, room - m),
-                                    lambda m: min(cfg.budget, room - m), temperature, generator, draft_s)
+                                    lambda m: min(cfg.budget, room - m), temperature, generator, draft_s, t0)
         tree = chain_first(tree)
         clock.lap("draft")
         spent = time.perf_counter() - t0

@@ -327,6 +327,26 @@ def test_growable_keeps_every_frontier_node_the_rules_choice_could_reach():
             chains = [g for g in frontier for _ in range(left)]
             assert curve.best_rate(sorted(gains + chains, reverse=True), cap, draft)[1] > best[1]
     assert seen == {0, 1, 2}
+    stopped = 0
+    for _ in range(400):  # a deeper node paying one more depth of drafting (extra_s): stop only when that never pays
+        curve, draft, cap = random_curve(rng), float(rng.uniform(0.0, 2.0)), int(rng.integers(1, 40))
+        extra = float(rng.uniform(0.0, 1.0))
+        gains = sorted((rng.uniform(0.0, 1.0, int(rng.integers(1, 30))) ** 3).tolist(), reverse=True)
+        frontier = sorted(rng.choice(gains, int(rng.integers(1, len(gains) + 1)), replace=False).tolist(),
+                          reverse=True)
+        left = int(rng.integers(1, 5))
+        assert curve.growable(gains, frontier, left, cap, draft, extra_s=extra) <= curve.growable(
+            gains, frontier, left, cap, draft)  # pricing the depth never grows more
+        if curve.growable(gains, frontier, left, cap, draft, extra_s=extra):
+            continue
+        stopped += 1
+        best = curve.best_rate(gains, cap, draft)[1]
+        for _ in range(5):
+            later = [x for g in frontier for _ in range(left)
+                     for x in (g * rng.uniform() * rng.dirichlet(np.ones(int(rng.integers(1, 5))))).tolist()]
+            grown = sorted(gains + later, reverse=True)
+            assert curve.best_rate(grown, cap, draft + extra)[1] <= best * (1 + 1e-9)
+    assert stopped > 50
     steep = VerifyCost((1, 2), (1.0, 10.0))
     assert steep.best_rate([0.9, 0.5], 4) == (1, pytest.approx(1.9)) and steep.best_rate([], 4)[0] == 0
     assert steep.growable([0.9, 0.5], [0.5], 2, 4) == 0
@@ -343,9 +363,9 @@ def test_cost_aware_path_tree_grows_only_what_the_rule_can_choose(target, monkey
     anchor = torch.tensor([13])
     real, cut, rates = VerifyCost.growable, [], []
 
-    def recorded(self, gains, frontier, *a):
-        cut.append(real(self, gains, frontier, *a) < len(frontier))
-        return real(self, gains, frontier, *a)
+    def recorded(self, gains, frontier, *a, **k):
+        cut.append(real(self, gains, frontier, *a, **k) < len(frontier))
+        return real(self, gains, frontier, *a, **k)
 
     def rule(cfg, gains, nodes, draft_s):  # the rule's choice and its rate
         rates.append(cfg.cost.best_rate(gains, nodes, draft_s)[1])
@@ -358,7 +378,7 @@ def test_cost_aware_path_tree_grows_only_what_the_rule_can_choose(target, monkey
         with torch.inference_mode():
             monkeypatch.setattr(VerifyCost, "growable", recorded)
             early = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
-            monkeypatch.setattr(VerifyCost, "growable", lambda self, gains, frontier, *a: len(frontier))
+            monkeypatch.setattr(VerifyCost, "growable", lambda self, gains, frontier, *a, **k: len(frontier))
             full = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
         assert rates[-2] == pytest.approx(rates[-1], rel=1e-9), seed
         if rates[-2] == rates[-1]:  # no tie within rounding: the same tree
