@@ -254,21 +254,24 @@ class DominoHead(nn.Module):
         every token, the table the issue describes in the official Domino rollout), and a position costs six
         ops, seven with a pool (:func:`draft_block`; ``block_fn``: that loop or its compiled form).
         """
-        K = H.shape[0]
         t = self.decode_tables(embed_weight)
-        ids = None
-        if pool_size is not None and pool_size < base.shape[-1]:
-            base, ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
-            # W_up's rows of the pool's tokens, [K, r, P]; the input-projection rows are looked up per pick
-            ups_t = self.up.weight.index_select(0, ids.reshape(-1)).view(K, pool_size, -1).transpose(1, 2)
-        else:
-            ups_t = t.w_up_t  # the whole table, shared by every position
+        base, ids, ups_t = self.candidate_pool(base, t, pool_size)  # the input-projection rows: looked up per pick
         noise = None if is_greedy(temperature) else \
             -torch.empty_like(base, dtype=torch.float32).exponential_(generator=generator).log()  # [K, P]
         picks, logits = block_fn(H, base, t.gi.index_select(0, anchor), t.w_down_h, t.w_down_s,
                                  self.gru.weight_hh_l0, t.gi, ups_t, ids, noise, float(temperature))
         tokens = picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
         return HeadDraft(tokens, picks, logits, ids)
+
+
+    def candidate_pool(self, base: torch.Tensor, tables: DecodeTables, pool_size: int | None):
+        """Base logits [K, V] → (the pool's base logits [K, P], its token ids [K, P], W_up's rows of it [K, r, P]),
+        every position at once; without a pool (None or P = V): (base, None, W_upᵀ [r, V] shared by every position)."""
+        if pool_size is None or pool_size >= base.shape[-1]:
+            return base, None, tables.w_up_t
+        base, ids = base.topk(pool_size, dim=-1)
+        ups_t = self.up.weight.index_select(0, ids.reshape(-1)).view(*ids.shape, -1).transpose(1, 2)
+        return base, ids, ups_t
 
 
 _COMPILED_DRAFT_BLOCK: dict[str, Callable] = {}
@@ -314,11 +317,7 @@ class DominoPathHead:
         self.w_hh = drafter.head.gru.weight_hh_l0  # [3d_s, d_s]
         self.no_w = self.w_hh.new_empty(self.w_hh.shape[0], 0)
         self.anchor = anchor
-        self.base, self.ids, self.ups_t = base, None, t.w_up_t  # the whole vocabulary, W_upᵀ [r, V] shared
-        if pool_size is not None and pool_size < base.shape[-1]:
-            self.base, self.ids = base.topk(pool_size, dim=-1)  # [K, P] each, every position at once
-            self.ups_t = drafter.head.up.weight.index_select(0, self.ids.reshape(-1)).view(
-                *self.ids.shape, -1).transpose(1, 2)  # [K, r, P] W_up's rows of each position's pool
+        self.base, self.ids, self.ups_t = drafter.head.candidate_pool(base, t, pool_size)
 
     def start(self) -> torch.Tensor:  # [1, d_s] S_0: consumed x_a
         return self._consume(self.anchor, self.h_part.new_zeros(1, self.w_hh.shape[1]))
