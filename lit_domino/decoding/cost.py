@@ -143,9 +143,11 @@ def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, contex
                         verbose: bool = True, hidden: bool = True) -> VerifyCost:
     """C_v(n) of ``target`` on this machine: the median of ``repeats`` forwards (after a warm-up) over n + 1
     tokens on the engine's eager DynamicCache runner holding ``context`` positions, with hidden states when
-    ``hidden`` (as a drafter reading features verifies), for each n in ``widths``; kept per target model, dtype,
-    device, widths, context and ``hidden`` (printed once when measured). Times are made non-decreasing (a
-    larger forward never costs less; a lucky sample would otherwise invite a larger tree or more stages)."""
+    ``hidden`` (as a drafter reading features verifies), for each n in ``widths``, the widths taking turns within
+    each repeat (a load spike then moves the whole curve, not one width: timed width after width, C_v(4) read 7.0 to
+    9.5 ms between runs on a shared 2-core box); kept per target model, dtype, device, widths, context and
+    ``hidden`` (printed once when measured). Times are made non-decreasing (a larger forward never costs less; a
+    lucky sample would otherwise invite a larger tree or more stages)."""
     from lit_domino.decoding.engine import _TargetRunner
 
     widths = tuple(int(w) for w in widths)
@@ -160,18 +162,18 @@ def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, contex
     vocab = target.vocab_size
     runner = _TargetRunner(target, context + max(widths) + 1, False, False)
     runner.prefill(torch.randint(0, vocab, (context,), generator=gen).to(dev), False)
-    times = []
-    for n in widths:
-        ids = torch.randint(0, vocab, (n + 1,), generator=gen).to(dev)
-        samples = []
-        for _ in range(repeats + 1):  # the first is a warm-up
+    inputs = [torch.randint(0, vocab, (n + 1,), generator=gen).to(dev) for n in widths]
+    samples = [[] for _ in widths]
+    for rep in range(repeats + 1):  # the first is a warm-up
+        for ids, out in zip(inputs, samples):
             _sync(dev)
             t0 = time.perf_counter()
             runner.forward(ids, hidden)
             _sync(dev)
-            samples.append(time.perf_counter() - t0)
+            if rep:
+                out.append(time.perf_counter() - t0)
             runner.crop(context)
-        times.append(statistics.median(samples[1:]))
+    times = [statistics.median(x) for x in samples]
     for i in range(1, len(times)):
         times[i] = max(times[i], times[i - 1])
     curve = VerifyCost(widths, tuple(times))

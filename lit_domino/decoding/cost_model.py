@@ -35,10 +35,11 @@ from lit_domino.decoding.cost import VerifyCost, measure_verify_cost
 from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
-COST_FORMAT = 3
-"""3: the stages timed with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop
+COST_FORMAT = 4
+"""4: the parts timed interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part);
+3: the stages timed with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop
 stage cost ~3 ms in the default decode against the 1.9 ms measured, and the cost gate drafted stages that did not
-pay); 2 and 1 (widths in tokens and verify_s of its own) are re-measured."""
+pay); older formats are re-measured."""
 
 
 class CostModelError(UsageError):
@@ -149,24 +150,37 @@ def cost_key(target, drafter, block_size: int) -> dict:
             "predictor": reads}
 
 
-def _median_time(fn, repeats: int, sync) -> float:
-    times = []
-    for _ in range(repeats):
-        sync()
-        t = time.perf_counter()
+def _interleaved(parts: dict, repeats: int, sync) -> dict[str, list[float]]:
+    """Seconds of each of ``parts`` (name -> callable), every repeat timing each part once in turn (after one untimed
+    warm-up of each): a load spike on a shared machine then lands on every part of a repeat alike, and a part's
+    difference from another (a DLoop stage's from a first stage's) is taken repeat by repeat."""
+    for fn in parts.values():
         fn()
-        sync()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    times = {name: [] for name in parts}
+    for _ in range(repeats):
+        for name, fn in parts.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def _median_excess(times: dict[str, list[float]], part: str, base: str) -> float:
+    """The median over repeats of ``part``'s time minus ``base``'s in the same repeat (at least 0)."""
+    return max(0.0, statistics.median(a - b for a, b in zip(times[part], times[base])))
 
 
 @torch.inference_mode()
-def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int = 7, context: int = 96,
+def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int = 15, context: int = 96,
             seed: int = 0) -> CostModel:
     """Measure a :class:`CostModel` on this machine with the real target and drafter (eager, dynamic cache):
-    a ``context``-token random prompt (about the embedded prompts' length plus half of a 128-token answer), each
-    part timed ``repeats`` times after one warm-up (the median); a stage includes the predictor's read when the
-    drafter has a predictor (:func:`~lit_domino.decoding.acceptance.predictor_of`)."""
+    a ``context``-token random prompt (about the embedded prompts' length plus half of a 128-token answer), the
+    parts timed ``repeats`` times interleaved (:func:`_interleaved`; medians, a DLoop stage and a round's rollback
+    as paired differences); a stage includes the predictor's read when the drafter has a predictor
+    (:func:`~lit_domino.decoding.acceptance.predictor_of`). Measured one part after another, a load spike during
+    one part skewed it alone: a default-preset model read a rollback of 3 ms (0.2 ms when quiet)."""
     from lit_domino.decoding.acceptance import predictor_of
     from lit_domino.decoding.engine import _TargetRunner, feature_layers
     from lit_domino.target.load import select_features
@@ -209,22 +223,20 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
         def nxt():  # the same first stage, then one more (its difference from first() is the DLoop stage)
             stage(first().tokens[-1:], K)
 
-        first()
-        draft_first = _median_time(first, repeats, sync)
-        nxt()
-        draft_next = max(0.0, _median_time(nxt, repeats, sync) - draft_first)
-
-        def other():
+        def verify():  # a forward of 2 tokens, what other() runs besides the rollback
             runner.forward(prompt[:2], False)
             runner.crop(context)
+
+        def other():
+            verify()
             session.crop(context - 2)
             session.extend(*last)
 
-        other()
-        other_s = max(0.0, _median_time(other, repeats, sync) - curve.seconds_at(1))
+        times = _interleaved({"first": first, "next": nxt, "verify": verify, "other": other}, repeats, sync)
     finally:
         drafter.train(was)
-    return CostModel(curve, draft_first, draft_next, other_s, cost_key(target, drafter, block_size))
+    return CostModel(curve, statistics.median(times["first"]), _median_excess(times, "next", "first"),
+                     _median_excess(times, "other", "verify"), cost_key(target, drafter, block_size))
 
 
 _MEMO: dict[str, CostModel] = {}

@@ -472,7 +472,7 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
                 offset += k
         res.stages_per_round.append(len(stages))
         res.drafted_per_round.append(int(drafts.shape[0]))
-        policy.observe(acc + 1, len(stages), int(drafts.shape[0]) + 1)
+        policy.observe(acc, len(stages), int(drafts.shape[0]) + 1)
         start += acc + 1
         anchor, done = _close_round(res, committed, eos, max_new_tokens, prompt.device)
         clock.lap("other")

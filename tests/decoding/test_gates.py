@@ -228,7 +228,7 @@ def test_the_cost_gates_shortcut_never_skips_a_stage_the_rule_would_draft(stage_
         cal = Calibration([1.0] * 16, [u(0.05, 0.99) for _ in range(16)], **fit)
         policy = RoundPolicy(DLoopConfig(gate="cost", max_stages=3), None, AcceptancePredictor("", None, cal), cost)
         policy.begin()
-        policy.observe(int(u(1, 8)), 1, 8)  # a round of this sequence moves its rate
+        policy.observe(int(u(0, 7)), 1, 8)  # a round of this sequence moves its rate
         k, room = 7, 7
         if policy._may_open(k, room):
             opened += 1
@@ -251,10 +251,20 @@ def test_the_cost_gates_rate_is_the_sequences():
     prior = 1.0 + sum(0.5 ** j for j in range(1, 8))  # a plain round's expected tokens
     assert policy.rate == pytest.approx(prior / 2e-3)
     for _ in range(400):
-        policy.observe(8, 1, 8)  # every round emits 8 tokens in 2 ms
+        policy.observe(7, 1, 8)  # every round emits 8 tokens in 2 ms
     assert policy.rate == pytest.approx(4000, rel=0.01)
     policy.begin()
     assert policy.rate == pytest.approx(prior / 2e-3)  # a new sequence
+    # trust: how the sequence's first stages survived against the predicted P(whole | S)
+    assert policy.trust == 1.0
+    policy._first = (0.8, 7)
+    policy.observe(3, 1, 8)  # predicted 0.8, not accepted whole
+    assert policy.trust == pytest.approx(1 / 1.8) and policy._first is None
+    policy._first = (0.5, 7)
+    policy.observe(7, 2, 15)  # accepted whole
+    assert policy.trust == pytest.approx(2 / 2.3)
+    policy.observe(7, 1, 8)  # a round whose first stage the gate did not read leaves the record as it is
+    assert policy.trust == pytest.approx(2 / 2.3)
 
 
 def test_the_cost_gate_reads_the_measured_stage_yield(target, tmp_path):
