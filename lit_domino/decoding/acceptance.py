@@ -28,6 +28,7 @@ A predictor travels with its drafter (:func:`attach`, :func:`predictor_of`) and 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -158,33 +159,48 @@ class AcceptanceHead(nn.Module):
 # --------------------------------------------------------------------------- calibration
 
 
+def _interp(x: float, knots: list[list[float]]) -> float:
+    """A map given by knots ``[[x ..], [y ..]]`` at ``x``: linear between them, flat beyond them."""
+    xs, ys = knots
+    if x <= xs[0]:
+        return ys[0]
+    j = bisect.bisect_right(xs, x)
+    if j >= len(xs):
+        return ys[-1]
+    span = xs[j] - xs[j - 1]
+    return ys[j] if span <= 0 else ys[j - 1] + (ys[j] - ys[j - 1]) * (x - xs[j - 1]) / span
+
+
 @dataclass
 class Calibration:
     """Per round position temperatures and the held-out mean calibrated confidence (see the module docstring), and
-    the stage-level quantities DLoop's gates decide on (:meth:`whole_stage`, :meth:`next_yield`)."""
+    the stage-level quantities DLoop's gates decide on (:meth:`whole_stage`, :meth:`next_gain`)."""
 
     temperatures: list[float]
     """τ_j for round positions j = 1, 2, ... (stages concatenated); later positions reuse the last one."""
     mean_confidence: list[float]
     """Mean calibrated c_j on the held-out rounds that reached j (the cost gate's forecast of a stage when
-    :attr:`stage_yield` is not known)."""
+    :attr:`stage_gain` is not known)."""
     label: str = "hard"
     """What the survival was fitted to: ``hard`` acceptance events (T = 0) or ``soft`` c* (T > 0)."""
     offsets: list[float] | None = None
     """Per position offsets b_j (``c_j = sigmoid(z_j / τ_j + b_j)``, Platt scaling); None: temperature scaling only.
     A head trained on every position of a round learns one bias for all of them, and a temperature alone cannot
     move a position's mean (smoke backbone, j = 1: ECE 10.4 % before, 12.5 % after temperature scaling)."""
-    stage_scale: list[float] | None = None
-    """``[a, b]``: the probability that every draft of the round so far survives, given the product S of its
-    calibrated c_j, is ``sigmoid(a · logit(S) + b)`` (Platt scaling of S at the stage boundaries, fitted on the
-    held-out rounds; None: S itself). Each c_j is calibrated on the rounds that reached j, but their product is not
-    calibrated where a gate decides: on the default Domino drafter, held-out rounds with S in [0.3, 0.7) were
-    accepted whole in 25-30 % of cases."""
-    stage_yield: list[float] | None = None
-    """``stage_yield[s-1]``: the mean number of drafts accepted in stage s+1 on the held-out rounds whose first s
-    stages were accepted whole (s = 1, 2, ..; later stages reuse the last), what another stage is expected to add
-    when the round survives so far; None: forecast it from :attr:`mean_confidence` (optimistic: those are the
-    confidences of the rounds that reached each position, not of the stage drafted after them)."""
+    stage_whole: list[list[float]] | None = None
+    """``[[S_1 .. S_n], [P_1 .. P_n]]``: the probability that every draft of the round so far is accepted, as a
+    non-decreasing map of the product S of their calibrated c_j at a stage boundary (isotonic regression on the
+    held-out rounds, linear between its knots, flat beyond them); None: S itself. Each c_j is calibrated on the
+    rounds that reached j, but their product is not where a gate decides: on the default DSpark drafter, held-out
+    rounds a Platt map of S gave 0.3-0.5 were accepted whole in 14 % of cases (the rounds' S is bimodal, and a
+    logistic curve fitted mostly to the many hopeless rounds misses the few between)."""
+    stage_gain: list[list[float]] | None = None
+    """``[[S_1 .. S_n], [G_1 .. G_n]]``: the drafts another stage of :attr:`stage_tokens` is expected to have
+    accepted given the round's S at a stage boundary (0 when a draft so far fails), fitted alike; None: S times the
+    product of the mean confidences (optimistic: on the default drafters a whole stage's next stage yielded 4.4 drafts
+    where S was middling, 7 where it was high)."""
+    stage_tokens: int | None = None
+    """The drafts of a stage the stage maps were fitted on (a shorter stage's gain is scaled down)."""
 
     def __post_init__(self):
         if not self.temperatures or any(not (math.isfinite(t) and t > 0) for t in self.temperatures):
@@ -194,13 +210,15 @@ class Calibration:
         if self.offsets is not None and (len(self.offsets) != len(self.temperatures)
                                          or not all(math.isfinite(b) for b in self.offsets)):
             raise ValueError("calibration: one finite offset per temperature")
-        if self.stage_scale is not None and (len(self.stage_scale) != 2
-                                             or not all(math.isfinite(v) for v in self.stage_scale)
-                                             or self.stage_scale[0] <= 0):
-            raise ValueError(f"calibration: stage_scale must be [a > 0, b] (finite), got {self.stage_scale}")
-        if self.stage_yield is not None and (not self.stage_yield
-                                             or not all(math.isfinite(v) and v >= 0 for v in self.stage_yield)):
-            raise ValueError(f"calibration: stage_yield must be non-negative numbers, got {self.stage_yield}")
+        for name in ("stage_whole", "stage_gain"):
+            knots = getattr(self, name)
+            if knots is not None and (len(knots) != 2 or len(knots[0]) != len(knots[1]) or not knots[0]
+                                      or not all(math.isfinite(v) for v in (*knots[0], *knots[1]))
+                                      or list(knots[0]) != sorted(knots[0]) or list(knots[1]) != sorted(knots[1])):
+                raise ValueError(f"calibration: {name} must be [[S ..], [value ..]], both non-decreasing and finite, "
+                                 f"got {knots}")
+        if (self.stage_whole is not None or self.stage_gain is not None) and not self.stage_tokens:
+            raise ValueError("calibration: stage maps need stage_tokens (the drafts of the stages they were fitted on)")
         self._vectors: dict[str, torch.Tensor] = {}
 
     def apply(self, z: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -225,31 +243,32 @@ class Calibration:
 
     def whole_stage(self, survival: float) -> float:
         """The probability that every draft of the round so far is accepted, from the product ``survival`` of their
-        calibrated c_j (:attr:`stage_scale`)."""
-        if self.stage_scale is None or survival <= 0.0 or survival >= 1.0:
+        calibrated c_j (:attr:`stage_whole`; ``survival`` itself without it)."""
+        if self.stage_whole is None:
             return min(max(survival, 0.0), 1.0)
-        a, b = self.stage_scale
-        x = a * math.log(survival / (1.0 - survival)) + b
-        return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))  # no overflow either way
+        return _interp(survival, self.stage_whole)
 
-    def next_yield(self, stages: int, drafted: int, room: int) -> float:
-        """Drafts a further stage of ``room`` drafts is expected to have accepted, given that the ``stages``
-        stages so far (``drafted`` drafts) were accepted whole: :attr:`stage_yield` (scaled down for a shorter
-        stage by the shape of the mean confidences), else the product of the mean confidences."""
-        forecast = torch.cumprod(self.at(self.mean_confidence, drafted, room), 0)
-        if self.stage_yield is None:
-            return float(forecast.sum())
-        full = self.stage_yield[min(stages, len(self.stage_yield)) - 1]
-        K = max(drafted // max(stages, 1), 1)  # drafts of a full stage
-        if room >= K:
-            return full
-        whole = float(torch.cumprod(self.at(self.mean_confidence, drafted, K), 0).sum())
-        return full * float(forecast.sum()) / whole if whole > 0 else 0.0
+    def next_gain(self, survival: float, drafted: int, room: int) -> float:
+        """The drafts another stage of ``room`` drafts, after ``drafted`` drafts whose survival product is ``survival``,
+        is expected to have accepted (:attr:`stage_gain`, scaled down by the mean confidences' shape for a stage
+        shorter than the fitted one; without it: survival times the product of the mean confidences)."""
+        forecast = float(torch.cumprod(self.at(self.mean_confidence, drafted, room), 0).sum())
+        if self.stage_gain is None:
+            return survival * forecast
+        gain = _interp(survival, self.stage_gain)
+        if room >= self.stage_tokens:
+            return gain
+        whole = float(torch.cumprod(self.at(self.mean_confidence, drafted, self.stage_tokens), 0).sum())
+        return gain * forecast / whole if whole > 0 else 0.0
+
+    def best_gain(self, drafted: int, room: int) -> float:
+        """The most :meth:`next_gain` can be for any survival (at survival 1: the maps are non-decreasing)."""
+        return self.next_gain(1.0, drafted, room)
 
     def to_dict(self) -> dict:
         """The fields (what a saved predictor's JSON holds)."""
-        return {k: getattr(self, k) for k in ("temperatures", "mean_confidence", "label", "offsets", "stage_scale",
-                                              "stage_yield")}
+        return {k: getattr(self, k) for k in ("temperatures", "mean_confidence", "label", "offsets", "stage_whole",
+                                              "stage_gain", "stage_tokens")}
 
 
 @dataclass

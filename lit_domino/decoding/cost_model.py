@@ -35,8 +35,8 @@ from lit_domino.decoding.cost import VerifyCost, measure_verify_cost
 from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
-COST_FORMAT = 4
-"""4: the parts timed interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part);
+COST_FORMAT = 5
+"""5: a DLoop stage timed alone (4: as a difference from a first stage, which read 1.4 ms for a 1.9 ms stage); 4: the parts timed interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part);
 3: the stages timed with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop
 stage cost ~3 ms in the default decode against the 1.9 ms measured, and the cost gate drafted stages that did not
 pay); older formats are re-measured."""
@@ -153,7 +153,8 @@ def cost_key(target, drafter, block_size: int) -> dict:
 def _interleaved(parts: dict, repeats: int, sync) -> dict[str, list[float]]:
     """Seconds of each of ``parts`` (name -> callable), every repeat timing each part once in turn (after one untimed
     warm-up of each): a load spike on a shared machine then lands on every part of a repeat alike, and a part's
-    difference from another (a DLoop stage's from a first stage's) is taken repeat by repeat."""
+    difference from another is taken repeat by repeat. A part that returns a number has timed itself (the part
+    of it that counts, after an untimed set-up)."""
     for fn in parts.values():
         fn()
     times = {name: [] for name in parts}
@@ -161,9 +162,9 @@ def _interleaved(parts: dict, repeats: int, sync) -> dict[str, list[float]]:
         for name, fn in parts.items():
             sync()
             t = time.perf_counter()
-            fn()
+            own = fn()
             sync()
-            times[name].append(time.perf_counter() - t)
+            times[name].append(own if isinstance(own, float) else time.perf_counter() - t)
     return times
 
 
@@ -177,8 +178,8 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
             seed: int = 0) -> CostModel:
     """Measure a :class:`CostModel` on this machine with the real target and drafter (eager, dynamic cache):
     a ``context``-token random prompt (about the embedded prompts' length plus half of a 128-token answer), the
-    parts timed ``repeats`` times interleaved (:func:`_interleaved`; medians, a DLoop stage and a round's rollback
-    as paired differences); a stage includes the predictor's read when the drafter has a predictor
+    parts timed ``repeats`` times interleaved (:func:`_interleaved`; medians, a round's rollback as a paired
+    difference, a DLoop stage timed alone after an untimed first stage); a stage includes the predictor's read when the drafter has a predictor
     (:func:`~lit_domino.decoding.acceptance.predictor_of`). Measured one part after another, a load spike during
     one part skewed it alone: a default-preset model read a rollback of 3 ms (0.2 ms when quiet)."""
     from lit_domino.decoding.acceptance import predictor_of
@@ -220,8 +221,13 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
             session.extend(*last)  # a round's committed token, whose features the first stage fuses
             return stage(anchor, 0)
 
-        def nxt():  # the same first stage, then one more (its difference from first() is the DLoop stage)
-            stage(first().tokens[-1:], K)
+        def nxt() -> float:  # the same first stage (untimed), then one more: the DLoop stage alone
+            after = first().tokens[-1:]
+            sync()
+            t = time.perf_counter()
+            stage(after, K)
+            sync()
+            return time.perf_counter() - t
 
         def verify():  # a forward of 2 tokens, what other() runs besides the rollback
             runner.forward(prompt[:2], False)
@@ -235,7 +241,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
         times = _interleaved({"first": first, "next": nxt, "verify": verify, "other": other}, repeats, sync)
     finally:
         drafter.train(was)
-    return CostModel(curve, statistics.median(times["first"]), _median_excess(times, "next", "first"),
+    return CostModel(curve, statistics.median(times["first"]), statistics.median(times["next"]),
                      _median_excess(times, "other", "verify"), cost_key(target, drafter, block_size))
 
 

@@ -4,22 +4,22 @@
 check, before decoding). Without DLoop it drafts one stage, exactly as plain speculative decoding. The papers'
 log gates compare the last stage's confidence with g; the predictor gates read the calibrated acceptance
 probabilities c_j of :mod:`lit_domino.decoding.acceptance`, whose running product S_j is the round's survival,
-and the calibration's stage-level map P(whole | S) (:meth:`~lit_domino.decoding.acceptance.Calibration.whole_stage`:
-the probability that every draft so far is accepted, what a stage boundary decides on):
+and the calibration's stage-level maps of it (:class:`~lit_domino.decoding.acceptance.Calibration`: P(whole | S),
+the probability that every draft so far is accepted, and G(S), the drafts another stage is expected to have
+accepted, both measured on held-out rounds; what a stage boundary decides on):
 
 * ``conf``: another stage while P(whole | S_m) >= p;
 * ``cost``: another stage when what it is expected to add beats what its time would yield elsewhere:
-  ``P(whole | S_m) · Y > ρ · (round_time(stages + 1, ..) - round_time(stages, ..))``, Y the drafts another stage is
-  expected to have accepted when the round survives so far (:meth:`~lit_domino.decoding.acceptance.Calibration.
-  next_yield`, measured on held-out rounds), round_time the :class:`~lit_domino.decoding.cost_model.CostModel`
-  measured on this machine (the predictor's own cost included), and ρ the sequence's tokens per second so far
+  ``G(S_m) > ρ · (round_time(stages + 1, ..) - round_time(stages, ..))``, round_time the
+  :class:`~lit_domino.decoding.cost_model.CostModel` measured on this machine (the predictor's own cost included),
+  and ρ the sequence's tokens per second so far
   (committed tokens over the modelled time of its rounds, a plain round's expectation as the prior). That is the
   rule that maximises tokens per second over the whole sequence (renewal-reward: an option pays when its marginal
   rate beats the long-run rate); raising *this round's* rate instead opened a stage whenever the round looked poor,
-  which on the default drafters drafted 25-40 % more stages than needed for no more accepted tokens. P(whole | S)
-  is scaled by how the sequence's first stages have survived against it so far (``(hits + 1) / (Σ P + 1)``): the
+  which on the default drafters drafted 25-40 % more stages than needed for no more accepted tokens. G is scaled
+  by how the sequence's first stages have survived against P(whole | S) so far (``(hits + 1) / (Σ P + 1)``): the
   calibration pools the domains, and on the default drafters math and chat stages survived less often than it
-  predicts (the gate opened 10-18 % of their rounds for no token);
+  predicts;
 * ``truncate`` p: keep a stage's drafts while S_j >= p (the first stage keeps at least one), then end the round.
 
 Each decision reads the drafter's side of the round only (its drafts and hidden states, never the target's),
@@ -57,7 +57,7 @@ class RoundPolicy:
     predictor: AcceptancePredictor | None = None
     cost: CostModel | None = None
     _gains: dict = field(default_factory=dict, repr=False)
-    """:meth:`_may_open`'s best case by (first stage's drafts, room after it): (Y, the stage's modelled seconds)."""
+    """:meth:`_may_open`'s best case by (first stage's drafts, room after it): (G(1), the stage's modelled seconds)."""
     _rate: list = field(default_factory=lambda: [0.0, 0.0], repr=False)
     """The cost gate's ρ of the sequence being decoded: [tokens, modelled seconds] (:meth:`begin`, :meth:`observe`)."""
     _record: list = field(default_factory=lambda: [0.0, 0.0], repr=False)
@@ -145,17 +145,18 @@ class RoundPolicy:
         return survival if cal is None else cal.whole_stage(survival)
 
     def _may_open(self, k: int, room: int) -> bool:
-        """Whether the ``cost`` gate can open after a first stage of ``k`` drafts for any survival: at best
-        (P(whole) = 1) another stage adds Y drafts for its modelled seconds, so when Y <= ρ · seconds no survival
-        opens it and the round skips the predictor (measured before: ~0.1-0.25 ms a round, 2-7 % on the default
-        target). Y and the seconds are computed once per (k, room); ρ is the sequence's current rate."""
+        """Whether the ``cost`` gate can open after a first stage of ``k`` drafts for any survival: at best (the
+        maps are non-decreasing: S = 1, scaled by a trust of at most ``room`` drafts) another stage adds G(1) drafts
+        for its modelled seconds, so when that is <= ρ · seconds no survival opens it and the round skips the
+        predictor (measured before: ~0.1-0.25 ms a round, 2-7 % on the default target). G(1) and the seconds are
+        computed once per (k, room); ρ and the trust are the sequence's current ones."""
         if room <= 0:
             return False
         key = (k, room)
         if key not in self._gains:
-            self._gains[key] = (self.predictor.calibration.next_yield(1, k, room), self._extra_time(1, k, room))
+            self._gains[key] = (self.predictor.calibration.best_gain(k, room), self._extra_time(1, k, room))
         best, seconds = self._gains[key]
-        return best > self.rate * seconds
+        return min(best * self.trust, room) > self.rate * seconds
 
     def _extra_time(self, done: int, m: int, room: int) -> float:
         """Modelled seconds another stage of ``room`` drafts adds to a round of ``done`` stages and ``m`` drafts."""
@@ -168,8 +169,7 @@ class RoundPolicy:
         if dl.gate == "conf":
             return dl.should_continue(done, self._whole(survival))
         if dl.gate == "cost":  # the stage's expected drafts against what its time yields at the sequence's rate
-            whole = min(1.0, self._whole(survival) * self.trust)
-            gain = whole * self.predictor.calibration.next_yield(done, m, room)
+            gain = min(self.predictor.calibration.next_gain(survival, m, room) * self.trust, room)
             return gain > self.rate * self._extra_time(done, m, room)
         return dl.should_continue(done, dl.confidence(st.logprobs))
 

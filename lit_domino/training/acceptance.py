@@ -75,11 +75,11 @@ class AcceptanceSettings:
     took the survival ECE from 2.0 / 1.9 / 2.7 / 1.2 % to 1.5 / 1.6 / 2.5 / 0.6 % (backbone, Domino, DSpark's
     add-on head, DFlash 2; DSpark's own head 2.7 → 2.8 %)."""
     stage_fit: bool = True
-    """Also fit the stage-level quantities DLoop's gates decide on (:attr:`~lit_domino.decoding.acceptance.
-    Calibration.stage_scale`, P(every draft so far accepted | S) at stage boundaries, and :attr:`~lit_domino.decoding.
-    acceptance.Calibration.stage_yield`, what a further stage adds when the round survives so far) on the
-    calibration split; needs ``stages`` >= 2. False: the gates read S and the mean confidences (before 2026-12-05:
-    on the default drafters the cost gate then opened a second stage in ~40 % of rounds and lost 3-6 %)."""
+    """Also fit the stage-level maps DLoop's gates decide on (:attr:`~lit_domino.decoding.acceptance.Calibration.
+    stage_whole`, P(every draft so far accepted | S) at stage boundaries, and :attr:`~lit_domino.decoding.acceptance.
+    Calibration.stage_gain`, the drafts a further stage is expected to add given S) on the calibration split; needs
+    ``stages`` >= 2. False: the gates read S and the mean confidences (before 2026-12-05: on the default drafters the
+    cost gate then opened a second stage in ~40 % of rounds and lost 3-6 %)."""
     steps: int = 300
     """Full-batch Adam steps of the add-on head."""
     lr: float = 0.05
@@ -322,14 +322,16 @@ def fit_calibration(z: torch.Tensor, y: torch.Tensor, label: str, offsets: bool 
         means.append(float((c * w[:, j]).sum() / w[:, j].sum()) if float(w[:, j].sum()) > 0 else float(c.mean()))
     cal = Calibration(taus, means, label, offs if offsets else None)
     if stage_tokens is not None:
-        cal.stage_scale, cal.stage_yield = fit_stages(calibrated(z, cal), y, stage_tokens)
-        Calibration.__post_init__(cal)  # check the stage fields
+        whole, gain = fit_stages(calibrated(z, cal), y, stage_tokens)
+        if whole is not None:
+            cal.stage_whole, cal.stage_gain, cal.stage_tokens = whole, gain, int(stage_tokens)
+            Calibration.__post_init__(cal)  # check the stage fields
     return cal
 
 
-MIN_STAGE_EVENTS = 10.0
-"""Held-out survivals (and failures) at the stage boundaries the stage map needs, and the surviving rounds a stage's
-yield needs; with fewer the gates fall back to S itself / the previous stage's yield."""
+MIN_STAGE_ROUNDS = 20
+"""Held-out rounds per bin of the stage maps' isotonic fit (:func:`isotonic`); fewer than two bins' worth, or no
+round accepted whole, and the gates fall back to S and the mean confidences."""
 
 
 def stage_events(c: torch.Tensor, y: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -339,27 +341,40 @@ def stage_events(c: torch.Tensor, y: torch.Tensor, K: int) -> tuple[torch.Tensor
     return S, alive, [s * K - 1 for s in range(1, y.shape[1] // K)]
 
 
-def fit_stages(c: torch.Tensor, y: torch.Tensor, K: int) -> tuple[list[float] | None, list[float] | None]:
-    """The stage map ``[a, b]`` (P(alive at a boundary | S) = sigmoid(a · logit(S) + b), Platt scaling of S on every
-    stage boundary's rows pooled) and the yields (per boundary s, the drafts of stage s+1 accepted, averaged over
-    the survival at s: Σ_t alive[:, sK-1+t] / Σ alive[:, sK-1], hard and soft labels alike) from calibrated
-    confidences c [n, P] and labels y [n, P]; None where too few events (:data:`MIN_STAGE_EVENTS`)."""
+def isotonic(x: torch.Tensor, y: torch.Tensor, min_count: int = MIN_STAGE_ROUNDS) -> list[list[float]] | None:
+    """The non-decreasing map of ``x`` that fits ``y`` best in squares: the rows sorted by x, pooled into bins of
+    ``min_count`` (the last takes the rest), then adjacent bins pooled while their means decrease (PAV); knots
+    ``[[mean x ..], [mean y ..]]`` per block (blocks of equal mean x merged). None with fewer than two bins."""
+    order = torch.argsort(x)
+    x, y = x[order].tolist(), y[order].tolist()
+    n = len(x) // min_count
+    if n < 2:
+        return None
+    cuts = [i * min_count for i in range(n)] + [len(x)]
+    blocks = []  # [sum x, sum y, count]
+    for lo, hi in zip(cuts, cuts[1:]):
+        blocks.append([sum(x[lo:hi]), sum(y[lo:hi]), hi - lo])
+        while len(blocks) > 1 and (blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]
+                                   or blocks[-2][0] / blocks[-2][2] >= blocks[-1][0] / blocks[-1][2]):
+            sx, sy, m = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + sx, blocks[-1][1] + sy, blocks[-1][2] + m]
+    return [[b[0] / b[2] for b in blocks], [b[1] / b[2] for b in blocks]]
+
+
+def fit_stages(c: torch.Tensor, y: torch.Tensor, K: int) -> tuple[list[list[float]] | None, list[list[float]] | None]:
+    """The stage maps from calibrated confidences c [n, P] and labels y [n, P] of rounds of K-draft stages, every
+    stage boundary's rows pooled: ``whole``, P(alive at the boundary | S), and ``gain``, the drafts of the next stage
+    accepted (0 when the round is dead at the boundary) given S, both isotonic in S (:func:`isotonic`); hard and soft
+    labels alike. (None, None) with too few rounds or none accepted whole."""
     S, alive, bounds = stage_events(c, y, K)
     if not bounds:
         return None, None
-    zs = torch.cat([torch.logit(S[:, b], eps=1e-6) for b in bounds])
-    ys = torch.cat([alive[:, b] for b in bounds])
-    scale = None
-    if float(ys.sum()) >= MIN_STAGE_EVENTS and float((1 - ys).sum()) >= MIN_STAGE_EVENTS:
-        tau, off = _fit_platt(zs, ys, torch.ones_like(ys), 1.0)
-        scale = [1.0 / tau, off]
-    yields = []
-    for b in bounds:
-        reached = float(alive[:, b].sum())
-        if reached < MIN_STAGE_EVENTS:
-            break
-        yields.append(float(alive[:, b + 1: b + 1 + K].sum()) / reached)
-    return scale, yields or None
+    s = torch.cat([S[:, b] for b in bounds])
+    whole = torch.cat([alive[:, b] for b in bounds])
+    gain = torch.cat([alive[:, b + 1: b + 1 + K].sum(1) for b in bounds])
+    if float(whole.sum()) <= 0:
+        return None, None
+    return isotonic(s, whole), isotonic(s, gain)
 
 
 def calibrated(z: torch.Tensor, cal: Calibration | None) -> torch.Tensor:
@@ -464,19 +479,23 @@ def calibration_report(z: torch.Tensor, hard: torch.Tensor, soft: torch.Tensor, 
 def stage_rows(c: torch.Tensor, y: torch.Tensor, cal: Calibration, K: int) -> list[dict]:
     """Per stage boundary s (after s stages of K drafts) on these rounds: ``rounds``, ``alive`` (the mean survival:
     every draft so far accepted), ``S`` and ``whole`` (the mean S and P(whole | S) predicted), ``ece_S`` and
-    ``ece_whole`` (against the survival), ``yield`` (the next stage's accepted drafts on the surviving rounds, as
-    :func:`fit_stages` measures it) and ``yield_fit`` (the calibration's)."""
+    ``ece_whole`` (against the survival), ``gain`` and ``gain_fit`` (the next stage's accepted drafts, 0 on a dead
+    round, observed and predicted: :meth:`~lit_domino.decoding.acceptance.Calibration.next_gain`) and, on the rounds
+    whose predicted gain is at least one draft (where a gate is likely to draft another stage), ``n_hopeful``,
+    ``gain_hopeful`` and ``gain_fit_hopeful``."""
     S, alive, bounds = stage_events(c, y, K)
     out = []
     for s, b in enumerate(bounds, 1):
         P = torch.tensor([cal.whole_stage(float(v)) for v in S[:, b]], dtype=torch.float64)
-        reached = float(alive[:, b].sum())
-        fit = None if cal.stage_yield is None else cal.stage_yield[min(s, len(cal.stage_yield)) - 1]
+        fit = torch.tensor([cal.next_gain(float(v), b + 1, K) for v in S[:, b]], dtype=torch.float64)
+        gain = alive[:, b + 1: b + 1 + K].sum(1)
+        hopeful = fit >= 1.0
         out.append({"stage": s, "rounds": int(S.shape[0]), "alive": float(alive[:, b].mean()),
                     "S": float(S[:, b].mean()), "whole": float(P.mean()), "ece_S": ece(S[:, b], alive[:, b]),
-                    "ece_whole": ece(P, alive[:, b]),
-                    "yield": float(alive[:, b + 1: b + 1 + K].sum()) / reached if reached > 0 else float("nan"),
-                    "yield_fit": fit})
+                    "ece_whole": ece(P, alive[:, b]), "gain": float(gain.mean()), "gain_fit": float(fit.mean()),
+                    "n_hopeful": int(hopeful.sum()),
+                    "gain_hopeful": float(gain[hopeful].mean()) if hopeful.any() else float("nan"),
+                    "gain_fit_hopeful": float(fit[hopeful].mean()) if hopeful.any() else float("nan")})
     return out
 
 
@@ -500,13 +519,13 @@ def stage_markdown(stages: list[dict], name: str | None = None) -> str:
     """:func:`stage_rows` as a Markdown table (``name``: a drafter column first)."""
     head = "| drafter " if name else ""
     lines = [head + "| after stage | rounds | survived | mean S | mean P(whole | S) | ECE of S | ECE of P(whole | S) | "
-             "next stage's yield (test) | yield (fit) |",
+             "next stage's drafts accepted: observed / predicted | rounds predicted ≥ 1: n, observed / predicted |",
              ("|---" if name else "") + "|---|---|---|---|---|---|---|---|---|"]
     for r in stages:
-        fit = "–" if r["yield_fit"] is None else f"{r['yield_fit']:.2f}"
         lines.append((f"| {name} " if name else "") +
                      f"| {r['stage']} | {r['rounds']} | {r['alive']:.3f} | {r['S']:.3f} | {r['whole']:.3f} | "
-                     f"{100 * r['ece_S']:.1f} % | {100 * r['ece_whole']:.1f} % | {r['yield']:.2f} | {fit} |")
+                     f"{100 * r['ece_S']:.1f} % | {100 * r['ece_whole']:.1f} % | {r['gain']:.2f} / "
+                     f"{r['gain_fit']:.2f} | {r['n_hopeful']}: {r['gain_hopeful']:.2f} / {r['gain_fit_hopeful']:.2f} |")
     return "\n".join(lines)
 
 

@@ -203,9 +203,11 @@ def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, 
     cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
     p = torch.tensor([[5, 6, 7, 8]])
     plain = generate(target, d, p, max_new_tokens=24)
-    predictor_of(d).calibration.stage_yield = [0.5]  # another stage adds half a draft: less than a round's 1 token
+    cal = predictor_of(d).calibration
+    cal.stage_whole, cal.stage_gain, cal.stage_tokens = [[0.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [0.0, 0.5]], 5
     few = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
-    predictor_of(d).calibration.stage_yield = None
+    cal.stage_whole = cal.stage_gain = cal.stage_tokens = None  # another stage adds half a draft at best: less than
+    # what its time (a round's) yields
     assert few.tokens == plain.tokens and set(few.stages_per_round) == {1} and not calls
     generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
     assert calls
@@ -224,7 +226,9 @@ def test_the_cost_gates_shortcut_never_skips_a_stage_the_rule_would_draft(stage_
         widths = [1, 4, 8, 16, 24]
         verify = sorted(u(1e-3, 5e-3) for _ in widths)
         cost = CostModel.of_widths(widths, verify, u(1e-4, 5e-3), u(1e-4, 5e-3), u(0, 1e-3), {})
-        fit = dict(stage_scale=[u(0.3, 3.0), u(-3.0, 3.0)], stage_yield=[u(0.0, 7.0)]) if stage_fit else {}
+        x = sorted(u(0.0, 1.0) for _ in range(4))
+        fit = dict(stage_whole=[x, sorted(u(0.0, 1.0) for _ in x)], stage_gain=[x, sorted(u(0.0, 2.0) for _ in x)],
+                   stage_tokens=7) if stage_fit else {}
         cal = Calibration([1.0] * 16, [u(0.05, 0.99) for _ in range(16)], **fit)
         policy = RoundPolicy(DLoopConfig(gate="cost", max_stages=3), None, AcceptancePredictor("", None, cal), cost)
         policy.begin()
@@ -267,33 +271,33 @@ def test_the_cost_gates_rate_is_the_sequences():
     assert policy.trust == pytest.approx(2 / 2.3)
 
 
-def test_the_cost_gate_reads_the_measured_stage_yield(target, tmp_path):
+def test_the_cost_gate_reads_the_measured_stage_gain(target, tmp_path):
     """With cheap drafting the cost gate drafts another stage when the next stage is expected to add drafts, and
-    never when the held-out rounds say it adds none, whatever the survival."""
+    never when the held-out rounds say it adds none, whatever the survival (the calibration's G(S))."""
     d = with_predictor(target, "backbone")
     cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
     p = torch.tensor([[5, 6, 7, 8]])
     cal = predictor_of(d).calibration
     runs = {}
     for y in (0.0, 5.0):
-        cal.stage_yield, cal.stage_scale = [y], [1.0, 0.0]
+        cal.stage_whole, cal.stage_gain, cal.stage_tokens = [[0.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [y, y]], 5
         runs[y] = generate(target, d, p, max_new_tokens=24,
                            dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
-    cal.stage_yield = cal.stage_scale = None
+    cal.stage_whole = cal.stage_gain = cal.stage_tokens = None
     assert set(runs[0.0].stages_per_round) == {1} and max(runs[5.0].stages_per_round) > 1
     assert runs[0.0].tokens == runs[5.0].tokens
 
 
 def test_the_conf_gate_reads_the_stage_map(target):
-    """conf@p drafts another stage while P(whole | S) >= p: a map that halves every logit-survival drafts fewer
-    stages than S itself, on the same rounds."""
+    """conf@p drafts another stage while P(whole | S) >= p: a map far below S drafts fewer stages than S itself, on
+    the same rounds."""
     d = with_predictor(target, "backbone")
     cal = predictor_of(d).calibration
     p = torch.tensor([[5, 6, 7, 8]])
     plain = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="conf", threshold=0.05, max_stages=3))
-    cal.stage_scale = [1.0, -6.0]  # P(whole | S) far below S
+    cal.stage_whole, cal.stage_gain, cal.stage_tokens = [[0.0, 1.0], [0.0, 0.01]], [[0.0, 1.0], [0.0, 1.0]], 5
     strict = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="conf", threshold=0.05, max_stages=3))
-    cal.stage_scale = None
+    cal.stage_whole = cal.stage_gain = cal.stage_tokens = None
     assert sum(strict.stages_per_round) < sum(plain.stages_per_round) and strict.tokens == plain.tokens
 
 

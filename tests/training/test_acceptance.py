@@ -88,50 +88,53 @@ def test_per_position_calibration_on_held_out_rounds_reaches_3_percent():
     assert max(r["ece_after"] for r in temps["positions"][1:]) > 0.03
 
 
-def stage_rounds(n: int, seed: int, a: float = 0.5, b: float = -0.8, K: int = 3):
+def stage_rounds(n: int, seed: int, K: int = 3):
     """Rounds of two K-draft stages whose calibrated c_j (uniform in (0.2, 1)) multiply to S, while the first stage
-    is accepted whole with probability sigmoid(a · logit(S) + b) (its product is not calibrated, as a drafter's
-    correlated positions make it), a rejected stage holds one random rejection, and a whole first stage's second
-    stage accepts exactly 2 drafts then rejects (its yield is 2)."""
+    is accepted whole with probability w(S) = S² (its product is not calibrated, as a drafter's correlated positions
+    make it), a rejected stage holds one random rejection, and a whole first stage's second stage accepts 2 drafts
+    then rejects where S < 0.2, all 3 above (its gain given S: 2 S² or 3 S²)."""
     g = torch.Generator().manual_seed(seed)
     c = 0.2 + 0.8 * torch.rand(n, 2 * K, generator=g, dtype=torch.float64)
     S = torch.cumprod(c[:, :K], 1)[:, -1]
-    whole = torch.rand(n, generator=g, dtype=torch.float64) < torch.sigmoid(a * torch.logit(S) + b)
+    whole = torch.rand(n, generator=g, dtype=torch.float64) < S ** 2
     y = torch.ones(n, 2 * K, dtype=torch.float64)
     miss = torch.randint(0, K, (n,), generator=g)
     y[~whole, miss[~whole]] = 0.0
-    y[:, K + 2] = 0.0
+    y[S < 0.2, K + 2] = 0.0
     return c, y
 
 
-def test_stage_map_and_yield_recover_a_known_stage_law():
-    """The stage map fitted on the stage boundary (Platt scaling of S) recovers (a, b), the yield is the second
-    stage's accepted drafts on the rounds whose first stage survived, and the report's ECE of P(whole | S) is small
-    where that of S is not."""
-    c, y = stage_rounds(20000, 0)
-    scale, yields = fit_stages(c, y, 3)
-    assert scale[0] == pytest.approx(0.5, abs=0.05) and scale[1] == pytest.approx(-0.8, abs=0.1)
-    assert yields == [pytest.approx(2.0)]
+def test_stage_maps_recover_a_known_stage_law():
+    """The isotonic stage maps recover P(whole | S) = S² and the next stage's gain given S, non-decreasing; the report's
+    ECE of P(whole | S) is small where that of S is not, and its predicted gains match the observed ones."""
     from lit_domino.decoding.acceptance import Calibration
-    from lit_domino.training.acceptance import stage_rows
+    from lit_domino.training.acceptance import isotonic, stage_rows
 
-    cal = Calibration([1.0] * 6, [0.5] * 6, stage_scale=scale, stage_yield=yields)
+    c, y = stage_rounds(20000, 0)
+    whole, gain = fit_stages(c, y, 3)
+    cal = Calibration([1.0] * 6, [0.5] * 6, stage_whole=whole, stage_gain=gain, stage_tokens=3)
+    S = torch.cumprod(c[:, :3], 1)[:, -1].tolist()  # the maps' errors over the rounds' own S (PAV is a step
+    # function: pointwise it misses the truth by up to ~0.1 draft here, on average by a few hundredths)
+    assert sum(abs(cal.whole_stage(x) - x ** 2) for x in S) / len(S) < 0.01
+    assert sum(abs(cal.next_gain(x, 3, 3) - (2 if x < 0.2 else 3) * x ** 2) for x in S) / len(S) < 0.03
+    assert 0 < cal.next_gain(0.45, 3, 1) < cal.next_gain(0.45, 3, 3)  # a shorter stage adds less
+    assert cal.best_gain(3, 3) == cal.next_gain(1.0, 3, 3) == gain[1][-1]
     ct, yt = stage_rounds(20000, 1)
     row, = stage_rows(ct, yt, cal, 3)
-    assert row["ece_whole"] < 0.02 < row["ece_S"] and row["yield"] == pytest.approx(2.0)
+    assert row["ece_whole"] < 0.02 < row["ece_S"] and row["gain"] == pytest.approx(row["gain_fit"], rel=0.05)
     assert "| 1 | 20000 |" in stage_markdown([row])
-    assert cal.whole_stage(0.0) == 0.0 and cal.whole_stage(1.0) == 1.0
-    assert 0.0 <= cal.whole_stage(1e-300) < 1e-100 and cal.whole_stage(1 - 1e-15) > 0.99
-    assert cal.next_yield(1, 3, 3) == 2.0 and 0 < cal.next_yield(1, 3, 1) < 2.0  # a shorter stage yields less
-    # too few surviving rounds: no map, no yield (the gates fall back to S and the mean confidences)
+    # PAV: a decreasing stretch is pooled; too few rows for two bins: no map (the gates fall back to S)
+    knots = isotonic(torch.arange(60.0), torch.cat([torch.ones(20), torch.zeros(20), torch.ones(20)]))
+    assert knots[1] == sorted(knots[1]) and len(knots[0]) == 2
+    assert isotonic(torch.arange(30.0), torch.ones(30)) is None
     assert fit_stages(c[:15], torch.zeros_like(y[:15]), 3) == (None, None)
 
 
 def test_fit_calibration_with_stage_tokens_fills_the_stage_fields():
     c, y = stage_rounds(4000, 2)
     cal = fit_calibration(torch.logit(c), y, "hard", stage_tokens=3)
-    assert cal.stage_scale is not None and cal.stage_yield == [pytest.approx(2.0)]
-    assert fit_calibration(torch.logit(c), y, "hard").stage_scale is None  # without stage_tokens: as before
+    assert cal.stage_whole is not None and cal.stage_gain is not None and cal.stage_tokens == 3
+    assert fit_calibration(torch.logit(c), y, "hard").stage_whole is None  # without stage_tokens: as before
 
 
 def test_ece_floor_is_the_sampling_noise_of_a_calibrated_predictor():
