@@ -252,14 +252,13 @@ class Calibration:
         """The drafts another stage of ``room`` drafts, after ``drafted`` drafts whose survival product is ``survival``,
         is expected to have accepted (:attr:`stage_gain`, scaled down by the mean confidences' shape for a stage
         shorter than the fitted one; without it: survival times the product of the mean confidences)."""
+        if self.stage_gain is not None and room >= self.stage_tokens:
+            return _interp(survival, self.stage_gain)
         forecast = float(torch.cumprod(self.at(self.mean_confidence, drafted, room), 0).sum())
         if self.stage_gain is None:
             return survival * forecast
-        gain = _interp(survival, self.stage_gain)
-        if room >= self.stage_tokens:
-            return gain
         whole = float(torch.cumprod(self.at(self.mean_confidence, drafted, self.stage_tokens), 0).sum())
-        return gain * forecast / whole if whole > 0 else 0.0
+        return _interp(survival, self.stage_gain) * forecast / whole if whole > 0 else 0.0
 
     def best_gain(self, drafted: int, room: int) -> float:
         """The most :meth:`next_gain` can be for any survival (at survival 1: the maps are non-decreasing)."""
@@ -299,8 +298,8 @@ class AcceptancePredictor:
     def confidences(self, drafter, hidden, anchor, tokens, offset: int = 0) -> torch.Tensor:
         """Calibrated c_j [K] (CPU float32) of one stage at round positions offset+1 .. offset+K."""
         H, prev = stage_inputs(hidden, anchor, tokens)
-        fused = self._fused(drafter, H.device) if self.head is not None and self.head.input_kind == "hidden" else None
-        if fused is not None:  # the head's equation with its embedding part looked up: two ops instead of six
+        fused = self._fused(drafter, H.device)
+        if fused is not None:  # the head's equation with its token part looked up: two ops instead of six
             w_h, by_token = fused
             z = torch.addmv(by_token.index_select(0, prev), H.float(), w_h).cpu()
         else:
@@ -309,9 +308,16 @@ class AcceptancePredictor:
             z = self.calibration.apply(z, offset)
         return torch.sigmoid(z)
 
-    def _fused(self, drafter, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The add-on head on ``[H_j ; E[x_{j-1}]]`` as ``w_H · H_j + t[x_{j-1}]``, with ``t = w_E · E + b`` [V] for
-        every token (float32), built once per head and embedding weights (a gate reads the head at every stage)."""
+    def _fused(self, drafter, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The head as ``w_H · H_j + t[x_{j-1}]`` (float32): the add-on head on ``[H_j ; E[x_{j-1}]]`` with
+        ``t = w_E · E + b`` over every token, or a drafter's own head that can be written so
+        (``own_confidence_table``: DSpark's); built once per weights (a gate reads the head at every stage). None
+        for a head that reads more (Domino's GRU state)."""
+        if self.head is None:  # the drafter's own head keeps its own table
+            table = getattr(drafter, "own_confidence_table", None)
+            return None if table is None else table()
+        if self.head.input_kind != "hidden":
+            return None
         proj, embed = self.head.proj, drafter.embed.weight
         key = (id(embed), embed._version, proj.weight._version, proj.bias._version, str(device))
         cached = self.__dict__.get("_fused_head")
@@ -319,7 +325,7 @@ class AcceptancePredictor:
             w = proj.weight[0].detach().float().to(device)
             d = self.head.hidden_size
             ids = torch.arange(embed.shape[0], device=device)
-            by_token = torch.cat([drafter.embed_tokens(c).float() @ w[d:] for c in ids.split(16384)])  # V x d_e in chunks
+            by_token = torch.cat([drafter.embed_tokens(c).float() @ w[d:] for c in ids.split(16384)])  # in chunks
             cached = (key, (w[:d].contiguous(), (by_token + proj.bias.detach().float().to(device)).contiguous()))
             self.__dict__["_fused_head"] = cached  # not a field: never saved
         return cached[1]

@@ -369,6 +369,24 @@ class DSparkDrafter(DistilledDrafter):
             x = torch.cat([H, self.head.w1(prev).to(H.dtype)], -1)
         return self.confidence(x.to(self.confidence.weight.dtype)).squeeze(-1)
 
+    def own_confidence_table(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The confidence head as ``w_H · H_j + t[x_{j-1}]`` for a gate that reads it at every stage: (w_H [d],
+        t [V] = w_E · W1[x] + b over the whole vocabulary), float32, built once per weights; None without the head."""
+        if self.confidence is None:
+            return None
+        sources = (self.confidence.weight, self.confidence.bias, self.head.w1.weight)
+        key = tuple((id(t), t._version, t.device) for t in sources)
+        cached = self.__dict__.get("_confidence_table")
+        if cached is None or cached[0] != key:
+            w = self.confidence.weight[0].detach().float()
+            d = self.config.hidden_size
+            b = self.confidence.bias.detach().float()
+            t = (self.head.w1.weight.detach().float() @ w[d:] if self.config.head.confidence_with_markov
+                 else torch.zeros(self.head.w1.weight.shape[0], device=w.device))
+            cached = (key, (w[:d].contiguous(), (t + b).contiguous()))
+            self.__dict__["_confidence_table"] = cached  # not a parameter or buffer: never saved
+        return cached[1]
+
     @property
     def anchor_predicts(self) -> bool:
         return bool(self.config.sample_from_anchor)

@@ -301,9 +301,10 @@ def test_the_conf_gate_reads_the_stage_map(target):
     assert sum(strict.stages_per_round) < sum(plain.stages_per_round) and strict.tokens == plain.tokens
 
 
-@pytest.mark.parametrize("kind", ["backbone", "domino"])
+@pytest.mark.parametrize("kind", ["backbone", "domino", "dspark"])
 def test_the_fused_head_reads_what_the_head_reads(target, kind):
-    """The gate's fused add-on head (its embedding part looked up per token) gives the head's own confidences."""
+    """The gate's fused head (its token part looked up per token: the add-on head's embedding part, DSpark's own
+    head's Markov part) gives the head's own confidences."""
     d = with_predictor(target, kind)
     pred = predictor_of(d)
     H, prev = sample_inputs(target, d)
