@@ -393,8 +393,8 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     C_draft is ``draft_s``, or with ``started`` (``time.perf_counter()`` when the round began drafting) what this
     round has drafted so far, and a deeper node must also pay one more depth of the head (this round's mean per
     depth): a path tree's drafting grows with its frontier (EAGLE-3's head is a decoder step per depth), and a
-    constant C_draft let it grow depths that cost more than they added (EAGLE-3's cost-aware tree: 0.89x its chain,
-    1.1-1.2x when its depths are priced)."""
+    constant C_draft let it grow depths that cost more than they added (EAGLE-3's cost-aware path tree was 0.87-0.89x
+    its chain so; docs/results.md has the figures since)."""
     if depth <= 0:
         return DraftTree()
     k, drawn = cfg.top_k, _drawn(cfg, temperature)
