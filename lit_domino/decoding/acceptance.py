@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from lit_domino.models.layers import memo_on_weights
 from lit_domino.runtime.command import UsageError
 
 PREDICTOR_FILE = "acceptance.json"
@@ -65,17 +66,16 @@ def drafter_key(drafter) -> str:
     gate asks for it at every ``generate`` call."""
     cfg = json.dumps(drafter.config.to_dict(), sort_keys=True, default=str)
     tensors = [*drafter.named_parameters(), *drafter.named_buffers()]  # the live tensors (state_dict detaches)
-    state = (cfg, tuple((name, id(t), t._version, t.dtype, str(t.device)) for name, t in tensors))
-    memo = drafter.__dict__.get("_drafter_key")
-    if memo is not None and memo[0] == state:
-        return memo[1]
-    h = hashlib.sha256(cfg.encode())
-    for name, t in sorted(drafter.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    key = h.hexdigest()[:16]
-    drafter.__dict__["_drafter_key"] = (state, key)  # outside nn.Module's attributes: never saved with it
-    return key
+
+    def build() -> str:
+        h = hashlib.sha256(cfg.encode())
+        for name, t in sorted(drafter.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return h.hexdigest()[:16]
+
+    return memo_on_weights(drafter, "_drafter_key", [t for _, t in tensors], build,
+                           (cfg, tuple(name for name, _ in tensors)))
 
 
 def stage_inputs(hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tensor):
@@ -319,16 +319,15 @@ class AcceptancePredictor:
         if self.head.input_kind != "hidden":
             return None
         proj, embed = self.head.proj, drafter.embed.weight
-        key = (id(embed), embed._version, proj.weight._version, proj.bias._version, str(device))
-        cached = self.__dict__.get("_fused_head")
-        if cached is None or cached[0] != key:
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
             w = proj.weight[0].detach().float().to(device)
             d = self.head.hidden_size
             ids = torch.arange(embed.shape[0], device=device)
             by_token = torch.cat([drafter.embed_tokens(c).float() @ w[d:] for c in ids.split(16384)])  # in chunks
-            cached = (key, (w[:d].contiguous(), (by_token + proj.bias.detach().float().to(device)).contiguous()))
-            self.__dict__["_fused_head"] = cached  # not a field: never saved
-        return cached[1]
+            return w[:d].contiguous(), (by_token + proj.bias.detach().float().to(device)).contiguous()
+
+        return memo_on_weights(self, "_fused_head", (embed, proj.weight, proj.bias), build, (str(device),))
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)

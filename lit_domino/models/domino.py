@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
-from lit_domino.models.layers import init_weights
+from lit_domino.models.layers import init_weights, memo_on_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
 from lit_domino.models.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
@@ -217,23 +217,21 @@ class DominoHead(nn.Module):
     def decode_tables(self, embed_weight: torch.Tensor) -> DecodeTables:
         """:class:`DecodeTables` for the target embedding ``embed_weight`` [V, d], built once and rebuilt when any
         weight they come from changes (an optimizer step or ``load_state_dict`` bumps a tensor's version)."""
+        def build() -> DecodeTables:
+            d = self.hidden_size
+            w_ih, w_down = self.gru.weight_ih_l0, self.down.weight
+            tables = DecodeTables(
+                gi=(embed_weight.to(w_ih.dtype) @ w_ih.T).contiguous(),
+                w_down_h=w_down[:, :d].T.contiguous(),
+                w_down_s=w_down[:, d:].T.contiguous(),
+                w_up_t=self.up.weight.T.contiguous())
+            if embed_weight.is_cuda:  # CUDA graphs read the tables in place instead of copying them in at every replay
+                for table in vars(tables).values():
+                    torch._dynamo.mark_static_address(table)
+            return tables
+
         sources = (embed_weight, self.gru.weight_ih_l0, self.down.weight, self.up.weight)
-        key = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
-        cached = self.__dict__.get("_decode_tables")
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        d = self.hidden_size
-        w_ih, w_down = self.gru.weight_ih_l0, self.down.weight
-        tables = DecodeTables(
-            gi=(embed_weight.to(w_ih.dtype) @ w_ih.T).contiguous(),
-            w_down_h=w_down[:, :d].T.contiguous(),
-            w_down_s=w_down[:, d:].T.contiguous(),
-            w_up_t=self.up.weight.T.contiguous())
-        if embed_weight.is_cuda:  # CUDA graphs read the tables in place instead of copying them in at every replay
-            for table in vars(tables).values():
-                torch._dynamo.mark_static_address(table)
-        self.__dict__["_decode_tables"] = (key, tables)  # not a buffer: never in a state dict, a copy or a pickle
-        return tables
+        return memo_on_weights(self, "_decode_tables", sources, build)
 
     @torch.no_grad()
     def draft(self, H: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor, embed_weight: torch.Tensor,

@@ -46,7 +46,7 @@ from torch import nn
 
 from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelSession
 from lit_domino.models.distill import DistilledDrafter, previous_tokens
-from lit_domino.models.layers import init_weights
+from lit_domino.models.layers import init_weights, memo_on_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
 from lit_domino.models.objectives import LossSettings, chunked_row_sums, distill_terms, label_rows
@@ -374,18 +374,17 @@ class DSparkDrafter(DistilledDrafter):
         t [V] = w_E · W1[x] + b over the whole vocabulary), float32, built once per weights; None without the head."""
         if self.confidence is None:
             return None
-        sources = (self.confidence.weight, self.confidence.bias, self.head.w1.weight)
-        key = tuple((id(t), t._version, t.device) for t in sources)
-        cached = self.__dict__.get("_confidence_table")
-        if cached is None or cached[0] != key:
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
             w = self.confidence.weight[0].detach().float()
             d = self.config.hidden_size
             b = self.confidence.bias.detach().float()
             t = (self.head.w1.weight.detach().float() @ w[d:] if self.config.head.confidence_with_markov
                  else torch.zeros(self.head.w1.weight.shape[0], device=w.device))
-            cached = (key, (w[:d].contiguous(), (t + b).contiguous()))
-            self.__dict__["_confidence_table"] = cached  # not a parameter or buffer: never saved
-        return cached[1]
+            return w[:d].contiguous(), (t + b).contiguous()
+
+        sources = (self.confidence.weight, self.confidence.bias, self.head.w1.weight)
+        return memo_on_weights(self, "_confidence_table", sources, build)
 
     @property
     def anchor_predicts(self) -> bool:

@@ -361,6 +361,20 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def memo_on_weights(owner, slot: str, tensors, build: Callable, extra: tuple = ()):
+    """``build()``, kept in ``owner.__dict__[slot]`` (not a parameter or buffer: never in a state dict) until one of
+    ``tensors`` is replaced, moved, cast or changed in place (an optimizer step or ``load_state_dict`` bumps a
+    tensor's version), or ``extra`` changes: what is derived from weights once and read at every round (Domino's
+    decode tables, a predictor's fused head, a drafter's key). A copy's tensors are new ones, so it rebuilds; an
+    owner whose memo is large drops it from its pickles itself (Domino's ``__getstate__``)."""
+    key = (tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in tensors), extra)
+    cached = owner.__dict__.get(slot)
+    if cached is None or cached[0] != key:
+        cached = (key, build())
+        owner.__dict__[slot] = cached
+    return cached[1]
+
+
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
     """HF-style init: Linear/GRU weights ~ N(0, std), norms = 1 (call via ``model.apply``)."""
     if isinstance(module, nn.Linear):
