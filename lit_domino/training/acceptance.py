@@ -515,15 +515,13 @@ def report_markdown(name: str, report: dict) -> str:
     return "\n".join(lines)
 
 
-def stage_markdown(stages: list[dict], name: str | None = None) -> str:
-    """:func:`stage_rows` as a Markdown table (``name``: a drafter column first)."""
-    head = "| drafter " if name else ""
-    lines = [head + "| after stage | rounds | survived | mean S | mean P(whole | S) | ECE of S | ECE of P(whole | S) | "
+def stage_markdown(stages: list[dict]) -> str:
+    """:func:`stage_rows` as a Markdown table."""
+    lines = [r"| after stage | rounds | survived | mean S | mean P(whole \| S) | ECE of S | ECE of P(whole \| S) | "
              "next stage's drafts accepted: observed / predicted | rounds predicted ≥ 1: n, observed / predicted |",
-             ("|---" if name else "") + "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in stages:
-        lines.append((f"| {name} " if name else "") +
-                     f"| {r['stage']} | {r['rounds']} | {r['alive']:.3f} | {r['S']:.3f} | {r['whole']:.3f} | "
+        lines.append(f"| {r['stage']} | {r['rounds']} | {r['alive']:.3f} | {r['S']:.3f} | {r['whole']:.3f} | "
                      f"{100 * r['ece_S']:.1f} % | {100 * r['ece_whole']:.1f} % | {r['gain']:.2f} / "
                      f"{r['gain_fit']:.2f} | {r['n_hopeful']}: {r['gain_hopeful']:.2f} / {r['gain_fit_hopeful']:.2f} |")
     return "\n".join(lines)

@@ -122,7 +122,10 @@ def test_stage_maps_recover_a_known_stage_law():
     ct, yt = stage_rounds(20000, 1)
     row, = stage_rows(ct, yt, cal, 3)
     assert row["ece_whole"] < 0.02 < row["ece_S"] and row["gain"] == pytest.approx(row["gain_fit"], rel=0.05)
-    assert "| 1 | 20000 |" in stage_markdown([row])
+    table = stage_markdown([row])
+    assert "| 1 | 20000 |" in table
+    cells = [line.replace("\\|", "").count("|") for line in table.splitlines()]  # an escaped \| is inside a cell
+    assert len(set(cells)) == 1, f"the header, separator and rows must have as many columns: {cells}"
     # PAV: a decreasing stretch is pooled; too few rows for two bins: no map (the gates fall back to S)
     knots = isotonic(torch.arange(60.0), torch.cat([torch.ones(20), torch.zeros(20), torch.ones(20)]))
     assert knots[1] == sorted(knots[1]) and len(knots[0]) == 2
