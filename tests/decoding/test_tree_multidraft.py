@@ -128,12 +128,13 @@ def test_multidraft_is_greedy_decoding_at_t0(kind, builder):
 def test_multidraft_sampling_is_distributed_as_the_target():
     """T > 0 through ``generate``: chi-square on (x1, x2) for the sampled chain (speculative sampling), the drawn
     DDTree on a backbone, the drawn path tree on Domino (over the vocabulary and over a candidate pool of half
-    of it: q is the pool's, 0 outside) and the drawn EAGLE tree on EAGLE-3."""
+    of it: q is the pool's, 0 outside) and on DSpark over a pool (its Markov head's pooled path head), and the
+    drawn EAGLE tree on EAGLE-3."""
     prompt = [3, 5, 2, 6]
     small, deep = chi_square_target(), eagle_chi_target()
     laws = {id(small): exact_joint(small, prompt), id(deep): exact_joint(deep, prompt)}
     for kind, builder, pool in (("backbone", "chain", None), ("backbone", "ddtree", None), ("domino", "path", None),
-                                ("domino", "path", 4), ("eagle3", "eagle", None)):
+                                ("domino", "path", 4), ("dspark", "path", 4), ("eagle3", "eagle", None)):
         target = deep if kind == "eagle3" else small
         law = laws[id(target)]
         torch.manual_seed(0)
