@@ -237,11 +237,15 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     τ, stages per verification, draft and verify time per round (what the gate costs) and speedup, averaged over
     the domains; a gate the drafter cannot use is listed with the reason. ``noise``: the timing noise of Δ (the
     repeats' spread of both rows' mean speedups, :func:`~lit_domino.decoding.metrics.repeat_noise`, combined), in
-    percentage points; a |Δ| within twice it is not a measured difference."""
+    percentage points; a |Δ| within twice it is not a measured difference. ``Δ throughput``: the same comparison on
+    each domain's total decode time (:func:`decode_seconds`; the tokens are the same, decoding being lossless),
+    averaged over the domains: the speedup averages each prompt's time per token, so a 2-round prompt counts as
+    much as a 30-round one, and a gate that wins on long sequences and loses on short ones can lose on the speedup
+    and win on the throughput (the default preset's cost gate did)."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | draft ms/round | verify ms/round | avg speedup | "
-             "Δ vs off | noise of Δ |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "Δ vs off | noise of Δ | Δ throughput vs off |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     out = []
     for kind in plan["drafters"]:
         for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
@@ -254,7 +258,7 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 why = skip_reason(rows, plan, kind, name, label)
                 if why:
                     out.append({"drafter": kind, "training": training, "gate": label, "skipped": why})
-                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} ||||||")
+                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} ||||||||")
                     continue
                 cells = off if cfg is None else [idx.get((name, label, d)) or {} for d in domains]
                 rec = {"drafter": kind, "training": training, "gate": label,
@@ -265,13 +269,28 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 rec["delta_pct"] = (100 * (rec["speedup"] / off_speed - 1) if finite(off_speed) and off_speed
                                     and finite(rec["speedup"]) else None)
                 rec["noise_pct"] = 100 * math.hypot(mean_noise(cells), off_noise) if cfg is not None else None
+                rec["throughput_delta_pct"] = (100 * (_mean(decode_seconds(o) / decode_seconds(c)
+                                                             for o, c in zip(off, cells)) - 1)
+                                               if cfg is not None else None)
                 out.append(rec)
                 delta = "–" if rec["delta_pct"] is None or cfg is None else f"{rec['delta_pct']:+.1f} %"
                 noise = "–" if rec["noise_pct"] is None or not finite(rec["noise_pct"]) else f"±{rec['noise_pct']:.1f}"
+                thr = rec["throughput_delta_pct"]
+                thr = "–" if thr is None or not finite(thr) else f"{thr:+.1f} %"
                 lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
                              f"{_f(rec['draft_ms_per_round'])} | {_f(rec['verify_ms_per_round'])} | "
-                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} |")
+                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} | {thr} |")
     return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
+
+
+def decode_seconds(cell: dict) -> float:
+    """A row's total decode time over its prompts (its rounds times their draft, verify and other time per round:
+    what ``generate`` times, prefill excluded); NaN for a row without rounds."""
+    rounds = cell.get("rounds")
+    parts = [cell.get(k) for k in ("draft_ms_per_round", "verify_ms_per_round", "other_ms_per_round")]
+    if not rounds or not all(finite(x) for x in parts) or sum(parts) <= 0:
+        return float("nan")
+    return rounds * sum(parts) / 1e3
 
 
 def mean_noise(cells: list[dict]) -> float:

@@ -373,6 +373,32 @@ def test_calibration_bins_stages_by_each_gate_and_plots(tmp_path):
     assert "| eagle3 | plain | cost:3 | skipped: the gate cost:3 reads an acceptance predictor" in table["markdown"]
 
 
+def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
+    """A gate that wins on long sequences and loses on short ones: the speedup (mean per-prompt time per token)
+    falls, the domains' total decode time falls too; the table says both."""
+    plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    rows = fake_rows(plan, {k: {"plain": v["plain"], "loop detach": v["loop"]} for k, v in names.items()})
+    for r in rows:
+        if r.get("drafter") == "domino/plain" and r["dloop"] in ("off", "cost:3"):
+            gate = r["dloop"] == "cost:3"  # 10 rounds of 10 ms plain; the gate: 8 rounds of 11 ms, 0.97x speedup
+            r.update(speedup=0.97 if gate else 1.0, rounds=8 if gate else 10, draft_ms_per_round=3.0 if gate else 2.0,
+                     verify_ms_per_round=7.5, other_ms_per_round=0.5)
+    table = ds.gates_table(rows, {k: {"plain": v["plain"], "loop": v["loop"]} for k, v in names.items()}, plan)
+    by = {(r["drafter"], r["training"], r["gate"]): r for r in table["rows"]}
+    cost = by[("domino", "plain", "cost:3")]
+    assert cost["delta_pct"] == pytest.approx(-3.0)
+    assert cost["throughput_delta_pct"] == pytest.approx(100 * (100 / 88 - 1))  # 100 ms of rounds against 88
+    assert by[("domino", "plain", "off")]["throughput_delta_pct"] is None
+    assert by[("domino", "plain", "-0.5:3")]["throughput_delta_pct"] != by[("domino", "plain", "-0.5:3")][
+        "throughput_delta_pct"]  # no per-round times: NaN, printed as –
+    header, sep, *lines = table["markdown"].splitlines()
+    assert "Δ throughput vs off" in header and header.count("|") == sep.count("|")
+    assert any(line.startswith("| domino | plain | cost:3 |") and line.endswith("| -3.0 % | – | +13.6 % |")
+               for line in lines)
+    assert all(line.count("|") == header.count("|") for line in lines)  # skipped rows too
+
+
 def test_a_gate_setting_that_can_never_open_is_refused_before_training():
     with pytest.raises(ValueError, match="never positive"):
         ds.study_plan("smoke", gates=[{"gate": "mean", "threshold": 0.2, "max_stages": 3}])
