@@ -37,7 +37,7 @@ SKIP = 16
 after them."""
 PRESET_SETTINGS = {
     "smoke": dict(prompts=32, settings=dict(max_new_tokens=64, anchors_per_sequence=24, stages=2)),
-    "default": dict(prompts=40, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
+    "default": dict(prompts=80, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
     "paper": dict(prompts=64, settings=dict(max_new_tokens=256, anchors_per_sequence=16, stages=3)),
 }
 
@@ -120,6 +120,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: 
     target = load_target(next(iter(cfgs.values()))["data"]["target"])
     prompts = study_prompts(target, spec["prompts"])
     reports, files, predictors, tags = {}, [], {}, {}
+    continued: dict = {}  # the target's continuations of the prompts, generated once for every predictor built
     with pinned_threads(threads):
         for kind, cfg in cfgs.items():
             trained = train_variant(cfg, experiment=f"acceptance-{preset}", table="acceptance", progress=progress)
@@ -131,7 +132,8 @@ def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: 
             for name, tag, fields in predictor_variants(kind, drafter):
                 settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool, **fields)
                 print(f"[acceptance {time.time() - t0:5.0f}s] {name}: predictor ({settings})", flush=True)
-                pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{tag}-{preset}")
+                pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{tag}-{preset}",
+                                                  continued=continued)
                 tags[name] = tag.replace("-", "_")  # MLflow metric prefixes: backbone, dspark_addon, domino_gru
                 reports[name] = json.loads((path / "report.json").read_text())
                 png = out_dir / f"reliability-{tag}-{preset}.png"
@@ -175,14 +177,14 @@ def attach_predictors(target, drafters: dict, preset: str, label: str | None = N
 
     spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
     prompts = study_prompts(target, spec["prompts"])
-    out = {}
+    out, continued = {}, {}  # continued: the target's continuations, generated once for every predictor built
     for name, drafter in drafters.items():
         if not supports_predictor(drafter):
             continue
         pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
         settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool)
         pred, path = acceptance_predictor(target, drafter, prompts, settings,
-                                          name=f"{name.replace('/', '-')}-{preset}")
+                                          name=f"{name.replace('/', '-')}-{preset}", continued=continued)
         attach(drafter, pred)
         out[name] = path
     return out

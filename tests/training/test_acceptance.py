@@ -157,7 +157,8 @@ def test_rounds_labels_and_the_head(target):
     data = collect_rounds(target, d, seqs, s)
     K = d.config.block_size - 1
     assert data["H"].shape[1:] == (2 * K, d.config.hidden_size) and data["hard"].shape == data["soft"].shape
-    assert ((data["soft"] >= -1e-6) & (data["soft"] <= 1 + 1e-6)).all()
+    soft = data["soft"]  # NaN on the rounds labelled from the sequence (greedy, hard labels: never read)
+    assert (((soft >= -1e-6) & (soft <= 1 + 1e-6)) | soft.isnan()).all()
     assert set(data["hard"].unique().tolist()) <= {0.0, 1.0}
     # prev: the round's anchor, then each draft
     seq, plen = seqs[0]
@@ -168,6 +169,26 @@ def test_rounds_labels_and_the_head(target):
     with pytest.raises(ValueError, match="label must be one of"):
         AcceptanceSettings(label="fuzzy")
     assert AcceptanceSettings().label == "hard" and AcceptanceSettings(temperature=1.0).label == "soft"
+
+
+def test_a_shared_memo_generates_the_continuations_once_and_changes_nothing(target, tmp_path, monkeypatch):
+    """A study's predictors share one set of target continuations: generated on the first build, reused by the
+    next ones, and the predictors equal those built without the memo."""
+    import lit_domino.training.acceptance as ta
+
+    prompts = [[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41], [1, 2, 3]]
+    s = AcceptanceSettings(stages=2, anchors_per_sequence=4, steps=20, max_new_tokens=16)
+    alone = [acceptance_predictor(target, drafter(target, seed=i), prompts, s, root=tmp_path / "alone")[0]
+             for i in (0, 1)]
+    calls = []
+    real = ta.continuations
+    monkeypatch.setattr(ta, "continuations", lambda *a: calls.append(a) or real(*a))
+    memo: dict = {}
+    shared = [acceptance_predictor(target, drafter(target, seed=i), prompts, s, root=tmp_path / "shared",
+                                   continued=memo)[0] for i in (0, 1)]
+    assert len(calls) == 1 and list(memo) == [16]
+    for a, b in zip(alone, shared):
+        assert a.calibration == b.calibration and torch.equal(a.head.proj.weight, b.head.proj.weight)
 
 
 @pytest.mark.slow
@@ -241,6 +262,35 @@ class _OracleSession:
         return StageDraft(toks, None, None, logits)
 
 
+@pytest.mark.parametrize("kind", ["backbone", "dspark"])
+def test_labels_read_off_the_sequence_equal_the_targets_verdicts(target, kind):
+    """Greedy rounds with hard labels on the reached rows are labelled from the sequence without a target
+    forward: on every position a round reaches the label is the target's own verdict (head_rows="all" still
+    verifies every round), later positions are 0, and the predictor built from them is the same."""
+    from lit_domino.training.acceptance import fit_calibration, prefix_weights, reads_off_continuation
+
+    prompt = [5, 6, 7, 8]
+    s = AcceptanceSettings(stages=2, anchors_per_sequence=12, anchors="even")
+    K = drafter(target, kind).config.block_size - 1
+    reference = prompt + hf_greedy(target, prompt, 30 + s.stages * K)
+    d = Oracle(drafter(target, kind), reference, wrong=K + 1)  # right up to the second stage's second draft
+    seqs = [(reference[: len(prompt) + 30], len(prompt))]  # the last rounds draft past the sequence's end
+    forward = replace(s, head_rows="all")
+    assert reads_off_continuation(s) and not reads_off_continuation(forward)
+    assert not reads_off_continuation(replace(s, temperature=1.0))
+    fast, slow = collect_rounds(target, d, seqs, s), collect_rounds(target, d, seqs, forward)
+    w = prefix_weights(slow["hard"])
+    assert torch.equal(fast["hard"] * w, slow["hard"] * w)  # the target's verdicts wherever a round reaches
+    read = fast["soft"].isnan().all(1)  # the rounds labelled from the sequence: 0 after the first rejection
+    assert torch.equal(fast["hard"][read], (slow["hard"] * w)[read])
+    assert read.any() and not read.all()  # the last rounds draft past the sequence's end: verified by the target
+    assert not slow["soft"].isnan().any() and not fast["soft"][~read].isnan().any()
+    assert 0 < float(fast["hard"].mean()) < 1 and torch.equal(fast["H"], slow["H"])
+    z = torch.randn(fast["hard"].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert fit_calibration(z, fast["hard"], "hard", stage_tokens=K) == fit_calibration(z, slow["hard"], "hard",
+                                                                                         stage_tokens=K)
+
+
 @pytest.mark.parametrize("kind", ["backbone", "domino", "dspark", "dflash2"])
 def test_labels_of_a_drafter_that_drafts_the_targets_tokens(target, kind):
     """Every position a drafter drafting the target's own picks reaches is accepted, across the stage boundary;
@@ -254,7 +304,8 @@ def test_labels_of_a_drafter_that_drafts_the_targets_tokens(target, kind):
     seqs = [(ref[: len(prompt) + 20], len(prompt))]
     data = collect_rounds(target, Oracle(d, ref), seqs, s)
     assert data["hard"].shape == (5, s.stages * K) and bool((data["hard"] == 1).all())
-    assert bool((data["soft"] > 0).all())  # c* = p_j(d_j) for a one-hot q
+    soft = collect_rounds(target, Oracle(d, ref), seqs, replace(s, head_rows="all"))["soft"]  # every round verified
+    assert bool((soft > 0).all())  # c* = p_j(d_j) for a one-hot q
     wrong = collect_rounds(target, Oracle(d, ref, wrong=2), seqs, s)["hard"]
     assert bool((wrong[:, :2] == 1).all()) and bool((wrong[:, 2] == 0).all())
 
