@@ -40,6 +40,10 @@ PRESET_SETTINGS = {
     "default": dict(prompts=80, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
     "paper": dict(prompts=64, settings=dict(max_new_tokens=256, anchors_per_sequence=16, stages=3)),
 }
+"""Per preset: prompts per domain and the predictors' :class:`AcceptanceSettings` fields. The default preset's 80
+prompts (~1000 test rounds per drafter): with 40, one fit's ECE differed by up to 2.6 points between the calibration
+and test halves, and the backbone's c_j and DFlash 2's S_j read 3.7 and 3.9 %; with 80, 2.1 and 2.9 % (7.6 min for
+the study's 7 predictors)."""
 
 
 def predictor_settings(preset: str) -> dict:
