@@ -34,6 +34,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -307,6 +308,40 @@ class AcceptancePredictor:
         if self.calibration is not None:
             z = self.calibration.apply(z, offset)
         return torch.sigmoid(z)
+
+    def survival_reader(self, drafter) -> Callable[..., list[float]]:
+        """``read(hidden, anchor, tokens, offset=0, survival=1.0)``: the round's survival ``survival · c_1 ··· c_j``
+        at each of a stage's positions (what :meth:`confidences` gives, cumulated), as Python floats: what a gate
+        reads at every round. For a fused head (:meth:`_fused`) one matrix-vector product is the only tensor work
+        and the calibration runs on floats: ~15 µs against ~75 µs for :meth:`confidences` and a cumulative product
+        (about 2.5 % of a default-preset round, paid by the cost gate even where it opens nothing). Built for one
+        decode: it holds the head's tables as they are now."""
+        device = next(drafter.parameters()).device
+        fused = self._fused(drafter, device)
+        if fused is None:  # a head that reads more than H_j and the previous token (Domino's GRU state)
+            def read(hidden, anchor, tokens, offset: int = 0, survival: float = 1.0) -> list[float]:
+                return (survival * torch.cumprod(self.confidences(drafter, hidden, anchor, tokens, offset), 0)).tolist()
+            return read
+        w_h, table = fused[0], fused[1].tolist()
+        cal = self.calibration
+        inv_t = [1.0 / t for t in cal.temperatures] if cal is not None else [1.0]
+        offs = (cal.offsets or [0.0] * len(inv_t)) if cal is not None else [0.0]
+        last = len(inv_t) - 1  # positions beyond the calibrated ones use the last position's map (as Calibration.at)
+
+        def read(hidden, anchor, tokens, offset: int = 0, survival: float = 1.0) -> list[float]:
+            K = tokens.numel()
+            with torch.no_grad():
+                zh = torch.mv(hidden[1: K + 1].float(), w_h).tolist()  # w_H · H_j
+            prev = [int(anchor.reshape(-1)[0])] + tokens.reshape(-1)[:-1].tolist()
+            out = []
+            for j in range(K):
+                i = min(offset + j, last)
+                x = (zh[j] + table[prev[j]]) * inv_t[i] + offs[i]  # calibrated logit z_j / τ_j + b_j
+                survival *= 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+                out.append(survival)
+            return out
+
+        return read
 
     def _fused(self, drafter, device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The head as ``w_H · H_j + t[x_{j-1}]`` (float32): the add-on head on ``[H_j ; E[x_{j-1}]]`` with

@@ -426,9 +426,13 @@ def _speculative(target, drafter, prompt, max_new_tokens, temperature, block_siz
     def room(drafted: int) -> int:
         """Drafts the next stage may add: block_size-1; fewer at the context's end, and without DLoop never more
         than the round could emit (acc + 1 <= the tokens still wanted: the official loop's shorter last block;
-        DLoop's stages keep their length, its calibration records are per full stage)."""
+        DLoop's stages keep their length, its calibration records are per full stage, and none is drafted once
+        the round's drafts and its bonus already cover the tokens still wanted)."""
+        wanted = max_new_tokens - len(res.tokens)
         looping = dloop is not None and dloop.max_stages > 1  # one stage is plain speculative decoding
-        n = block_size - 1 if looping else min(block_size - 1, max_new_tokens - len(res.tokens) - 1)
+        if looping and drafted and drafted + 1 >= wanted:
+            return 0
+        n = block_size - 1 if looping else min(block_size - 1, wanted - 1)
         return n if limit is None else min(n, limit - 1 - start - drafted)
 
     while not done:

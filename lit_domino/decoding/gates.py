@@ -22,6 +22,10 @@ accepted, both measured on held-out rounds; what a stage boundary decides on):
   predicts;
 * ``truncate`` p: keep a stage's drafts while S_j >= p (the first stage keeps at least one), then end the round.
 
+Whatever the gate, no stage is drafted that could not emit a token: none after a stage that drafted an EOS (an
+accepted EOS ends the sequence), and none once the round's drafts and its bonus cover the tokens still wanted (the
+engine's ``room``). On the default preset's chat prompts 36 of 67 DSpark first stages drafted an EOS.
+
 Each decision reads the drafter's side of the round only (its drafts and hidden states, never the target's),
 and a cut at position j reads c_1..c_j, which see the tokens before j only: the verify step's rejection
 sampling keeps its exact output distribution whatever the policy drafts.
@@ -56,6 +60,8 @@ class RoundPolicy:
     drafter: object = None
     predictor: AcceptancePredictor | None = None
     cost: CostModel | None = None
+    eos: frozenset = frozenset()
+    """The target's EOS ids: no stage is drafted after one that drafted an EOS (whatever the gate says)."""
     _gains: dict = field(default_factory=dict, repr=False)
     """:meth:`_may_open`'s best case by (first stage's drafts, room after it): (G(1), the stage's modelled seconds)."""
     _rate: list = field(default_factory=lambda: [0.0, 0.0], repr=False)
@@ -64,6 +70,9 @@ class RoundPolicy:
     """The cost gate's record of the sequence's first stages: [Σ P(whole | S) predicted, Σ accepted whole]."""
     _first: tuple | None = field(default=None, repr=False)
     """This round's first stage as the cost gate read it: (P(whole | S), its drafts); None when it was not read."""
+    _read: object = field(default=None, repr=False)
+    """The predictor's :meth:`~lit_domino.decoding.acceptance.AcceptancePredictor.survival_reader`, built at the
+    first read of a decode (a policy lives for one ``generate`` call, while the drafter's weights stand still)."""
 
     PRIOR_ROUNDS = 4
     """Plain rounds of the calibration's expected length that ρ starts from (and is pulled towards early on)."""
@@ -116,8 +125,9 @@ class RoundPolicy:
             st = stages[-1]
             k = st.tokens.numel()
             if self.predictor is not None:
-                c = self.predictor.confidences(self.drafter, session.stages[-1].hidden, stage_anchor, st.tokens, m)
-                S = (survival * torch.cumprod(c, 0)).tolist()  # the round's survival at each of the stage's positions
+                if self._read is None:
+                    self._read = self.predictor.survival_reader(self.drafter)
+                S = self._read(session.stages[-1].hidden, stage_anchor, st.tokens, m, survival)  # at each position
                 if dl.truncate is not None:
                     keep = sum(x >= dl.truncate for x in S)  # S is non-increasing: the positions before the cut
                     if len(stages) == 1:
@@ -135,6 +145,8 @@ class RoundPolicy:
             if len(stages) >= dl.max_stages or room(m) <= 0 or not self._another(st, len(stages), survival, m,
                                                                                   room(m)):
                 return stages
+            if self.eos and not self.eos.isdisjoint(st.tokens.reshape(-1).tolist()):
+                return stages  # nothing after a drafted EOS is ever emitted: accepted, it ends the sequence
             stage_anchor = st.tokens[-1:]
             stages.append(session.draft(stage_anchor, room(m), temperature, generator))
 
@@ -178,11 +190,12 @@ def round_policy(dloop: DLoopConfig | None, target, drafter, block_size: int) ->
     """The policy of ``dloop`` for ``drafter`` on ``target``: the acceptance predictor a predictor gate needs
     (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor` when the drafter has none) and the cost gate's
     cost model (:func:`~lit_domino.decoding.cost_model.resolve`: cached, or measured here), before decoding."""
+    eos = frozenset(int(t) for t in (getattr(target, "eos_token_ids", None) or ()))
     if dloop is None or drafter is None or not dloop.needs_predictor:
-        return RoundPolicy(dloop, drafter)
+        return RoundPolicy(dloop, drafter, eos=eos)
     why = f"the DLoop gate {dloop.label()!r}"
     predictor = require_predictor(drafter, why, calibrated=dloop.gate == "cost")
     cost = None
     if dloop.gate == "cost":
         cost = resolve(target, drafter, block_size, dloop.cost_model, max_stages=max(dloop.max_stages, 2))
-    return RoundPolicy(dloop, drafter, predictor, cost)
+    return RoundPolicy(dloop, drafter, predictor, cost, eos)

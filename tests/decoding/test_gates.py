@@ -12,8 +12,9 @@ from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.acceptance import (AcceptanceHead, AcceptancePredictor, Calibration, NoAcceptancePredictor,
                                            attach, drafter_key, input_width, load_predictor, predictor_of)
 from lit_domino.decoding.cost_model import CostModel, CostModelError, cache_path, cost_key, resolve
-from lit_domino.decoding.gates import round_policy
+from lit_domino.decoding.gates import RoundPolicy, round_policy
 from lit_domino.models import build_drafter, drafter_config
+from lit_domino.models.sessions import StageDraft
 from lit_domino.testing import OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square, sampled_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,7 +119,8 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
                                        ("domino", "cost:3+trunc@0.3"), ("domino-gru", "conf@0.55:3+trunc@0.4"),
                                        ("domino-hidden+gru", "cost:3+trunc@0.3")])
 def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
-    """T > 0: chi-square on (x1, x2) with q far from p, while the gate cuts stages and (mostly) opens more."""
+    """T > 0: chi-square on (x1, x2) with q far from p under each gate (truncation cuts the stage the pair is drawn
+    from; over 8 tokens, where a further stage can emit, the gate changes what is drafted from round to round)."""
     target = chi_square_target()
     kind, _, inputs = kind.partition("-")
     torch.manual_seed(0)
@@ -143,7 +145,7 @@ def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
         dl = DLoopConfig(gate="cost", max_stages=dl.max_stages, truncate=dl.truncate, cost_model=path)
     drafted = set()
     for seed in range(40):
-        drafted.update(generate(target, d, torch.tensor([prompt]), max_new_tokens=3, seed=seed, temperature=1.0,
+        drafted.update(generate(target, d, torch.tensor([prompt]), max_new_tokens=8, seed=seed, temperature=1.0,
                                 dloop=dl).drafted_per_round)
     assert len(drafted) >= 2, drafted  # the gate changed what was drafted from round to round
     counts, accepted = sampled_pairs(target, d, prompt, 2000, temperature=1.0, dloop=dl)
@@ -194,9 +196,13 @@ def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, 
     calls = []
     from lit_domino.decoding import acceptance
 
-    real = acceptance.AcceptancePredictor.confidences
-    monkeypatch.setattr(acceptance.AcceptancePredictor, "confidences",
-                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    real = acceptance.AcceptancePredictor.survival_reader
+
+    def counted(self, drafter):  # the gate's reader, counting its reads
+        read = real(self, drafter)
+        return lambda *a, **k: calls.append(1) or read(*a, **k)
+
+    monkeypatch.setattr(acceptance.AcceptancePredictor, "survival_reader", counted)
     # a stage's draft costs as much as a hundred verifications, so a round's time is a stage's: worth its yield only
     dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-1, 1e-1, 0.0, cost_key(target, d, 6))
     dear = dear.save(tmp_path / "d.json")
@@ -315,6 +321,73 @@ def test_the_fused_head_reads_what_the_head_reads(target, kind):
     slow = torch.sigmoid(pred.calibration.apply(pred.logits(d, H[:K], prev[:K]).float(), 2))
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("kind", ["backbone", "domino-gru", "dspark"])
+@pytest.mark.parametrize("calibration", ["platt", "temperatures", "none"])
+def test_the_gates_survival_reader_is_the_cumulated_confidences(target, kind, calibration):
+    """What the gates read (floats, the calibration applied in Python for a fused head; the tensor path for a head
+    on Domino's GRU state) is ``survival · cumprod(c)``, at offsets past the calibrated positions too (the last
+    position's map repeats)."""
+    d = with_predictor(target, kind, positions=4)
+    pred = predictor_of(d)
+    if calibration == "temperatures":
+        pred.calibration.offsets = None
+    elif calibration == "none":
+        pred.calibration = None
+    else:
+        pred.calibration.offsets = [0.3, -0.2, 0.1, -0.4]
+    H, prev = sample_inputs(target, d)
+    K = d.config.block_size - 1
+    hidden = torch.cat([H[:1], H[:K]])
+    anchor, tokens = prev[:1], torch.cat([prev[1:K], prev[:1]])
+    read = pred.survival_reader(d)
+    for offset, survival in ((0, 1.0), (2, 0.6)):
+        expected = survival * torch.cumprod(pred.confidences(d, hidden, anchor, tokens, offset), 0)
+        got = read(hidden, anchor, tokens, offset, survival)
+        assert isinstance(got, list) and len(got) == K
+        torch.testing.assert_close(torch.tensor(got, dtype=torch.float32), expected, rtol=1e-5, atol=1e-7)
+    assert len(set(read(hidden, anchor, tokens, 0))) == K  # the confidences are not all 1: the test can fail
+
+
+class _ScriptedSession:
+    """Drafts the given stages in turn (log q = 0: the Σ log q gate always opens another)."""
+
+    def __init__(self, stages):
+        self.stages_left = [torch.tensor(s) for s in stages]
+
+    def draft(self, anchor, n, temperature=0.0, generator=None):
+        tokens = self.stages_left.pop(0)[:n]
+        return StageDraft(tokens, torch.zeros(tokens.numel()))
+
+
+@pytest.mark.parametrize("stages,expected", [([[1, 2, 3], [4, 5, 6], [7, 8, 9]], 3), ([[1, 9, 3], [4, 5, 6]], 1),
+                                             ([[1, 2, 3], [4, 5, 9], [7, 8, 2]], 2)])
+def test_no_stage_is_drafted_after_a_drafted_eos(stages, expected):
+    """Tokens after an EOS are never emitted (accepted, it ends the sequence): whatever the gate says, the round
+    ends at the stage that drafted one."""
+    policy = RoundPolicy(DLoopConfig(threshold=-0.5, max_stages=3), None, eos=frozenset({9}))
+    got = policy.draft(_ScriptedSession(stages), torch.tensor([0]), lambda m: 3, 0.0, None)
+    assert len(got) == expected
+    assert len(RoundPolicy(DLoopConfig(threshold=-0.5, max_stages=3), None).draft(
+        _ScriptedSession([[1, 9, 3], [4, 5, 6], [7, 8, 2]]), torch.tensor([0]), lambda m: 3, 0.0, None)) == 3
+
+
+def test_no_stage_is_drafted_past_the_tokens_still_wanted(target):
+    """Once a round's drafts and its bonus cover the tokens still wanted, no further stage could emit a token:
+    a gate that always opens drafts one stage per round near the end, and more where tokens are still wanted."""
+    d = with_predictor(target, "backbone")
+    p = [5, 6, 7, 8]
+    always = DLoopConfig(threshold=-1e9, max_stages=3)
+    for n in (2, 6):  # the first round's stage of 5 drafts and its bonus cover the n - 1 tokens after the anchor
+        res = generate(target, d, torch.tensor([p]), max_new_tokens=n, dloop=always)
+        assert res.tokens == hf_greedy(target, p, n) and set(res.stages_per_round) == {1}
+    res = generate(target, d, torch.tensor([p]), max_new_tokens=40, dloop=always)
+    assert res.tokens == hf_greedy(target, p, 40) and max(res.stages_per_round) == 3
+    wanted = 39  # after the prefill's token
+    for stages, accepted in zip(res.stages_per_round, res.accepted_per_round):
+        assert stages == 3 or (stages - 1) * 5 + 5 + 1 >= wanted  # fewer stages only where the rest could not emit
+        wanted -= accepted + 1
 
 def test_parse_and_labels_of_predictor_gates():
     assert DLoopConfig.parse("conf@0.6:3") == DLoopConfig(0.6, 3, "conf")
