@@ -3,8 +3,8 @@
 :class:`RoundPolicy` drafts the stages of one round for the engine (:func:`round_policy` builds it, with every
 check, before decoding). Without DLoop it drafts one stage, exactly as plain speculative decoding. The papers'
 log gates compare the last stage's confidence with g; the predictor gates read the calibrated acceptance
-probabilities c_j of :mod:`lit_domino.decoding.acceptance`, whose running product S_j is the round's survival,
-and the calibration's stage-level maps of it (:class:`~lit_domino.decoding.acceptance.Calibration`: P(whole | S),
+probabilities c_j of :mod:`lit_domino.decoding.acceptance`, whose running product, through the calibration's
+survival maps, is the round's survival S_j, and the calibration's stage-level maps of it (:class:`~lit_domino.decoding.acceptance.Calibration`: P(whole | S),
 the probability that every draft so far is accepted, and G(S), the drafts another stage is expected to have
 accepted, both measured on held-out rounds; what a stage boundary decides on):
 
@@ -120,14 +120,16 @@ class RoundPolicy:
         k0 = stages[0].tokens.numel()
         if dl.gate == "cost" and dl.truncate is None and not self._may_open(k0, room(k0)):
             return stages  # the cost gate cannot open this round whatever the predictor says: plain, at its cost
-        survival, m, stage_anchor = 1.0, 0, anchor
+        product, survival, m, stage_anchor = 1.0, 1.0, 0, anchor
         while True:
             st = stages[-1]
             k = st.tokens.numel()
             if self.predictor is not None:
                 if self._read is None:
                     self._read = self.predictor.survival_reader(self.drafter)
-                S = self._read(session.stages[-1].hidden, stage_anchor, st.tokens, m, survival)  # at each position
+                R = self._read(session.stages[-1].hidden, stage_anchor, st.tokens, m, product)  # Π c at each position
+                cal, product = self.predictor.calibration, R[-1]
+                S = R if cal is None else cal.survivals(R, m, survival)  # the round's survival at each position
                 if dl.truncate is not None:
                     keep = sum(x >= dl.truncate for x in S)  # S is non-increasing: the positions before the cut
                     if len(stages) == 1:

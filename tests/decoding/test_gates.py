@@ -154,9 +154,12 @@ def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
     assert ok, stat
 
 
-def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(target):
+@pytest.mark.parametrize("maps", [False, True], ids=["product", "survival-maps"])
+def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(target, maps):
     d = with_predictor(target, "backbone", block_size=8)
     pred = predictor_of(d)
+    if maps:  # the survival through a map that lowers the middle (one map: every position)
+        pred.calibration.survival_maps = [[[0.0, 0.5, 1.0], [0.0, 0.2, 1.0]]]
     session = d.new_session()
     ids = torch.tensor([5, 6, 7, 8])
     session.extend(ids, target.forward_features(ids[None], d.config.feature_layers)[0])
@@ -168,7 +171,8 @@ def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(targe
     c2 = pred.confidences(d, session.stages[-1].hidden, torch.tensor([9]), other)
     torch.testing.assert_close(c[:4], c2[:4])
     assert not torch.equal(c[4], c2[4])
-    S = torch.cumprod(c, 0)
+    S = torch.tensor(pred.calibration.survivals(torch.cumprod(c, 0).tolist()))
+    assert maps == (not torch.allclose(S, torch.cumprod(c, 0)))
     p = float((S[2] + S[3]) / 2) if S[2] > S[3] else float(S[3])
     session.crop(4)
     policy = round_policy(DLoopConfig(max_stages=1, truncate=min(max(p, 1e-6), 1.0)), target, d, 8)

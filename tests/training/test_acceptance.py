@@ -111,7 +111,7 @@ def test_stage_maps_recover_a_known_stage_law():
     from lit_domino.training.acceptance import isotonic, stage_rows
 
     c, y = stage_rounds(20000, 0)
-    whole, gain = fit_stages(c, y, 3)
+    whole, gain = fit_stages(torch.cumprod(c, 1), y, 3)
     cal = Calibration([1.0] * 6, [0.5] * 6, stage_whole=whole, stage_gain=gain, stage_tokens=3)
     S = torch.cumprod(c[:, :3], 1)[:, -1].tolist()  # the maps' errors over the rounds' own S (PAV is a step
     # function: pointwise it misses the truth by up to ~0.1 draft here, on average by a few hundredths)
@@ -120,7 +120,7 @@ def test_stage_maps_recover_a_known_stage_law():
     assert 0 < cal.next_gain(0.45, 3, 1) < cal.next_gain(0.45, 3, 3)  # a shorter stage adds less
     assert cal.best_gain(3, 3) == cal.next_gain(1.0, 3, 3) == gain[1][-1]
     ct, yt = stage_rounds(20000, 1)
-    row, = stage_rows(ct, yt, cal, 3)
+    row, = stage_rows(torch.cumprod(ct, 1), yt, cal, 3)
     assert row["ece_whole"] < 0.02 < row["ece_S"] and row["gain"] == pytest.approx(row["gain_fit"], rel=0.05)
     table = stage_markdown([row])
     assert "| 1 | 20000 |" in table
@@ -130,8 +130,47 @@ def test_stage_maps_recover_a_known_stage_law():
     knots = isotonic(torch.arange(60.0), torch.cat([torch.ones(20), torch.zeros(20), torch.ones(20)]))
     assert knots[1] == sorted(knots[1]) and len(knots[0]) == 2
     assert isotonic(torch.arange(30.0), torch.ones(30)) is None
-    assert fit_stages(c[:15], torch.zeros_like(y[:15]), 3) == (None, None)
+    assert fit_stages(torch.cumprod(c[:15], 1), torch.zeros_like(y[:15]), 3) == (None, None)
 
+
+
+def survival_rounds(n: int, seed: int, P: int = 6):
+    """Rounds of P positions with calibrated-looking c_j (uniform in (0.3, 1)) whose product R_j is not the
+    survival: drafts 1..j all survive with probability R_j² (one uniform u per round, alive while u < R_j², as a
+    drafter's correlated positions make it)."""
+    g = torch.Generator().manual_seed(seed)
+    c = 0.3 + 0.7 * torch.rand(n, P, generator=g, dtype=torch.float64)
+    u = torch.rand(n, 1, generator=g, dtype=torch.float64)
+    return c, (u < torch.cumprod(c, 1) ** 2).double()  # non-increasing along j: y is its own survival
+
+
+def test_survival_maps_calibrate_a_product_that_is_not():
+    """fit_survival recovers S_j = R_j² per position; on a fresh draw the mapped survival is calibrated where the
+    product is not, the float path (what a gate reads) equals the tensor path, and both are non-increasing."""
+    from lit_domino.decoding.acceptance import Calibration
+    from lit_domino.training.acceptance import fit_survival
+
+    c, y = survival_rounds(20000, 0)
+    cal = Calibration([1.0] * 6, [0.5] * 6, survival_maps=fit_survival(c, y))
+    R = torch.cumprod(c, 1)
+    S = cal.survival(R)
+    assert float((S - R ** 2).abs().mean()) < 0.01
+    ct, yt = survival_rounds(20000, 1)
+    Rt = torch.cumprod(ct, 1)
+    assert ece(cal.survival(Rt), yt) < 0.01 < 0.05 < ece(Rt, yt)
+    for row in range(5):
+        floats = cal.survivals(Rt[row, 2:].tolist(), 2, float(cal.survival(Rt[row:row + 1])[0, 1]))
+        torch.testing.assert_close(torch.tensor(floats, dtype=torch.float64), cal.survival(Rt[row:row + 1])[0, 2:])
+        assert floats == sorted(floats, reverse=True)
+    assert cal.survivals([0.5, 0.4], 40) == [cal.survivals([0.5], 5)[0], cal.survivals([0.4], 5)[0]]  # later: the last
+    assert Calibration([1.0], [0.5]).survivals([0.5, 0.4]) == [0.5, 0.4]  # no maps: the product
+    with pytest.raises(ValueError, match="survival_maps"):
+        Calibration([1.0], [0.5], survival_maps=[[[0.0, 1.0], [1.0, 0.0]]])
+    # fitted with the calibration, the stage maps read the mapped survival
+    fitted = fit_calibration(torch.logit(c), y, "hard", survival_fit=True, stage_tokens=3)
+    assert fitted.survival_maps is not None and len(fitted.survival_maps) == 6
+    assert calibration_report(torch.logit(ct), yt, yt, fitted)["pooled"]["survival_ece_after"] < 0.02
+    assert fit_calibration(torch.logit(c), y, "hard").survival_maps is None
 
 def test_fit_calibration_with_stage_tokens_fills_the_stage_fields():
     c, y = stage_rounds(4000, 2)
