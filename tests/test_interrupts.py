@@ -166,10 +166,22 @@ def test_single_process_ablation_trainings_stop_with_one_line(tiny_target_dir, t
 # --------------------------------------------------------------------------- a real parallel ablation (slow)
 
 
-@pytest.fixture(scope="module")
-def smoke_cache(tmp_path_factory):
-    """One artifact cache for the smoke runs below: the smoke target is built once (by the first run)."""
-    return tmp_path_factory.mktemp("smoke-interrupts")
+@pytest.fixture
+def smoke_cache(tmp_path_factory, smoke_target_dir):
+    """A fresh artifact cache for each smoke run below, holding only a copy of the session's smoke target (and its
+    tokenizer), so the runs train their drafters from scratch but do not each rebuild the target (1-2 min; under
+    xdist the two runs land on different workers, so a module-scoped cache never shared it anyway)."""
+    import shutil
+
+    from lit_domino.runtime import cache
+
+    root = tmp_path_factory.mktemp("smoke-interrupts")
+    session = cache.cache_root()
+    tokenizers = [p for p in (session / "tokenizer").iterdir() if p.is_dir()]
+    for src in (smoke_target_dir, *tokenizers):
+        shutil.copytree(src, root / Path(src).relative_to(session), symlinks=True,
+                        ignore=shutil.ignore_patterns("*.lock"))
+    return root
 
 
 def _ablation(cache: Path, seeds: str, epochs: int) -> tuple[list[str], dict]:
@@ -197,7 +209,7 @@ def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resume
                                 start_new_session=True)
         names = [f"domino-s{s}-*" for s in seeds.split(",")]
         try:
-            deadline = time.monotonic() + 900  # a fresh cache builds the smoke target first (1-2 min)
+            deadline = time.monotonic() + 900
             while not all(glob.glob(str(smoke_cache / "drafters" / n / "checkpoints" / "last.ckpt")) for n in names):
                 assert proc.poll() is None and time.monotonic() < deadline, "the trainings never checkpointed"
                 time.sleep(0.1)
