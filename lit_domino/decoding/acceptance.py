@@ -282,8 +282,8 @@ class Calibration:
         return torch.cummin(torch.stack(cols, 1), 1).values if cols else products
 
     def whole_stage(self, survival: float) -> float:
-        """The probability that every draft of the round so far is accepted, from the product ``survival`` of their
-        calibrated c_j (:attr:`stage_whole`; ``survival`` itself without it)."""
+        """The probability that every draft of the round so far is accepted, from their survival S
+        (:meth:`survivals`; :attr:`stage_whole`, ``survival`` itself without it)."""
         if self.stage_whole is None:
             return min(max(survival, 0.0), 1.0)
         return _interp(survival, self.stage_whole)

@@ -36,10 +36,12 @@ from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
 COST_FORMAT = 6
-"""6: the predictor read as the gate now reads it (``survival_reader``, ~60 µs less a stage); 5: a DLoop stage timed alone (4: as a difference from a first stage, which read 1.4 ms for a 1.9 ms stage); 4: the parts timed interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part);
-3: the stages timed with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop
-stage cost ~3 ms in the default decode against the 1.9 ms measured, and the cost gate drafted stages that did not
-pay); older formats are re-measured."""
+"""6: the predictor read as the gate now reads it (``survival_reader``, ~60 µs less a stage); 5: a DLoop stage
+timed alone (4: as a difference from a first stage, which read 1.4 ms for a 1.9 ms stage); 4: the parts timed
+interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part); 3: the stages timed
+with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop stage cost ~3 ms in the
+default decode against the 1.9 ms measured, and the cost gate drafted stages that did not pay); older formats are
+re-measured."""
 
 
 class CostModelError(UsageError):

@@ -4,9 +4,10 @@
 check, before decoding). Without DLoop it drafts one stage, exactly as plain speculative decoding. The papers'
 log gates compare the last stage's confidence with g; the predictor gates read the calibrated acceptance
 probabilities c_j of :mod:`lit_domino.decoding.acceptance`, whose running product, through the calibration's
-survival maps, is the round's survival S_j, and the calibration's stage-level maps of it (:class:`~lit_domino.decoding.acceptance.Calibration`: P(whole | S),
-the probability that every draft so far is accepted, and G(S), the drafts another stage is expected to have
-accepted, both measured on held-out rounds; what a stage boundary decides on):
+survival maps, is the round's survival S_j, and the calibration's stage-level maps of it
+(:class:`~lit_domino.decoding.acceptance.Calibration`: P(whole | S), the probability that every draft so far is
+accepted, and G(S), the drafts another stage is expected to have accepted, both measured on held-out rounds; what a
+stage boundary decides on):
 
 * ``conf``: another stage while P(whole | S_m) >= p;
 * ``cost``: another stage when what it is expected to add beats what its time would yield elsewhere:

@@ -424,10 +424,10 @@ def isotonic(x: torch.Tensor, y: torch.Tensor, min_count: int = MIN_STAGE_ROUNDS
 
 
 def fit_stages(S: torch.Tensor, y: torch.Tensor, K: int) -> tuple[list[list[float]] | None, list[list[float]] | None]:
-    """The stage maps from the survival S [n, P] (:func:`survival_of`) and labels y [n, P] of rounds of K-draft stages, every
-    stage boundary's rows pooled: ``whole``, P(alive at the boundary | S), and ``gain``, the drafts of the next stage
-    accepted (0 when the round is dead at the boundary) given S, both isotonic in S (:func:`isotonic`); hard and soft
-    labels alike. (None, None) with too few rounds or none accepted whole."""
+    """The stage maps from the survival S [n, P] (:func:`survival_of`) and labels y [n, P] of rounds of K-draft
+    stages, every stage boundary's rows pooled: ``whole``, P(alive at the boundary | S), and ``gain``, the drafts of
+    the next stage accepted (0 when the round is dead at the boundary) given S, both isotonic in S
+    (:func:`isotonic`); hard and soft labels alike. (None, None) with too few rounds or none accepted whole."""
     S, alive, bounds = stage_events(S, y, K)
     if not bounds:
         return None, None
