@@ -171,6 +171,18 @@ def exact_joint(target: Target, prompt: list[int], temperature: float = 1.0) -> 
     return joint
 
 
+
+def opens_every_stage(res, max_stages: int, K: int, max_new_tokens: int) -> bool:
+    """Whether every round of ``res`` (decoded under a DLoop gate that always opens) drafted ``max_stages`` stages
+    of K, except where its drafts and bonus already covered the tokens still wanted (no later stage could emit
+    one), and at least one round drafted them all."""
+    wanted = max_new_tokens - 1  # the prefill's token is emitted before the first round
+    for n, acc in zip(res.stages_per_round, res.accepted_per_round):
+        if n != max_stages and n * K + 1 < wanted:
+            return False
+        wanted -= acc + 1
+    return max_stages in res.stages_per_round
+
 def sampled_pairs(target: Target, drafter, prompt: list[int], n: int, **generate_kwargs):
     """``n`` seeded decodes of 3 tokens: the counts of (x_1, x_2) (``[V, V]``) and every accepted count seen."""
     from lit_domino.decoding import generate

@@ -162,6 +162,14 @@ class AcceptanceHead(nn.Module):
 # --------------------------------------------------------------------------- calibration
 
 
+def _monotone_knots(knots) -> bool:
+    """Whether ``knots`` is a map :func:`_interp` reads: ``[[x ..], [y ..]]`` of equal, non-zero length, finite,
+    both non-decreasing."""
+    return (len(knots) == 2 and len(knots[0]) == len(knots[1]) and bool(knots[0])
+            and all(math.isfinite(v) for v in (*knots[0], *knots[1]))
+            and list(knots[0]) == sorted(knots[0]) and list(knots[1]) == sorted(knots[1]))
+
+
 def _interp(x: float, knots: list[list[float]]) -> float:
     """A map given by knots ``[[x ..], [y ..]]`` at ``x``: linear between them, flat beyond them."""
     xs, ys = knots
@@ -222,18 +230,14 @@ class Calibration:
             raise ValueError("calibration: one finite offset per temperature")
         for name in ("stage_whole", "stage_gain"):
             knots = getattr(self, name)
-            if knots is not None and (len(knots) != 2 or len(knots[0]) != len(knots[1]) or not knots[0]
-                                      or not all(math.isfinite(v) for v in (*knots[0], *knots[1]))
-                                      or list(knots[0]) != sorted(knots[0]) or list(knots[1]) != sorted(knots[1])):
+            if knots is not None and not _monotone_knots(knots):
                 raise ValueError(f"calibration: {name} must be [[S ..], [value ..]], both non-decreasing and finite, "
                                  f"got {knots}")
         if self.survival_maps is not None:
             if not self.survival_maps:
                 raise ValueError("calibration: survival_maps must hold one map per position, got none")
             for j, knots in enumerate(self.survival_maps):
-                if (len(knots) != 2 or len(knots[0]) != len(knots[1]) or not knots[0]
-                        or not all(math.isfinite(v) for v in (*knots[0], *knots[1]))
-                        or list(knots[0]) != sorted(knots[0]) or list(knots[1]) != sorted(knots[1])):
+                if not _monotone_knots(knots):
                     raise ValueError(f"calibration: survival_maps[{j}] must be [[R ..], [S ..]], both non-decreasing "
                                      f"and finite, got {knots}")
         if (self.stage_whole is not None or self.stage_gain is not None) and not self.stage_tokens:
@@ -276,10 +280,8 @@ class Calibration:
         """:meth:`survivals` of whole rounds: products R [n, P] (round positions 1..P) -> S [n, P]."""
         if self.survival_maps is None:
             return products
-        last = len(self.survival_maps) - 1
-        cols = [torch.tensor([_interp(float(r), self.survival_maps[min(j, last)]) for r in products[:, j].tolist()],
-                             dtype=products.dtype) for j in range(products.shape[1])]
-        return torch.cummin(torch.stack(cols, 1), 1).values if cols else products
+        return torch.tensor([self.survivals(row) for row in products.tolist()], dtype=products.dtype).reshape(
+            products.shape)
 
     def whole_stage(self, survival: float) -> float:
         """The probability that every draft of the round so far is accepted, from their survival S

@@ -11,7 +11,7 @@ import torch
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.dloop import GATES
 from lit_domino.decoding.engine import check_compile, compiled_forward, cpp_compiler
-from lit_domino.testing import hf_greedy, random_target
+from lit_domino.testing import hf_greedy, opens_every_stage, random_target
 
 VOCAB = 256
 
@@ -375,18 +375,6 @@ def test_dloop_gates_on_confidence(target):
     res = generate(target, StubDrafter(target, "random", 4), torch.tensor([p]), max_new_tokens=10,
                    dloop=DLoopConfig(threshold=float("-inf"), max_stages=2))
     assert opens_every_stage(res, 2, 3, 10)
-
-
-def opens_every_stage(res, max_stages: int, K: int, max_new_tokens: int) -> bool:
-    """Every round of ``res`` (decoded under a gate that always opens) drafted ``max_stages`` stages of K, except
-    where its drafts and bonus already covered the tokens still wanted (no later stage could emit one), and at
-    least one round drafted them all."""
-    wanted = max_new_tokens - 1  # the prefill's token is emitted before the first round
-    for n, acc in zip(res.stages_per_round, res.accepted_per_round):
-        if n != max_stages and n * K + 1 < wanted:
-            return False
-        wanted -= acc + 1
-    return max_stages in res.stages_per_round
 
 
 # --------------------------------------------------------------------------- validation

@@ -146,7 +146,8 @@ def survival_rounds(n: int, seed: int, P: int = 6):
 
 def test_survival_maps_calibrate_a_product_that_is_not():
     """fit_survival recovers S_j = R_j² per position; on a fresh draw the mapped survival is calibrated where the
-    product is not, the float path (what a gate reads) equals the tensor path, and both are non-increasing."""
+    product is not, a round resumed stage by stage (from a position and the survival so far, as a gate reads it)
+    equals the whole round, and the survival is non-increasing."""
     from lit_domino.decoding.acceptance import Calibration
     from lit_domino.training.acceptance import fit_survival
 
