@@ -28,10 +28,17 @@ def target():
     return lively_target(128, seed=0)
 
 
+SURVIVAL_MAPS = [[[0.0, 0.5, 1.0], [0.0, 0.2, 1.0]], [[0.0, 0.3, 1.0], [0.0, 0.1, 1.0]]]
+"""Survival maps that lower the middle of the product (position 1, then every later one): a ``-maps`` kind's."""
+
+
 def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
     """A random drafter of ``kind`` with an add-on head of random weights (confidences spread over (0, 1));
-    ``domino-gru``: Domino with the head on its GRU state."""
+    ``domino-gru``: Domino with the head on its GRU state; ``backbone-maps``, ``dspark-maps``: the calibration with
+    :data:`SURVIVAL_MAPS`."""
     kind, _, inputs = kind.partition("-")
+    maps = SURVIVAL_MAPS if inputs == "maps" else None
+    inputs = "" if inputs == "maps" else inputs
     torch.manual_seed(seed)
     kw = SMALL if kind != "backbone" else dict(num_layers=1)
     if kind == "dspark":
@@ -39,10 +46,11 @@ def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
     d = build_drafter(drafter_config(kind, target, block_size=block_size, **kw), target)
     if kind == "dspark":
         spread_own_head(target, d, scale)
-        pred = AcceptancePredictor("", None, Calibration([1.5] * positions, [0.6] * positions))
+        pred = AcceptancePredictor("", None, Calibration([1.5] * positions, [0.6] * positions, survival_maps=maps))
         return attach(d, pred, check=False)
     head = spread_head(target, d, scale, inputs=inputs or "hidden")
-    cal = Calibration([0.8 + 0.1 * j for j in range(positions)], [0.7 - 0.02 * j for j in range(positions)])
+    cal = Calibration([0.8 + 0.1 * j for j in range(positions)], [0.7 - 0.02 * j for j in range(positions)],
+                      survival_maps=maps)
     return attach(d, AcceptancePredictor(drafter_key(d), head, cal))
 
 
@@ -92,7 +100,8 @@ GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trun
          "cost:3+trunc@0.2"]
 
 
-@pytest.mark.parametrize("kind", ["backbone", "domino", "domino-gru", "domino-hidden+gru", "dspark"])
+@pytest.mark.parametrize("kind", ["backbone", "domino", "domino-gru", "domino-hidden+gru", "dspark", "backbone-maps",
+                                  "dspark-maps"])
 def test_gates_are_lossless_greedy(target, kind, tmp_path):
     d = with_predictor(target, kind)
     path = cheap_cost(target, d, 6).save(tmp_path / "cost.json")
@@ -118,12 +127,15 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
 @pytest.mark.parametrize("kind,spec", [("domino", "conf@0.55:3+trunc@0.4"), ("backbone", "trunc@0.5"),
                                        ("backbone", "conf@0.5:3+trunc@0.45"), ("dspark", "conf@0.4:2+trunc@0.4"),
                                        ("domino", "cost:3+trunc@0.3"), ("domino-gru", "conf@0.55:3+trunc@0.4"),
-                                       ("domino-hidden+gru", "cost:3+trunc@0.3")])
+                                       ("domino-hidden+gru", "cost:3+trunc@0.3"),
+                                       ("backbone-maps", "cost:3+trunc@0.3")])
 def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
     """T > 0: chi-square on (x1, x2) with q far from p under each gate (truncation cuts the stage the pair is drawn
     from; over 8 tokens, where a further stage can emit, the gate changes what is drafted from round to round)."""
     target = chi_square_target()
     kind, _, inputs = kind.partition("-")
+    maps = SURVIVAL_MAPS if inputs == "maps" else None
+    inputs = "" if inputs == "maps" else inputs
     torch.manual_seed(0)
     kw = dict(num_layers=1, head=dict(rank=8, gru_hidden=8)) if kind == "domino" else \
         dict(num_layers=1, head=dict(rank=4)) if kind == "dspark" else dict(num_layers=1)
@@ -133,7 +145,7 @@ def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
             d.head.up.weight.mul_(50.0)
         if kind == "dspark":
             torch.nn.init.normal_(d.head.w2.weight, std=3.0)
-    cal = Calibration([1.0] * 6, [0.5] * 6)
+    cal = Calibration([1.0] * 6, [0.5] * 6, survival_maps=maps)
     if kind == "dspark":
         spread_own_head(target, d, 1.0, 1.5)
         attach(d, AcceptancePredictor("", None, cal), check=False)
