@@ -35,8 +35,9 @@ from lit_domino.decoding.cost import VerifyCost, measure_verify_cost
 from lit_domino.runtime import cache
 from lit_domino.runtime.command import UsageError
 
-COST_FORMAT = 6
-"""6: the predictor read as the gate now reads it (``survival_reader``, ~60 µs less a stage); 5: a DLoop stage
+COST_FORMAT = 7
+"""7: the predictor's read timed alone besides (:attr:`CostModel.read_s`, what the cost gate weighs a read against);
+6: the predictor read as the gate now reads it (``survival_reader``, ~60 µs less a stage); 5: a DLoop stage
 timed alone (4: as a difference from a first stage, which read 1.4 ms for a 1.9 ms stage); 4: the parts timed
 interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part); 3: the stages timed
 with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop stage cost ~3 ms in the
@@ -62,6 +63,9 @@ class CostModel:
     """Median seconds of a round's rollback (target cache crop, session crop and extend)."""
     key: dict = field(default_factory=dict)
     """What it was measured for (:func:`cost_key`)."""
+    read_s: float = 0.0
+    """Median seconds of the gate's read of the acceptance predictor at one stage (included in both draft times;
+    0 without a predictor): what a read must earn for the cost gate to keep reading (:mod:`lit_domino.decoding.gates`)."""
 
     def __post_init__(self):
         if not isinstance(self.curve, VerifyCost):
@@ -72,10 +76,10 @@ class CostModel:
 
     @classmethod
     def of_widths(cls, widths: list[int], verify_s: list[float], draft_first_s: float, draft_next_s: float,
-                  other_s: float = 0.0, key: dict | None = None) -> "CostModel":
+                  other_s: float = 0.0, key: dict | None = None, read_s: float = 0.0) -> "CostModel":
         """A cost model from verify times by width in tokens (``widths[i] - 1`` nodes)."""
         curve = VerifyCost(tuple(int(w) - 1 for w in widths), tuple(float(v) for v in verify_s))
-        return cls(curve, draft_first_s, draft_next_s, other_s, dict(key or {}))
+        return cls(curve, draft_first_s, draft_next_s, other_s, dict(key or {}), read_s)
 
     @property
     def widths(self) -> list[int]:
@@ -101,15 +105,15 @@ class CostModel:
         ver = ", ".join(f"{w}: {1e3 * s:.2f}" for w, s in zip(self.widths, self.verify_s))
         return (f"cost model ({self.key.get('target', '?')}, {self.key.get('dtype', '?')}, "
                 f"{self.key.get('device_name', '?')}): draft {1e3 * self.draft_first_s:.2f} ms first stage, "
-                f"{1e3 * self.draft_next_s:.2f} ms per further stage; verify ms by width {{{ver}}}; "
-                f"other {1e3 * self.other_s:.2f} ms")
+                f"{1e3 * self.draft_next_s:.2f} ms per further stage (each with a {1e3 * self.read_s:.3f} ms predictor "
+                f"read); verify ms by width {{{ver}}}; other {1e3 * self.other_s:.2f} ms")
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"format": COST_FORMAT, "verify": {"nodes": list(self.curve.widths), "seconds": list(self.curve.seconds)},
                 "draft_first_s": self.draft_first_s, "draft_next_s": self.draft_next_s, "other_s": self.other_s,
-                "key": self.key}
+                "read_s": self.read_s, "key": self.key}
         cache.write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
         return path
 
@@ -231,6 +235,17 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
             sync()
             return time.perf_counter() - t
 
+        def read_alone() -> float:  # the same first stage (untimed), then the predictor's read of it alone
+            st = first()
+            if read is None:
+                return 0.0
+            hidden = session.stages[-1].hidden
+            sync()
+            t = time.perf_counter()
+            read(hidden, anchor, st.tokens, 0)
+            sync()
+            return time.perf_counter() - t
+
         def verify():  # a forward of 2 tokens, what other() runs besides the rollback
             runner.forward(prompt[:2], False)
             runner.crop(context)
@@ -240,11 +255,13 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
             session.crop(context - 2)
             session.extend(*last)
 
-        times = _interleaved({"first": first, "next": nxt, "verify": verify, "other": other}, repeats, sync)
+        times = _interleaved({"first": first, "next": nxt, "read": read_alone, "verify": verify, "other": other},
+                             repeats, sync)
     finally:
         drafter.train(was)
     return CostModel(curve, statistics.median(times["first"]), statistics.median(times["next"]),
-                     _median_excess(times, "other", "verify"), cost_key(target, drafter, block_size))
+                     _median_excess(times, "other", "verify"), cost_key(target, drafter, block_size),
+                     statistics.median(times["read"]))
 
 
 _MEMO: dict[str, CostModel] = {}

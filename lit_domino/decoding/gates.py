@@ -20,7 +20,12 @@ stage boundary decides on):
   which on the default drafters drafted 25-40 % more stages than needed for no more accepted tokens. G is scaled
   by how the sequence's first stages have survived against P(whole | S) so far (``(hits + 1) / (Σ P + 1)``): the
   calibration pools the domains, and on the default drafters math and chat stages survived less often than it
-  predicts;
+  predicts. The gate prices its own read too: a read and the arithmetic on it cost 0.1-0.17 ms a round in the
+  default preset's decodes, 1-1.5 % of a round, paid even where no stage opens. A read earns what the stage it opens is modelled
+  to add (``gain / ρ - extra time``, seconds; nothing when it opens none), and once a sequence's reads, after the
+  first :attr:`RoundPolicy.READ_GRACE`, have earned less than they cost (the cost model's ``read_s`` each), the gate
+  reads only every :attr:`RoundPolicy.PROBE_EVERY`-th round until one pays again: where the drafter's stages are
+  rarely accepted whole (the default backbone on math opened no stage in 282 rounds) the round is then plain;
 * ``truncate`` p: keep a stage's drafts while S_j >= p (the first stage keeps at least one), then end the round.
 
 Whatever the gate, no stage is drafted that could not emit a token: none after a stage that drafted an EOS (an
@@ -54,8 +59,8 @@ def truncated(stage: StageDraft, n: int) -> StageDraft:
 @dataclass
 class RoundPolicy:
     """Drafts one round's stages (see the module docstring). Its one state between rounds is the cost gate's record
-    of the sequence, its rate ρ and its :attr:`trust` (the engine calls :meth:`begin` before a sequence and
-    :meth:`observe` after each round)."""
+    of the sequence, its rate ρ, its :attr:`trust` and its reads' account (the engine calls :meth:`begin` before a
+    sequence and :meth:`observe` after each round)."""
 
     dloop: DLoopConfig | None
     drafter: object = None
@@ -71,12 +76,22 @@ class RoundPolicy:
     """The cost gate's record of the sequence's first stages: [Σ P(whole | S) predicted, Σ accepted whole]."""
     _first: tuple | None = field(default=None, repr=False)
     """This round's first stage as the cost gate read it: (P(whole | S), its drafts); None when it was not read."""
+    _credit: list = field(default_factory=lambda: [0.0, 0, 0], repr=False)
+    """The cost gate's account of its reads in the sequence: [modelled seconds they earned, reads, rounds since the
+    last read] (:meth:`_reads_pay`)."""
+    _times: dict = field(default_factory=dict, repr=False)
+    """:meth:`CostModel.round_time` by (stages, verified), for this decode (the model stands still)."""
     _read: object = field(default=None, repr=False)
     """The predictor's :meth:`~lit_domino.decoding.acceptance.AcceptancePredictor.survival_reader`, built at the
     first read of a decode (a policy lives for one ``generate`` call, while the drafter's weights stand still)."""
 
     PRIOR_ROUNDS = 4
     """Plain rounds of the calibration's expected length that ρ starts from (and is pulled towards early on)."""
+    READ_GRACE = 4
+    """Reads of a sequence the cost gate makes before its reads must have earned what they cost."""
+    PROBE_EVERY = 8
+    """While its reads have not paid, the cost gate reads every this many rounds (a sequence's text can change:
+    a prose answer that reaches a code block), the others plain."""
 
     def begin(self) -> None:
         """A new sequence: ρ restarts from the prior (a plain round's expected tokens over its modelled time)."""
@@ -85,15 +100,15 @@ class RoundPolicy:
         cal, K = self.predictor.calibration, self.cost.key.get("block_size", 0) - 1
         K = K if K > 0 else len(cal.mean_confidence)
         tokens = 1.0 + float(torch.cumprod(cal.at(cal.mean_confidence, 0, K), 0).sum())
-        self._rate = [self.PRIOR_ROUNDS * tokens, self.PRIOR_ROUNDS * self.cost.round_time(1, K + 1)]
-        self._record, self._first = [0.0, 0.0], None
+        self._rate = [self.PRIOR_ROUNDS * tokens, self.PRIOR_ROUNDS * self._round_time(1, K + 1)]
+        self._record, self._first, self._credit = [0.0, 0.0], None, [0.0, 0, 0]
 
     def observe(self, accepted: int, stages: int, verified: int) -> None:
         """A round accepted ``accepted`` drafts (and emitted a bonus) from ``stages`` stages and a forward of
         ``verified`` tokens."""
         if self.cost is not None:
             self._rate[0] += accepted + 1
-            self._rate[1] += self.cost.round_time(stages, verified)
+            self._rate[1] += self._round_time(stages, verified)
             if self._first is not None:
                 p, k = self._first
                 self._record[0] += p
@@ -119,8 +134,8 @@ class RoundPolicy:
         if dl is None:
             return stages
         k0 = stages[0].tokens.numel()
-        if dl.gate == "cost" and dl.truncate is None and not self._may_open(k0, room(k0)):
-            return stages  # the cost gate cannot open this round whatever the predictor says: plain, at its cost
+        if dl.gate == "cost" and dl.truncate is None and not (self._may_open(k0, room(k0)) and self._reads_pay()):
+            return stages  # the cost gate cannot open this round, or its reads have not paid: plain, at its cost
         product, survival, m, stage_anchor = 1.0, 1.0, 0, anchor
         while True:
             st = stages[-1]
@@ -129,6 +144,7 @@ class RoundPolicy:
                 if self._read is None:
                     self._read = self.predictor.survival_reader(self.drafter)
                 R = self._read(session.stages[-1].hidden, stage_anchor, st.tokens, m, product)  # Π c at each position
+                self._credit[1] += 1
                 cal, product = self.predictor.calibration, R[-1]
                 S = R if cal is None else cal.survivals(R, m, survival)  # the round's survival at each position
                 if dl.truncate is not None:
@@ -173,9 +189,28 @@ class RoundPolicy:
         best, seconds = self._gains[key]
         return min(best * self.trust, room) > self.rate * seconds
 
+    def _reads_pay(self) -> bool:
+        """Whether the cost gate reads the predictor this round: while its reads in the sequence, after the first
+        :attr:`READ_GRACE`, have earned at least what they cost (the module docstring), else every
+        :attr:`PROBE_EVERY`-th round. Decided on past rounds only."""
+        earned, reads, since = self._credit
+        if earned >= self.cost.read_s * (reads + 1 - self.READ_GRACE) or since + 1 >= self.PROBE_EVERY:
+            self._credit[2] = 0
+            return True
+        self._credit[2] = since + 1
+        return False
+
+    def _round_time(self, stages: int, verified: int) -> float:
+        """:meth:`CostModel.round_time`, computed once per decode for each (stages, verified)."""
+        key = (stages, verified)
+        t = self._times.get(key)
+        if t is None:
+            t = self._times[key] = self.cost.round_time(stages, verified)
+        return t
+
     def _extra_time(self, done: int, m: int, room: int) -> float:
         """Modelled seconds another stage of ``room`` drafts adds to a round of ``done`` stages and ``m`` drafts."""
-        return self.cost.round_time(done + 1, m + room + 1) - self.cost.round_time(done, m + 1)
+        return self._round_time(done + 1, m + room + 1) - self._round_time(done, m + 1)
 
     def _another(self, st: StageDraft, done: int, survival: float, m: int, room: int) -> bool:
         """Draft another stage of ``room`` drafts after ``done`` stages of ``m`` drafts whose survival is
@@ -185,7 +220,11 @@ class RoundPolicy:
             return dl.should_continue(done, self._whole(survival))
         if dl.gate == "cost":  # the stage's expected drafts against what its time yields at the sequence's rate
             gain = min(self.predictor.calibration.next_gain(survival, m, room) * self.trust, room)
-            return gain > self.rate * self._extra_time(done, m, room)
+            rate, seconds = self.rate, self._extra_time(done, m, room)
+            if gain <= rate * seconds:
+                return False
+            self._credit[0] += gain / rate - seconds if rate > 0 else 0.0  # what the read earned: modelled seconds
+            return True
         return dl.should_continue(done, dl.confidence(st.logprobs))
 
 

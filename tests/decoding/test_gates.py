@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -89,11 +90,12 @@ def spread_own_head(target, d, scale=1.5, centre=1.5):
 
 
 def cheap_cost(target, drafter, block_size):
-    """A cost model where drafting is cheap against verifying: the cost gate drafts more while survival is high."""
+    """A cost model where drafting is cheap against verifying: the cost gate drafts more while survival is high. Its
+    reads cost something, so a sequence whose reads open nothing skips some (the decodes cover both paths)."""
     K = block_size - 1
     widths = [1, 2, K + 1, 2 * K + 1, 3 * K + 1]
     return CostModel.of_widths(widths, [1e-3 * (1 + 0.001 * w) for w in widths], 1e-5, 1e-5, 0.0,
-                     cost_key(target, drafter, block_size))
+                               cost_key(target, drafter, block_size), read_s=2e-5)
 
 
 GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trunc@0.4", "-1:3+trunc@0.3", "cost:3",
@@ -365,6 +367,48 @@ def test_the_gates_survival_reader_is_the_cumulated_confidences(target, kind, ca
         assert isinstance(got, list) and len(got) == K
         torch.testing.assert_close(torch.tensor(got, dtype=torch.float32), expected, rtol=1e-5, atol=1e-7)
     assert len(set(read(hidden, anchor, tokens, 0))) == K  # the confidences are not all 1: the test can fail
+
+
+class _ReadCounter:
+    """A session of stages of 7 drafts whose predictor read gives the survival a script says, counting the reads."""
+
+    def __init__(self, survivals):
+        self.survivals, self.reads, self.stages = list(survivals), 0, [SimpleNamespace(hidden=None)]
+
+    def draft(self, anchor, n, temperature=0.0, generator=None):
+        return StageDraft(torch.arange(1, n + 1), torch.zeros(n))
+
+    def read(self, hidden, anchor, tokens, offset=0, product=1.0):
+        self.reads += 1
+        return [self.survivals[0]] * tokens.numel()
+
+
+def test_the_cost_gate_reads_while_its_reads_pay():
+    """A read costs the cost model's read_s; it earns the modelled seconds of the stage it opens. Where no read
+    opens a stage, the gate reads the first READ_GRACE rounds, then every PROBE_EVERY-th; where reads open stages,
+    it reads every round; a probe that opens one brings the reads back."""
+    from lit_domino.decoding.gates import RoundPolicy
+
+    cost = CostModel.of_widths([1, 8, 15, 22], [1e-3, 1.1e-3, 1.2e-3, 1.3e-3], 1e-4, 1e-4, 0.0, {"block_size": 8},
+                               read_s=5e-5)
+    cal = Calibration([1.0] * 21, [0.9] * 21, stage_whole=[[0.0, 1.0], [0.0, 1.0]],
+                      stage_gain=[[0.0, 0.5, 1.0], [0.0, 0.0, 7.0]], stage_tokens=7)
+    for script, reads, opened in [([0.1] * 40, [0, 1, 2, 3, 11, 19, 27, 35], []),
+                                  ([0.9] * 40, list(range(40)), list(range(40))),
+                                  ([0.1] * 19 + [0.9] * 21, [0, 1, 2, 3, 11, *range(19, 40)], list(range(19, 40)))]:
+        policy = RoundPolicy(DLoopConfig(gate="cost", max_stages=2), None, AcceptancePredictor("", None, cal), cost)
+        policy.begin()
+        read_at, opened_at = [], []
+        for r, survival in enumerate(script):
+            session = _ReadCounter([survival])
+            policy._read = session.read
+            stages = policy.draft(session, torch.tensor([0]), lambda m: 7 if m < 14 else 0, 0.0, None)
+            if session.reads:
+                read_at.append(r)
+            if len(stages) > 1:
+                opened_at.append(r)
+            policy.observe(7 if len(stages) > 1 else 2, len(stages), 7 * len(stages) + 1)
+        assert read_at == reads and opened_at == opened, script[0]
 
 
 class _ScriptedSession:
