@@ -176,6 +176,19 @@ def repeat_noise(results: Sequence[GenerationResult], baseline: Sequence[Generat
     return (sum((x - mean) ** 2 for x in speedups) / (R - 1)) ** 0.5 / mean
 
 
+def paired_change(base: Sequence[float], other: Sequence[float]) -> tuple[float, float]:
+    """How much faster ``other`` decoded the same prompts than ``base``, paired prompt by prompt (the two decoded the
+    same tokens: lossless): ``(Δ %, its standard error in points)``, Δ = exp(mean log(base_i / other_i)) - 1. The
+    prompts' own lengths cancel in each ratio, so the noise left is the timing's; a Δ within 2 standard errors of 0
+    is not a measured difference. NaN when fewer than 2 prompts have both times."""
+    logs = [math.log(b / o) for b, o in zip(base, other) if b > 0 and o > 0 and math.isfinite(b / o)]
+    if len(logs) < 2 or len(base) != len(other):
+        return float("nan"), float("nan")
+    mean = sum(logs) / len(logs)
+    sd = (sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)) ** 0.5
+    return 100 * math.expm1(mean), 100 * math.exp(mean) * sd / len(logs) ** 0.5
+
+
 def merge_results(results: Sequence[GenerationResult]) -> GenerationResult:
     """One result for a multi-turn conversation: tokens and rounds concatenated, times summed.
 
@@ -231,6 +244,7 @@ def summarize(
         "other_ms_per_round": 1e3 * sum(r.other_time_s for r in results) / rounds if rounds else float("nan"),
         "nodes_per_round": sum(sum(r.drafted_per_round) for r in results) / rounds if rounds else float("nan"),
         "prefill_ms": 1e3 * _nanmean(r.prefill_time_s for r in results),
+        "decode_s_by_prompt": [float(r.decode_time_s) for r in results],  # paired comparisons (paired_change)
     }
     if baseline is not None:
         row["speedup"] = mean_tpot_ms(baseline) / tpot if tpot > 0 else float("nan")

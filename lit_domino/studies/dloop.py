@@ -55,6 +55,7 @@ from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, check_grid, check_table_gate,
                                       dloop_label, parse_list)  # noqa: F401 (parse_list: the study API)
 from lit_domino.decoding.harness import benchmark, check_repeats
+from lit_domino.decoding.metrics import paired_change
 from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
                                          method_feature_rule, module_class, set_dotted)
 from lit_domino.training.experiment import drafter_artifact, train_variant
@@ -241,11 +242,15 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     each domain's total decode time (:func:`decode_seconds`; the tokens are the same, decoding being lossless),
     averaged over the domains: the speedup averages each prompt's time per token, so a 2-round prompt counts as
     much as a 30-round one, and a gate that wins on long sequences and loses on short ones can lose on the speedup
-    and win on the throughput (the default preset's cost gate did)."""
+    and win on the throughput (the default preset's cost gate did). ``paired Δ``: the throughput change measured
+    prompt by prompt (:func:`~lit_domino.decoding.metrics.paired_change` over every domain's prompts, each against
+    the same prompt decoded off), with twice its standard error: the spread of the per-prompt effects, which is
+    small where a gate changes little and wide where it helps some prompts and costs others."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | draft ms/round | verify ms/round | avg speedup | "
-             "Δ vs off | noise of Δ | Δ throughput vs off |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Δ vs off | noise of Δ | Δ throughput vs off | paired Δ (±2 SE) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     out = []
     for kind in plan["drafters"]:
         for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
@@ -258,7 +263,7 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 why = skip_reason(rows, plan, kind, name, label)
                 if why:
                     out.append({"drafter": kind, "training": training, "gate": label, "skipped": why})
-                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} ||||||||")
+                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} |||||||||")
                     continue
                 cells = off if cfg is None else [idx.get((name, label, d)) or {} for d in domains]
                 rec = {"drafter": kind, "training": training, "gate": label,
@@ -272,14 +277,21 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 rec["throughput_delta_pct"] = (100 * (_mean(decode_seconds(o) / decode_seconds(c)
                                                              for o, c in zip(off, cells)) - 1)
                                                if cfg is not None else None)
+                by_prompt = [(o.get("decode_s_by_prompt") or [], c.get("decode_s_by_prompt") or [])
+                             for o, c in zip(off, cells)]  # each domain's prompts, paired (none: rows without them)
+                pairs = [p for a, b in by_prompt if len(a) == len(b) for p in zip(a, b)]
+                rec["paired_delta_pct"], rec["paired_se_pct"] = (
+                    paired_change([a for a, _ in pairs], [b for _, b in pairs]) if cfg is not None else (None, None))
                 out.append(rec)
                 delta = "–" if rec["delta_pct"] is None or cfg is None else f"{rec['delta_pct']:+.1f} %"
                 noise = "–" if rec["noise_pct"] is None or not finite(rec["noise_pct"]) else f"±{rec['noise_pct']:.1f}"
                 thr = rec["throughput_delta_pct"]
                 thr = "–" if thr is None or not finite(thr) else f"{thr:+.1f} %"
+                pd, se = rec["paired_delta_pct"], rec["paired_se_pct"]
+                paired = "–" if pd is None or not finite(pd) else f"{pd:+.1f} % (±{2 * se:.1f})"
                 lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
                              f"{_f(rec['draft_ms_per_round'])} | {_f(rec['verify_ms_per_round'])} | "
-                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} | {thr} |")
+                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} | {thr} | {paired} |")
     return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
 
 

@@ -92,3 +92,19 @@ def test_repeat_noise_is_the_spread_of_each_repeats_speedup():
     assert repeat_noise(method, base) == pytest.approx(0.5 ** 0.5 / 1.5)
     assert summarize(method, base)["speedup_noise"] == pytest.approx(0.5 ** 0.5 / 1.5)
     assert math.isnan(repeat_noise([res(1.0)], [res(2.0)]))
+
+
+def test_paired_change_compares_each_prompt_with_itself():
+    """Prompts of very different lengths, each decoded 1.25x faster: +25 % with no spread; one prompt's time lost or
+    a single pair: NaN. Summaries carry each prompt's decode seconds for it."""
+    from lit_domino.decoding.metrics import paired_change
+
+    delta, se = paired_change([1.0, 10.0, 100.0], [0.8, 8.0, 80.0])
+    assert delta == pytest.approx(25.0) and se == pytest.approx(0.0, abs=1e-9)
+    delta, se = paired_change([1.0, 1.0], [1.0, 0.5])  # 1x and 2x: geometric mean sqrt(2)
+    assert delta == pytest.approx(100 * (2 ** 0.5 - 1))
+    assert se == pytest.approx(100 * 2 ** 0.5 * math.log(2) / 2 ** 0.5 / 2 ** 0.5)  # exp(mean) sd / sqrt(n)
+    assert all(math.isnan(x) for x in paired_change([1.0], [2.0]))
+    assert all(math.isnan(x) for x in paired_change([1.0, 2.0], [1.0]))
+    res = [GenerationResult(tokens=[1, 2], decode_time_s=t) for t in (0.5, 2.0)]
+    assert summarize(res)["decode_s_by_prompt"] == [0.5, 2.0]

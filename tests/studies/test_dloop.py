@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -102,9 +103,9 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     skipped = [(r["drafter"], r["block_size"]) for r in rows if r["kind"] == "skipped"]
     assert skipped == [("domino/plain", 16), ("eagle3/plain", 16)]
     assert "16 > its trained block size 8" in next(r["why"] for r in rows if r["kind"] == "skipped")
-    assert ds.study_plan("default")["repeats"] == 2
+    assert ds.study_plan("default")["repeats"] == 3
     study = tmp_path / "study.yaml"
-    study.write_text(ds.STUDY_FILE.read_text().replace("repeats: 2", "repeats: 0", 1))
+    study.write_text(ds.STUDY_FILE.read_text().replace("repeats: 3", "repeats: 0", 1))
     with pytest.raises(ValueError, match="repeats must be a positive integer"):
         ds.study_plan("default", study_file=study)
 
@@ -383,7 +384,8 @@ def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
         if r.get("drafter") == "domino/plain" and r["dloop"] in ("off", "cost:3"):
             gate = r["dloop"] == "cost:3"  # 10 rounds of 10 ms plain; the gate: 8 rounds of 11 ms, 0.97x speedup
             r.update(speedup=0.97 if gate else 1.0, rounds=8 if gate else 10, draft_ms_per_round=3.0 if gate else 2.0,
-                     verify_ms_per_round=7.5, other_ms_per_round=0.5)
+                     verify_ms_per_round=7.5, other_ms_per_round=0.5,  # and prompt by prompt: 1.1x, 1.2x, 1.1x
+                     decode_s_by_prompt=[1.0, 1.0, 6.0] if gate else [1.1, 1.2, 6.6])
     table = ds.gates_table(rows, {k: {"plain": v["plain"], "loop": v["loop"]} for k, v in names.items()}, plan)
     by = {(r["drafter"], r["training"], r["gate"]): r for r in table["rows"]}
     cost = by[("domino", "plain", "cost:3")]
@@ -393,7 +395,14 @@ def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
     assert math.isnan(by[("domino", "plain", "-0.5:3")]["throughput_delta_pct"])  # no per-round times: printed –
     header, sep, *lines = table["markdown"].splitlines()
     assert "Δ throughput vs off" in header and header.count("|") == sep.count("|")
-    assert any(line.startswith("| domino | plain | cost:3 |") and line.endswith("| -3.0 % | – | +13.6 % |")
+    logs = [math.log(1.1), math.log(1.2), math.log(1.1)] * len(plan["prompts"])  # each domain's prompts, paired
+    mean = sum(logs) / len(logs)
+    se = math.exp(mean) * statistics.stdev(logs) / len(logs) ** 0.5
+    assert cost["paired_delta_pct"] == pytest.approx(100 * math.expm1(mean))
+    assert cost["paired_se_pct"] == pytest.approx(100 * se)
+    assert math.isnan(by[("domino", "plain", "-0.5:3")]["paired_delta_pct"])  # no per-prompt times: printed –
+    assert any(line.startswith("| domino | plain | cost:3 |") and
+               line.endswith(f"| -3.0 % | – | +13.6 % | {100 * math.expm1(mean):+.1f} % (±{200 * se:.1f}) |")
                for line in lines)
     assert all(line.count("|") == header.count("|") for line in lines)  # skipped rows too
 
