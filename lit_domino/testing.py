@@ -153,23 +153,25 @@ def chi_square_target(vocab_size: int = 8, seed: int = 3) -> Target:
     return target
 
 
-def exact_joint(target: Target, prompt: list[int], temperature: float = 1.0) -> torch.Tensor:
-    """P(x_1, x_2) of sampling ``target`` after ``prompt``, x_0 marginalised: sum_x0 p(x0) p(x1|x0) p(x2|x0,x1)
-    (``[V, V]``; enumerates V^2 continuations, so for tiny vocabularies)."""
-    def p(seq):
+def exact_joint(target: Target, prompt: list[int], temperature: float = 1.0, at: int = 1) -> torch.Tensor:
+    """P(x_at, x_at+1) of sampling ``target`` after ``prompt``, the tokens x_0 .. x_at-1 before the pair marginalised
+    (``[V, V]``; enumerates the V^(at+2) continuations in batched forwards, so for tiny vocabularies and small
+    ``at``). ``at`` > 1 reaches the tokens a round's later stages draft (a DLoop stage after the first)."""
+    def law(seqs):  # the next token's distribution after each row of seqs [n, T] -> [n, V]
         with torch.no_grad():
-            logits = target.model(input_ids=torch.tensor([seq])).logits[0, -1]
+            logits = target.model(input_ids=seqs).logits[:, -1]
         return torch.softmax(logits.double() / temperature, -1)
 
-    p0 = p(prompt)
-    V = p0.numel()
-    joint = torch.zeros(V, V, dtype=torch.double)
-    for x0 in range(V):
-        p1 = p(prompt + [x0])
-        for x1 in range(V):
-            joint[x1] += p0[x0] * p1[x1] * p(prompt + [x0, x1])
-    return joint
+    def extend(seqs, V):  # every row followed by every token: [n, T] -> [n * V, T + 1]
+        return torch.cat([seqs.repeat_interleave(V, 0), torch.arange(V).repeat(len(seqs))[:, None]], 1)
 
+    seqs, weight = torch.tensor([prompt]), torch.ones(1, dtype=torch.double)
+    V = law(seqs).shape[-1]
+    for _ in range(at):  # every x_0 .. x_at-1 and its probability
+        weight = (weight[:, None] * law(seqs)).reshape(-1)
+        seqs = extend(seqs, V)
+    first, second = law(seqs), law(extend(seqs, V)).reshape(len(seqs), V, V)
+    return torch.einsum("n,na,nab->ab", weight, first, second)
 
 
 def opens_every_stage(res, max_stages: int, K: int, max_new_tokens: int) -> bool:
@@ -183,15 +185,16 @@ def opens_every_stage(res, max_stages: int, K: int, max_new_tokens: int) -> bool
         wanted -= acc + 1
     return max_stages in res.stages_per_round
 
-def sampled_pairs(target: Target, drafter, prompt: list[int], n: int, **generate_kwargs):
-    """``n`` seeded decodes of 3 tokens: the counts of (x_1, x_2) (``[V, V]``) and every accepted count seen."""
+def sampled_pairs(target: Target, drafter, prompt: list[int], n: int, at: int = 1, **generate_kwargs):
+    """``n`` seeded decodes of ``at + 2`` tokens: the counts of (x_at, x_at+1) (``[V, V]``, :func:`exact_joint`'s
+    law) and every accepted count seen."""
     from lit_domino.decoding import generate
 
     V = target.model.get_input_embeddings().weight.shape[0]
     counts, accepted = torch.zeros(V, V, dtype=torch.double), set()
     for seed in range(n):
-        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=3, seed=seed, **generate_kwargs)
-        counts[res.tokens[1], res.tokens[2]] += 1
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=at + 2, seed=seed, **generate_kwargs)
+        counts[res.tokens[at], res.tokens[at + 1]] += 1
         accepted.update(res.accepted_per_round)
     return counts, accepted
 

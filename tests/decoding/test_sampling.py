@@ -115,25 +115,31 @@ def q_joint(drafter):
     (2, DLoopConfig(threshold=-1.5, max_stages=2, gate="last"), 1.0, False),  # a gate that opens sometimes
 ])
 def test_sampling_is_distributed_as_the_target(tiny, block_size, dloop, temperature, static_cache):
+    """(x1, x2), or with DLoop (x2, x3): the first round's second stage drafts x2 (no stage is drafted that could
+    not emit, so 3 tokens after the prefill's leave it room: stage 1 drafts x1, stage 2 x2, x3 is the bonus)."""
     prompt = [3, 5, 2, 6]
-    exact = exact_joint(tiny, prompt, temperature)
+    at = 2 if dloop else 1
+    exact = exact_joint(tiny, prompt, temperature, at=at)
     assert exact.max() > 0.05 and exact.max() < 0.9  # non-trivial target distribution
     drafter = QDrafter(tiny, block_size) if block_size else None
     n = 2000
     counts = torch.zeros(V, V)
     accepted = []
     for seed in range(n):
-        res = generate(tiny, drafter, torch.tensor([prompt]), max_new_tokens=3, temperature=temperature,
+        res = generate(tiny, drafter, torch.tensor([prompt]), max_new_tokens=at + 2, temperature=temperature,
                        block_size=block_size, dloop=dloop, seed=seed, static_cache=static_cache)
-        counts[res.tokens[1], res.tokens[2]] += 1
+        counts[res.tokens[at], res.tokens[at + 1]] += 1
         accepted += res.accepted_per_round[:1]
     expected = exact * n
     stat = chi_square(counts, expected)
     assert stat < chi2_critical(dof_after_pooling(expected)), stat
     if drafter is not None:
         assert {0, 1} <= set(accepted)  # rejections, partial and full acceptances all happened
-        wrong = q_joint(drafter) * n  # power: the draft's own distribution is clearly rejected
-        assert chi_square(counts, wrong) > 5 * chi2_critical(dof_after_pooling(wrong))
+        if dloop:
+            assert 2 in accepted  # both stages' drafts accepted in one verification
+        else:
+            wrong = q_joint(drafter) * n  # power: the draft's own distribution is clearly rejected
+            assert chi_square(counts, wrong) > 5 * chi2_critical(dof_after_pooling(wrong))
 
 
 def test_same_seed_same_sample(tiny):
@@ -147,3 +153,22 @@ def test_pairs_cover_many_cells(tiny):
     """Guard for the chi-square test: the tiny target's (x1, x2) distribution is spread over cells."""
     exact = exact_joint(tiny, [3, 5, 2, 6], 1.0)
     assert sum(1 for i, j in itertools.product(range(V), range(V)) if exact[i, j] * 2000 >= 5) >= 8
+
+
+def test_exact_joint_later_pairs_marginalise_the_tokens_before(tiny):
+    """P(x_2, x_3) from the batched enumeration equals the sum over x_0, x_1 of the chain rule, one forward per
+    sequence; at = 1 is the (x_1, x_2) law."""
+    prompt = [3, 5, 2, 6]
+
+    def p(seq):
+        with torch.no_grad():
+            return torch.softmax(tiny.model(input_ids=torch.tensor([seq])).logits[0, -1].double(), -1)
+
+    brute = torch.zeros(V, V, dtype=torch.double)
+    for x0, p0 in enumerate(p(prompt)):
+        for x1, p1 in enumerate(p(prompt + [x0])):
+            for x2, p2 in enumerate(p(prompt + [x0, x1])):
+                brute[x2] += p0 * p1 * p2 * p(prompt + [x0, x1, x2])
+    later = exact_joint(tiny, prompt, at=2)
+    torch.testing.assert_close(later, brute, atol=1e-7, rtol=0)
+    assert float(later.sum()) == pytest.approx(1.0) and not torch.allclose(later, exact_joint(tiny, prompt))
