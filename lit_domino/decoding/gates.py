@@ -21,11 +21,12 @@ stage boundary decides on):
   by how the sequence's first stages have survived against P(whole | S) so far (``(hits + 1) / (Σ P + 1)``): the
   calibration pools the domains, and on the default drafters math and chat stages survived less often than it
   predicts. The gate prices its own read too: a read and the arithmetic on it cost 0.1-0.17 ms a round in the
-  default preset's decodes, 1-1.5 % of a round, paid even where no stage opens. A read earns what the stage it opens is modelled
-  to add (``gain / ρ - extra time``, seconds; nothing when it opens none), and once a sequence's reads, after the
-  first :attr:`RoundPolicy.READ_GRACE`, have earned less than they cost (the cost model's ``read_s`` each), the gate
-  reads only every :attr:`RoundPolicy.PROBE_EVERY`-th round until one pays again: where the drafter's stages are
-  rarely accepted whole (the default backbone on math opened no stage in 282 rounds) the round is then plain;
+  default preset's decodes, 1-1.5 % of a round, paid even where no stage opens. A read earns what the stage it
+  opens is modelled to add (``gain / ρ - extra time``, seconds; nothing when it opens none), and once a
+  sequence's reads, after the first :attr:`RoundPolicy.READ_GRACE`, have earned less than they cost (the cost
+  model's ``read_s`` each), the gate reads only every :attr:`RoundPolicy.PROBE_EVERY`-th round until one pays
+  again: where the drafter's stages are rarely accepted whole (the default backbone on math opened no stage in
+  282 rounds) the round is then plain;
 * ``truncate`` p: keep a stage's drafts while S_j >= p (the first stage keeps at least one), then end the round.
 
 Whatever the gate, no stage is drafted that could not emit a token: none after a stage that drafted an EOS (an
