@@ -7,6 +7,7 @@
     ...
     CUDA_VISIBLE_DEVICES=7 python experiments/regenerate.py --preset paper --shard 7/8 &
     wait; python experiments/regenerate.py --preset paper --merge
+    python experiments/regenerate.py --preset default --ship               # rebuild the sets the package ships
 
 The sets land in the artifact cache ($LIT_DOMINO_CACHE, default ./artifacts) under the keys that
 training's prepare_data looks up (use the same --variant/--preset/--seed/--set as the training run).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from lit_domino.decoding import hf_peers
 from lit_domino.decoding.dloop import DLoopConfig, dloop_label
 from lit_domino.decoding.engine import GenerationResult, check_compile, generate
-from lit_domino.decoding.metric_names import MethodKey
+from lit_domino.decoding.metric_names import COMPILED_AR, MethodKey
 from lit_domino.decoding.metrics import merge_results, summarize
 from lit_domino.models.sessions import check_pool_size
 
@@ -92,6 +93,7 @@ def benchmark(
     block_size: int | None = None,
     static_cache: bool = False,
     compile: bool = False,
+    compiled_baseline: bool = False,
     record_stages: bool = False,
     peers: Sequence[str] = (),
     assistant_model=None,
@@ -120,7 +122,11 @@ def benchmark(
     (others run once, with none); a mapping gives them per drafter name (a name it lacks: the full
     vocabulary). ``static_cache`` / ``compile``: :func:`generate`'s GPU-ready path for our AR baseline and
     every drafter alike (``compile``: a CUDA or CPU target; its untimed warm-up decodes every prompt in full,
-    so every graph is compiled before the timed decodes). ``record_stages``: drafter rows carry
+    so every graph is compiled before the timed decodes). ``compiled_baseline``: one more plain decoder, the
+    compiled one (``ar_compiled``: :func:`generate`'s compiled path with no drafter, the fastest plain decoder
+    the suite has; its warm-up decodes every prompt in full, untimed, and its row's ``warmup_s`` says how long
+    that took), and every row gains ``speedup_vs_compiled_ar`` beside ``speedup`` (over the eager plain
+    decoder, ``ar``). ``record_stages``: drafter rows carry
     ``stage_records`` (:class:`GenerationResult`; DLoop's calibration data). The AR baseline (``speedup`` 1) and
     ``hf_generate`` rows come first. Everything runs in this process, one method after
     another on each prompt in turn (interleaved, so drifting background load hits every
@@ -142,7 +148,7 @@ def benchmark(
         raise ValueError("the 'assisted' peer needs assistant_model (a small Hugging Face causal LM)")
     if not prompts or any(len(v) == 0 for v in prompts.values()):
         raise ValueError("benchmark needs at least one non-empty prompt set")
-    check_compile(compile, target.device)
+    check_compile(compile or compiled_baseline, target.device)
     pools_of = _per_drafter(pool_sizes, drafters, "pool_sizes")  # a name it lacks: the full vocabulary
     for P in {P for pools in pools_of.values() for P in pools}:
         check_pool_size(P, target.vocab_size)
@@ -168,8 +174,14 @@ def benchmark(
 
     methods: list[tuple[str, str, object, float, DLoopConfig | None, Callable]] = []
     keys: dict[str, MethodKey] = {}  # method label -> its key (the label is rendered from it, never parsed)
+    def compiled_ar(temperature, i):
+        return lambda ids, n: generate(target, None, ids, max_new_tokens=n, temperature=temperature, seed=seed + i,
+                                       compile=True)
+
     for temperature in temperatures:
         methods.append(("ar", "ar", None, temperature, None, lambda i, t=temperature: ours(None, t, None, i)))
+        if compiled_baseline and not compile:  # with compile on, "ar" is the compiled plain decoder already
+            methods.append((COMPILED_AR, "ar", None, temperature, None, lambda i, t=temperature: compiled_ar(t, i)))
         if hf_baseline:
             methods.append(("hf_generate", "hf", None, temperature, None,
                             lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
@@ -201,12 +213,16 @@ def benchmark(
     rows = []
     bar = _progress(repeats * len(methods) * sum(len(v) for v in prompts.values()), progress, "benchmark")
     for bench, items in prompts.items():
+        warmup_s: dict[str, float] = {}  # each method's untimed warm-up on this benchmark
         if warmup:  # untimed: lazy initialisation, allocator growth; compiled: every graph the timed decodes use
             #            (each prompt's verify widths and cache capacity), so no compilation is timed
-            for *_, make in methods:
-                for item in (items if compile else items[:1]):
-                    run_prompt(target, make(0), item, max_new_tokens=max_new_tokens if compile else
+            for label, *_, make in methods:
+                in_full = compile or label == COMPILED_AR
+                t0 = time.perf_counter()
+                for item in (items if in_full else items[:1]):
+                    run_prompt(target, make(0), item, max_new_tokens=max_new_tokens if in_full else
                                min(8, max_new_tokens), budget=budget)
+                warmup_s[label] = warmup_s.get(label, 0.0) + time.perf_counter() - t0
         outputs: list[list[GenerationResult]] = [[] for _ in methods]
         for i, item in enumerate(items):  # methods interleaved per prompt: background load hits all alike
             decodes: list[list[GenerationResult]] = [[] for _ in methods]
@@ -224,8 +240,11 @@ def benchmark(
         runs = [(*m[:5], out) for m, out in zip(methods, outputs)]
         base = {t: res for label, _, _, t, _, res in runs if label == "ar"}
         hf = {t: res for label, _, _, t, _, res in runs if label == "hf_generate"}
+        fastest = {t: res for label, _, _, t, _, res in runs if label == (COMPILED_AR if compiled_baseline and
+                                                                          not compile else "ar")}
         for label, kind, dname, temperature, dloop, results in runs:
-            row = summarize(results, base.get(temperature), hf.get(temperature))
+            row = summarize(results, base.get(temperature), hf.get(temperature),
+                            compiled_baseline=fastest.get(temperature) if compiled_baseline else None)
             if temperature > 0:  # sampled outputs differ from the baseline's by design
                 row["match_baseline"] = float("nan")
             bs = (block_size or int(drafters[dname].config.block_size)) if kind == "drafter" else None
@@ -233,6 +252,8 @@ def benchmark(
             row = {"benchmark": bench, "key": key.as_dict() if key else None, "method": label, "kind": kind,
                    "drafter": key.base().label() if key else None, "temperature": float(temperature),
                    "dloop": dloop_label(dloop), "pool_size": key.pool if key else None, "block_size": bs, **row}
+            if label == COMPILED_AR:
+                row["warmup_s"] = warmup_s.get(label, 0.0)  # untimed: the compile and a full decode of each prompt
             if kind == "hf":  # generate() reports no rounds
                 row.update(tau=float("nan"), tau_per_round=float("nan"), accepted_per_round=float("nan"),
                            stages_per_round=float("nan"))

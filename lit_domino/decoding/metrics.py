@@ -216,11 +216,14 @@ def summarize(
     baseline: Sequence[GenerationResult] | None = None,
     hf_baseline: Sequence[GenerationResult] | None = None,
     max_positions: int = 64,
+    *,
+    compiled_baseline: Sequence[GenerationResult] | None = None,
 ) -> dict:
     """Metrics of one method over a prompt set (JSON-ready floats).
 
-    ``baseline``: our AR results on the same prompts (→ ``speedup``); ``hf_baseline``:
-    Hugging Face ``generate`` results (→ ``speedup_vs_hf_generate``).
+    ``baseline``: our eager AR results on the same prompts (→ ``speedup``); ``hf_baseline``:
+    Hugging Face ``generate`` results (→ ``speedup_vs_hf_generate``); ``compiled_baseline``: the compiled plain
+    decoder's (→ ``speedup_vs_compiled_ar``).
     """
     tau, acc, pos, hist, stages = (AcceptanceLength(), AcceptedPerRound(), PositionAcceptance(max_positions),
                                    TauHistogram(max_positions + 1), StagesPerVerification())
@@ -252,6 +255,8 @@ def summarize(
         row["match_baseline"] = _nanmean(float(a.tokens == b.tokens) for a, b in zip(results, baseline))
     if hf_baseline is not None:
         row["speedup_vs_hf_generate"] = mean_tpot_ms(hf_baseline) / tpot if tpot > 0 else float("nan")
+    if compiled_baseline is not None:
+        row["speedup_vs_compiled_ar"] = mean_tpot_ms(compiled_baseline) / tpot if tpot > 0 else float("nan")
     if rounds:
         row.update({k: float(v) for k, v in pos.compute().items()})
     counts = hist.compute().tolist() if rounds else []

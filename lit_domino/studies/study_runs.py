@@ -30,8 +30,9 @@ STUDY_TAG = "study"
 VIEW_ID = "tau-speedup"
 """The saved view of an ablation experiment's runs table: ``#/experiments/<id>/runs?viewStateShareKey=tau-speedup``."""
 VIEW_NAME = "τ and speedup"
-KEY_METRICS = ("tau", "speedup")
-"""The metrics a study run aggregates over seeds, and the saved view's first columns."""
+KEY_METRICS = ("tau", "speedup", "speedup_vs_compiled_ar")
+"""The metrics a study run aggregates over seeds, and the saved view's first columns: ``speedup`` is over the eager
+plain decoder, ``speedup_vs_compiled_ar`` over the compiled one (a study that did not run it logs none)."""
 
 
 def _column(kind: str, key: str) -> str:

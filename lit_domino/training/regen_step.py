@@ -84,6 +84,8 @@ def check_options(args: Mapping) -> tuple[tuple[int, int] | None, list[str], dic
         check_server(args["server"], "--server")  # unreachable: one line, before anything is composed or written
     if args.get("merge"):
         check_any_chunks(splits)
+    if args.get("ship") and (shard is not None or args.get("merge") or args.get("server")):
+        raise UsageError("--ship regenerates whole sets here with HF generate: drop --shard, --merge and --server")
     return shard, splits, extra
 
 
@@ -158,6 +160,8 @@ def run_regenerate(options: Mapping | Any) -> dict:
     else:
         target = dm.load_target()
     progress = not args.get("no_progress")
+    if args.get("ship"):
+        return ship_sets(dm, target, splits, args["preset"], progress)
     out = {}
     for split in splits:
         cfg = dm.regen_config(split)
@@ -166,6 +170,24 @@ def run_regenerate(options: Mapping | Any) -> dict:
         else:
             regenerate(target, cfg, progress=progress, backend=backend, merge_only=bool(args.get("merge")))
             out[split] = {"path": str(regen_dir(target, cfg)), **regen_report(target, cfg)}
+    return out
+
+
+def ship_sets(dm, target, splits: list[str], preset: str, progress: bool = True) -> dict:
+    """``--ship``: regenerate each split from the target in the cache's ``shipping/`` folder (where no shipped copy
+    is ever installed, so what ships is always answered by the target) and write it as a shipped set."""
+    from lit_domino.data import shipped
+    from lit_domino.data.regenerate import regen_dir, regen_key, regen_report, regenerate
+    from lit_domino.runtime import cache
+
+    root = cache.cache_root() / "shipping"
+    out = {}
+    for split in splits:
+        cfg = dm.regen_config(split)
+        ds = regenerate(target, cfg, root=root, progress=progress, use_shipped=False)
+        folder = regen_dir(target, cfg)  # the folder name the user's cache will hold it under
+        path = shipped.ship(ds, regen_key(target, cfg), folder.name, regen_report(target, cfg, root), preset)
+        out[split] = {"shipped": str(path), "bytes": path.stat().st_size, "rows": len(ds)}
     return out
 
 
@@ -180,6 +202,7 @@ COMMAND_DOC = """Regenerate a preset's training data as its own step (before `tr
     ...
     CUDA_VISIBLE_DEVICES=7 python experiments/regenerate.py --preset paper --shard 7/8 &
     wait; python experiments/regenerate.py --preset paper --merge
+    python experiments/regenerate.py --preset default --ship               # rebuild the sets the package ships
 
 The sets land in the artifact cache ($LIT_DOMINO_CACHE, default ./artifacts) under the keys that
 training's prepare_data looks up (use the same --variant/--preset/--seed/--set as the training run).
@@ -211,6 +234,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     p.add_argument("--shard", default=None, metavar="i/N", help="answer only chunk k with k %% N == i")
     p.add_argument("--merge", action="store_true", help="only concatenate the finished chunks (after --shard workers)")
+    p.add_argument("--ship", action="store_true",
+                   help="regenerate the sets from the target (never from a shipped copy, in the cache's shipping/ "
+                        "folder) and write them into lit_domino/assets/regen/ (lit_domino/data/shipped.py)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 

@@ -212,3 +212,31 @@ def test_benchmark_repeats_reverse_the_order_and_keep_the_fastest(target):
     with pytest.raises(RuntimeError, match="different tokens"):
         benchmark(target, {}, {"toy": PROMPTS[:1]}, max_new_tokens=6, hf_baseline=False, warmup=False,
                   progress=False, external=shifty, repeats=2)
+
+
+def test_the_compiled_plain_decoder_is_a_second_baseline(target, monkeypatch):
+    """``compiled_baseline``: the compiled plain decoder (row ``ar_compiled``, warmed up on every prompt in full,
+    untimed) beside the eager one; every row's ``speedup_vs_compiled_ar`` is its time per token against it, where
+    ``speedup`` stays over the eager plain decoder. ``torch.compile`` is stubbed by a recording identity here (the
+    compiled graphs' tokens are tests/decoding/test_engine.py's), so only the baseline's plumbing is timed."""
+    import lit_domino.decoding.engine as engine
+
+    compiled = []
+    monkeypatch.setattr(engine, "compile_decode_step", lambda fn, device: compiled.append(fn) or fn)
+    monkeypatch.setattr(target, "_compiled_forward", (None, None), raising=False)
+    torch.manual_seed(0)
+    backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)
+    rows = benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:2]}, max_new_tokens=8, hf_baseline=False,
+                     compiled_baseline=True, progress=False)
+    assert compiled, "the compiled plain decoder did not go through the compiled forward"
+    by = {r["method"]: r for r in rows}
+    assert list(by) == ["ar", "ar_compiled", "bb"]
+    ar, fast, bb = by["ar"], by["ar_compiled"], by["bb"]
+    assert fast["match_baseline"] == 1.0 and fast["kind"] == "ar" and fast["warmup_s"] > 0
+    assert "warmup_s" not in ar and "warmup_s" not in bb
+    for row in rows:
+        assert row["speedup"] == pytest.approx(ar["tpot_ms"] / row["tpot_ms"])
+        assert row["speedup_vs_compiled_ar"] == pytest.approx(fast["tpot_ms"] / row["tpot_ms"])
+    plain = benchmark(target, {"bb": backbone}, {"toy": PROMPTS[:1]}, max_new_tokens=8, hf_baseline=False,
+                      warmup=False, progress=False)
+    assert all("speedup_vs_compiled_ar" not in r for r in plain) and [r["method"] for r in plain] == ["ar", "bb"]

@@ -318,3 +318,34 @@ def test_every_training_is_on_the_clock_before_the_first_stage():
     assert [s.reference for s in clock.stages.values()] == [10.0, 10.0, 20.0, 20.0]
     assert all(s.parallel for s in clock.stages.values())
     assert clock.eta_seconds() == 60.0 / 2  # two workers share the four trainings
+
+
+def test_tables_give_the_speedup_over_both_plain_decoders_labelled():
+    """Where the decode ran the compiled plain decoder, the main table has its speedup columns beside the eager
+    one's, and the ablation rows of metric speedup say both; the labels name which plain decoder each is over.
+    Rows of a decode without it keep today's columns."""
+    from lit_domino.decoding.metric_names import MethodKey
+    from lit_domino.studies.tables import ablation_table, main_table, records_from_rows
+
+    def row(variant, seed, domain, tau, eager, compiled=None):
+        key = MethodKey(variant, seed)
+        r = {"kind": "drafter", "key": key.as_dict(), "drafter": key.label(), "method": key.label(),
+             "pool_size": None, "benchmark": domain, "temperature": 0.0, "tau": tau, "speedup": eager}
+        return r if compiled is None else {**r, "speedup_vs_compiled_ar": compiled}
+
+    rows = [row(v, s, d, 3.0 + s, e + 0.1 * s, c + 0.1 * s) for v, e, c in (("backbone", 1.2, 0.5),
+                                                                              ("domino", 1.5, 0.7))
+            for s in (0, 1) for d in ("math", "code")]
+    records = records_from_rows(rows)
+    main = main_table(records, ["math", "code"])
+    assert main["speedups"] == ["speedup", "speedup_vs_compiled_ar"]
+    header = main["markdown"].splitlines()[0]
+    assert "avg speedup (eager plain)" in header and "avg speedup (compiled plain)" in header
+    domino = next(r for r in main["rows"] if r["variant"] == "domino")
+    assert domino["avg/speedup_vs_compiled_ar"][0] == pytest.approx(0.75)
+    head = next(r for r in ablation_table(records)["rows"] if r["study"] == "head")
+    assert head["compiled_from"][0] == pytest.approx(0.55) and head["compiled_to"][0] == pytest.approx(0.75)
+    assert "speedup (compiled plain)" in ablation_table(records)["markdown"]
+    eager_only = records_from_rows([{k: v for k, v in r.items() if k != "speedup_vs_compiled_ar"} for r in rows])
+    assert main_table(eager_only, ["math", "code"])["speedups"] == ["speedup"]
+    assert "compiled" not in ablation_table(eager_only)["markdown"]
