@@ -30,7 +30,7 @@ CARD_NAME = "target_card.json"
 RECIPE_SUFFIX = "@recipe"
 """``embedded:large@recipe``: the recipe's own build, never the shipped copy."""
 REBUILD_HINT = ("reinstall lit_domino, rebuild the shipped copy with `python experiments/build_target.py --preset "
-                "{name} --ship` (about an hour on 2 CPU cores), or use the recipe's own build: "
+                "{name} --ship` (10 min to an hour on 2 CPU cores), or use the recipe's own build: "
                 "data.target=embedded:{name}@recipe")
 
 
