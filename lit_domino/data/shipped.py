@@ -124,7 +124,8 @@ def _gzip_jsonl(rows) -> bytes:
 
 def ship(dataset, key: dict, folder_name: str, report: dict, preset: str, root: Path | None = None) -> Path:
     """Write a regenerated ``dataset`` (its cache key ``key``, cache folder ``folder_name``) as a shipped set and
-    record it in the manifest, replacing any set shipped for the same split and settings (an older target's)."""
+    record it in the manifest, replacing the set ``preset`` shipped for the same split before (an older target's, or
+    other prompts')."""
     root = Path(root or SHIPPED_REGEN_ROOT)
     root.mkdir(parents=True, exist_ok=True)
     name = f"{folder_name}.jsonl.gz"
@@ -132,8 +133,9 @@ def ship(dataset, key: dict, folder_name: str, report: dict, preset: str, root: 
     (root / name).write_bytes(data)
     sets = read_manifest(root)
     key = cache.to_jsonable(key)
-    stale = [k for k, e in sets.items() if k != folder_name and e["key"]["regen"] == key["regen"]]
-    for k in stale:  # the same prompts answered by an older target: its file goes too
+    stale = [k for k, e in sets.items() if k != folder_name and e["preset"] == preset
+             and e["key"]["regen"]["split"] == key["regen"]["split"]]
+    for k in stale:  # what this preset shipped for this split before: its file goes too
         (root / sets.pop(k)["file"]).unlink(missing_ok=True)
     sets[folder_name] = {"file": name, "bytes": len(data), "sha256": cache.file_sha256(root / name), "key": key,
                          "preset": preset, "rows": len(dataset),

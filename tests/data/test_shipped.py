@@ -133,3 +133,20 @@ def test_the_shipped_default_sets_are_what_the_shipped_target_answers():
         answer = answer[: eos[0] + 1] if eos else answer
         same += answer == shipped_answer
     assert same / len(sample) >= AGREEMENT, f"{same} of {len(sample)} sampled answers equal the shipped ones"
+
+
+def test_shipping_a_presets_split_again_replaces_what_it_shipped(tiny_target, shipped_root, tmp_path):
+    """Re-shipping a preset's split (other prompts, or another target) leaves one set per preset and split."""
+    from dataclasses import replace
+
+    root, ds = shipped_root
+    name = regen_dir(tiny_target, CFG).name
+    entry = shipped.read_manifest(root)[name]
+    shipped.ship(ds, entry["key"], name, entry["report"], "unit", root=tmp_path)
+    other = replace(CFG, domains=(("math", 4),))
+    shipped.ship(ds, regen_key(tiny_target, other), regen_dir(tiny_target, other).name, entry["report"], "unit",
+                 root=tmp_path)
+    shipped.ship(ds, regen_key(tiny_target, other), "train-0123456789ab", entry["report"], "another", root=tmp_path)
+    sets = shipped.read_manifest(tmp_path)
+    assert sorted(sets) == sorted([regen_dir(tiny_target, other).name, "train-0123456789ab"])
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl.gz")) == sorted(e["file"] for e in sets.values())
