@@ -107,8 +107,10 @@ def acceptance_figure(records: list[dict], plan: dict, path: Path) -> Path:
     """Per drafter, the per-position acceptance curve of every objective (the shape each trades): a PNG."""
     from matplotlib.figure import Figure
 
+    from matplotlib.ticker import MaxNLocator
+
     drafters = plan["drafters"]
-    fig = Figure(figsize=(4.2 * len(drafters), 3.8))
+    fig = Figure(figsize=(4.2 * len(drafters) + 2.6, 3.8))
     axes = fig.subplots(1, len(drafters), squeeze=False)[0]
     for ax, drafter in zip(axes, drafters):
         for row, rates in position_curves(records, plan, drafter).items():
@@ -116,10 +118,11 @@ def acceptance_figure(records: list[dict], plan: dict, path: Path) -> Path:
                     linewidth=2.2 if row == OWN else 1.2, color="black" if row == OWN else None)
         ax.set_title(drafter)
         ax.set_xlabel("draft position k")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("P(k accepted | < k accepted)")
-    axes[-1].legend(fontsize=7, loc="lower left")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"per-position acceptance by training objective ({plan['preset']}; mean over seeds and domains)",
                  fontsize=9)
     fig.tight_layout()
