@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from lit_domino.models.objectives import terms
-from lit_domino.models.objectives.divergences import AgainstTarget
+from lit_domino.models.objectives.divergences import AgainstTarget, OnAcceptance
 from lit_domino.models.objectives.registry import (check_choice, check_number, neutral, register_objective,
     reverse_cumsum)
 
@@ -69,7 +69,7 @@ TAU_FORMS = ("neg", "log")
 
 @register_objective
 @dataclass(frozen=True)
-class ExpectedTau(AgainstTarget):
+class ExpectedTau(OnAcceptance):
     """A differentiable surrogate of the acceptance length: per block ``E[τ] = 1 + Σ_j v_j Π_{i≤j} α_i`` (the
     expected committed tokens of one round, bonus included, when each position is accepted with probability α
     given the earlier ones), differentiated through every α; loss ``−mean E[τ]`` (``form: neg``) or ``−mean
@@ -86,14 +86,6 @@ class ExpectedTau(AgainstTarget):
     def __post_init__(self):
         super().__post_init__()
         check_choice("form", self.form, TAU_FORMS)
-
-    @property
-    def stat_names(self) -> tuple[str, ...]:
-        return ("alpha",)
-
-    def row_stats(self, logits, labels, target_logits):
-        logq, logp = self.log_qp(logits, target_logits)
-        return {"alpha": terms.overlap(logp, logq)}
 
     def reduce(self, stats, valid, weights):
         alpha = stats["alpha"]

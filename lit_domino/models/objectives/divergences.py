@@ -43,6 +43,19 @@ class AgainstTarget(Objective):
         return {"accept_rate": weighted_mean(stats["alpha"].detach(), valid, weights)} if "alpha" in stats else {}
 
 
+@dataclass(frozen=True)
+class OnAcceptance(AgainstTarget):
+    """An objective of the acceptance rates α alone (its one per-row statistic)."""
+
+    @property
+    def stat_names(self) -> tuple[str, ...]:
+        return ("alpha",)
+
+    def row_stats(self, logits, labels, target_logits):
+        logq, logp = self.log_qp(logits, target_logits)
+        return {"alpha": terms.overlap(logp, logq)}
+
+
 @register_objective
 @dataclass(frozen=True)
 class KL(AgainstTarget):
@@ -66,7 +79,7 @@ class KL(AgainstTarget):
 
 @register_objective
 @dataclass(frozen=True)
-class TV(AgainstTarget):
+class TV(OnAcceptance):
     """Total variation to the target: ``⟨1 − α_k⟩ = ⟨TV(p_k, q_k)⟩`` (DSpark's distillation term, here alone):
     the rejection rate itself, whose gradient vanishes where q and p do not overlap."""
 
@@ -74,21 +87,13 @@ class TV(AgainstTarget):
     paper = "DSpark / DeepSpec's TV term; LK (arXiv 2602.23881) on TV as the acceptance-optimal target"
     public = "speculators.losses.eager.tv_loss"
 
-    @property
-    def stat_names(self) -> tuple[str, ...]:
-        return ("alpha",)
-
-    def row_stats(self, logits, labels, target_logits):
-        logq, logp = self.log_qp(logits, target_logits)
-        return {"alpha": terms.overlap(logp, logq)}
-
     def reduce(self, stats, valid, weights):
         return weighted_mean(1.0 - stats["alpha"], valid, weights), self.accept_log(stats, valid, weights)
 
 
 @register_objective
 @dataclass(frozen=True)
-class LKAlpha(AgainstTarget):
+class LKAlpha(OnAcceptance):
     """LK^α: the negative log acceptance rate, ``⟨−log α_k⟩`` (its gradient is TV's over α: usable from a cold
     start; a point-mass p makes it the CE). The variants differ only where α is (numerically) 0:
     ``speculators`` floors α at 1e-5 (``−log max(α, 1e-5)``), ``specforge`` counts such a position as 0
@@ -106,14 +111,6 @@ class LKAlpha(AgainstTarget):
     def __post_init__(self):
         super().__post_init__()
         check_choice("variant", self.variant, LK_VARIANTS)
-
-    @property
-    def stat_names(self) -> tuple[str, ...]:
-        return ("alpha",)
-
-    def row_stats(self, logits, labels, target_logits):
-        logq, logp = self.log_qp(logits, target_logits)
-        return {"alpha": terms.overlap(logp, logq)}
 
     def reduce(self, stats, valid, weights):
         alpha = stats["alpha"]
