@@ -67,10 +67,12 @@ def check_names(preset: str, drafters=None, objectives=None, study_file: Path = 
     return plan
 
 
-def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_file: Path = STUDY_FILE) -> dict:
+def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_file: Path = STUDY_FILE,
+               overrides: dict | None = None) -> dict:
     """The study's settings on ``preset`` (arguments over the preset's section over the file's): drafters, the
-    objective rows and their specs (each checked by the registry: one line naming the row), seeds, evaluation.
-    :class:`UsageError` for anything unknown; nothing heavy is built."""
+    objective rows and their specs (each checked by the registry: one line naming the row), seeds, evaluation,
+    and ``overrides``: dotted training-config keys every training takes (the ablation's ``--set``; they change
+    the drafters' cache keys). :class:`UsageError` for anything unknown; nothing heavy is built."""
     from lit_domino.models.objectives import build_objective
     from lit_domino.studies.tables import decode_pool_size
 
@@ -87,6 +89,9 @@ def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_fi
     plan.update(prompts=dict(section["prompts"]), max_new_tokens=int(section["max_new_tokens"]),
                 threads=section.get("threads"), temperatures=[0.0], peers=[], exact_head=[], inner_backbone=[],
                 pool_size=decode_pool_size(preset))
+    plan["overrides"] = dict(overrides or {})
+    if any(key.split(".")[0] == "model" and "objective" in key.split(".")[1:3] for key in plan["overrides"]):
+        raise UsageError("--set model.objective: the study sets each row's objective (choose rows with --objectives)")
     plan["labels"] = dict(study.get("labels") or {})
     plan["published"] = dict(study.get("published") or {})
     return plan
@@ -130,7 +135,7 @@ def study_configs(plan: dict) -> list[tuple[str, str, dict]]:
     for drafter in plan["drafters"]:
         for row in rows_of(plan, drafter):
             spec = plan["specs"][row]
-            overrides = None if spec is None else {"model.objective": copy.deepcopy(spec)}
+            overrides = {**plan["overrides"], **({} if spec is None else {"model.objective": copy.deepcopy(spec)})}
             configs = [load_config(drafter, plan["preset"], seed, overrides) for seed in plan["seeds"]]
             for cfg in configs:
                 if spec is not None:
@@ -156,11 +161,12 @@ def default_out_dir(preset: str) -> Path:
 
 def run_objectives_study(preset: str = "smoke", drafters=None, objectives=None, seeds=None,
                          out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True,
-                         jobs: int | str = "auto") -> dict:
-    """The whole study (the module docstring) -> ``{"tables", "rows", "records", "trained", "plan", "seconds"}``."""
+                         jobs: int | str = "auto", overrides: dict | None = None) -> dict:
+    """The whole study (the module docstring) -> ``{"tables", "rows", "records", "trained", "plan", "seconds"}``.
+    ``overrides``: dotted training-config keys for every training (:func:`study_plan`)."""
     from lit_domino.studies.study_runs import StudyRun
 
-    plan = study_plan(preset, drafters, objectives, seeds)
+    plan = study_plan(preset, drafters, objectives, seeds, overrides=overrides)
     with (StudyRun() if mlflow_enabled else nullcontext()) as study:
         return _run(plan, Path(out_dir or default_out_dir(preset)), progress, study, jobs)
 
@@ -213,7 +219,8 @@ def _run(plan: dict, out_dir: Path, progress: bool, study, jobs) -> dict:
                out_dir / "training.json")
     seconds = time.time() - t0
     write_json({"preset": preset, "seconds": round(seconds, 1), "drafters": plan["drafters"],
-                "objectives": plan["specs"], "seeds": plan["seeds"], "lossless": True}, out_dir / "summary.json")
+                "objectives": plan["specs"], "seeds": plan["seeds"], "overrides": plan["overrides"], "lossless": True},
+               out_dir / "summary.json")
     files += [out_dir / "rows.json", out_dir / "training.json", out_dir / "summary.json"]
     if study is not None:
         log_to_mlflow(plan, trained, records, study, files, plots)
@@ -248,9 +255,9 @@ def log_to_mlflow(plan: dict, trained: list, records: list[dict], study, files: 
     study.log(records, list(plan["prompts"]), files, plots)
 
 
-def check_plan(preset: str, drafters=None, objectives=None, seeds=None) -> dict:
+def check_plan(preset: str, drafters=None, objectives=None, seeds=None, overrides: dict | None = None) -> dict:
     """:func:`study_plan` with every training config parsed (the command's checks before anything is built)."""
-    plan = study_plan(preset, drafters, objectives, seeds)
+    plan = study_plan(preset, drafters, objectives, seeds, overrides=overrides)
     study_configs(plan)
     return plan
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lit_domino.runtime.command import CommandParser, run_command
 from lit_domino.studies.ablation import jobs_arg, seed_list
+from lit_domino.training.configs import parse_override
 
 COMMAND_DOC = """The objectives study: each block drafter trained on each training objective, decoded, ranked in τ.
 
@@ -42,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--objectives", default=None, help="comma-separated rows of the study file (default: the "
                         "preset's; own, the drafter's own loss, is always in)")
     parser.add_argument("--seeds", default=None, type=seed_list, help="comma-separated seeds (default: the preset's)")
+    parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
+                        help="a training config key for every training, VALUE in YAML (e.g. trainer.max_epochs=1; "
+                             "repeatable; new cache keys: pair it with --out)")
     parser.add_argument("--out", default=None, help="output directory (default: results/objectives-<preset>)")
     parser.add_argument("--jobs", default="auto", type=jobs_arg, help="trainings at once in worker processes "
                         "(default auto: 2 on a CPU machine with 2+ cores)")
@@ -80,6 +84,8 @@ def _run(argv: list[str]):
         return costs
     from lit_domino.studies.objectives import check_plan, run_objectives_study
 
-    check_plan(args.preset, drafters, objectives, args.seeds)  # every training config parsed: a bad one is one line
+    overrides = dict(args.set)
+    check_plan(args.preset, drafters, objectives, args.seeds, overrides)  # every training config parsed: one line
     return run_objectives_study(args.preset, drafters, objectives, args.seeds, out_dir=args.out,
-                                progress=not args.no_progress, mlflow_enabled=not args.no_mlflow, jobs=args.jobs)
+                                progress=not args.no_progress, mlflow_enabled=not args.no_mlflow, jobs=args.jobs,
+                                overrides=overrides)

@@ -89,6 +89,7 @@ def test_the_command_refuses_bad_input_in_one_line(capsys):
     from lit_domino.studies.objectives_command import main
 
     for argv, message in ((["--drafters", "backbon"], "unknown drafters 'backbon' (did you mean backbone?)"),
+                          (["--set", "model.objective=kl"], "the study sets each row's objective"),
                           (["--preset", "paper"], "has no plan for preset 'paper'"),
                           (["--seeds", "x"], "seeds are integers")):
         with pytest.raises(SystemExit) as exit_:
@@ -114,8 +115,9 @@ def test_the_smoke_study_end_to_end(smoke_target_dir, tmp_path):
     from lit_domino.runtime.tracking import default_tracking_uri
     from lit_domino.studies.objectives import run_objectives_study
 
+    lean = {"data.train_examples": {"math": 24, "code": 12, "chat": 12}, "trainer.max_epochs": 1}  # ~2 min in all
     out = run_objectives_study("smoke", drafters=["backbone"], objectives=["kl"], out_dir=tmp_path, progress=False,
-                               jobs=1)
+                               jobs=1, overrides=lean)
     assert [t.variant for t in out["trained"]] == ["backbone/own", "backbone/kl"]
     assert {r["domain"] for r in out["records"]} == set(out["plan"]["prompts"])
     assert all(r["match_baseline"] == 1.0 for r in out["records"])

@@ -29,7 +29,7 @@ class PositionCE(Objective):
     distillation term (their confidence / selector terms stay). No settings."""
 
     name = "ce"
-    paper = "DFlash (arXiv 2602.06036): CE with exp(−(k−1)/γ) position weights"
+    paper = "DFlash (z-lab's public training code): CE with exp(−(k−1)/γ) position weights"
     public = ("the suite's own block CE (objectives.losses.weighted_block_ce); SpecForge's OnlineDFlashModel "
               "loss_type='dflash' normalises the same sum the same way")
 

@@ -46,7 +46,7 @@ class Objective:
     name: ClassVar[str] = ""
     """The name a config selects it by."""
     paper: ClassVar[str] = ""
-    """Where the objective is defined (paper and arXiv id)."""
+    """Where the objective is defined (the paper, its arXiv id where it has one)."""
     public: ClassVar[str] = ""
     """The public function(s) its tests compare it with (loss and gradient), or the reference it follows."""
 
