@@ -43,6 +43,7 @@ from lit_domino.models import Drafter, build_drafter
 from lit_domino.models.layers import TrainOptions
 from lit_domino.models.objectives import (DEFAULT_CHUNK_SIZE, LossSettings, check_block_size, check_chunk_size,
     position_weights)
+from lit_domino.lit import objective as _objective
 from lit_domino.target.load import Target, load_target
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ class DrafterModule(L.LightningModule):
         attention: training attention masks: ``auto`` (flex-attention block masks on CUDA, dense on CPU),
             ``dense`` (boolean mask tensors) or ``flex`` (CUDA only). Same results either way.
         activation_checkpointing: recompute each draft layer's activations in the backward pass.
+        objective: the training objective (``lit_domino.models.objectives``: a name or ``{name: ..., <setting>:
+            ...}``); None = the method's own loss, as before objectives were selectable (``docs/objectives.md``).
     """
 
     variant: str = "drafter"
@@ -170,6 +173,7 @@ class DrafterModule(L.LightningModule):
         loss_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         attention: Literal["auto", "dense", "flex"] = "auto",
         activation_checkpointing: bool = False,
+        objective: dict[str, Any] | str | None = None,
     ):
         super().__init__()
         check_chunk_size(loss_chunk_size)
@@ -186,6 +190,7 @@ class DrafterModule(L.LightningModule):
         self.save_hyperparameters(ignore=["target"])
         self.hparams["target"] = str(target) if isinstance(target, (str, Path)) else getattr(target, "name", "target")
         self.hparams["betas"] = tuple(float(b) for b in betas)
+        self.set_objective(objective)  # checked here: a bad objective fails at construction
         # validated here: γ ≤ 0 fails at construction, not at the first step
         self.register_buffer("position_weights", position_weights(block_size, gamma), persistent=False)
         self.drafter: Drafter | None = None
@@ -193,6 +198,17 @@ class DrafterModule(L.LightningModule):
         self._target = None
         self.val_acc = PositionAccuracy(self.metric_block_size)
         self.val_prefix = PrefixAcceptance(self.metric_block_size)
+
+    # ------------------------------------------------------------------ the selected objective (lit/objective.py)
+
+    supports_objective: bool = False
+    """Whether the method's loss takes a selected objective (the block drafters and EAGLE-3 do)."""
+    set_objective = _objective.set_objective
+    reads_target_layer = _objective.reads_target_layer
+    drafter_feature_layers = _objective.drafter_feature_layers
+    data_feature_layers = _objective.data_feature_layers
+    split_target_layer = _objective.split_target_layer
+    attach_target = _objective.attach_target
 
     # ------------------------------------------------------------------ variant hooks
 
@@ -220,7 +236,8 @@ class DrafterModule(L.LightningModule):
 
     def loss_settings(self, lam: float = 0.0) -> LossSettings:
         """What the method's ``block_loss`` needs from this module (position weights; λ for Domino; chunking)."""
-        return LossSettings(self.position_weights, lam=lam, chunk_size=self.hparams.loss_chunk_size)
+        return LossSettings(self.position_weights, lam=lam, chunk_size=self.hparams.loss_chunk_size,
+                            objective=self.objective)
 
     @property
     def with_logits(self) -> bool:
@@ -320,14 +337,14 @@ class DrafterModule(L.LightningModule):
             **dict(self.hparams.drafter_options or {}),
         }
         if feature_layers is not None and self.uses_features:
-            options["feature_layers"] = [int(j) for j in feature_layers]
+            options["feature_layers"] = self.drafter_feature_layers([int(j) for j in feature_layers], target)
         # without them, the method config's from_target applies its rule (DFlash / EAGLE-3 / none)
         drafter = self.apply_train_options(self.create_drafter(target, options))
         config = drafter.config
         self.drafter_config = config
         self.drafter = drafter
         # recorded: a checkpoint (load_from_checkpoint) rebuilds the same drafter
-        self.hparams["feature_layers"] = list(config.feature_layers) if self.uses_features else None
+        self.hparams["feature_layers"] = self.data_feature_layers(config, target) if self.uses_features else None
         return drafter
 
     def _target_to_device(self) -> None:

@@ -23,7 +23,8 @@ class DFlash2Module(BackboneModule):
         head: the convolutions and the candidate selector, :class:`~lit_domino.models.dflash2.DFlash2HeadConfig`
             (rank r, ``top_k``, ``conv_kernel_size``, ``conv_group_size``, declared and checked there; the bounds
             that need the target's widths when the drafter is built; ``model.head.rank`` in a config).
-        selector_weight: α, the selector CE's weight (speculators' ``selector_loss_alpha``, 1.0).
+        selector_weight: α, the selector CE's weight (speculators' ``selector_loss_alpha``, 1.0). A selected
+            ``objective`` replaces the KL; the selector term stays.
 
     Logs ``train/loss_kl``, ``train/loss_selector``, ``train/unary_accept_rate`` (1 − TV of the unary q) and
     ``train/candidate_recall`` (how often the unary top-c holds the target's argmax).

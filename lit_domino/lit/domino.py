@@ -12,7 +12,8 @@ from lit_domino.models.objectives import LambdaSchedule
 
 
 class DominoModule(DrafterModule):
-    """Domino: ``loss = λ_t·CE(L_base) + (1−λ_t)·CE(L_final)``, both position-weighted.
+    """Domino: ``loss = λ_t·CE(L_base) + (1−λ_t)·CE(L_final)``, both position-weighted (a selected ``objective``
+    J in place of the CE: ``λ_t·J(L_base) + (1−λ_t)·J(L_final)``).
 
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s):
         head: the causal head, :class:`~lit_domino.models.domino.DominoHeadConfig` (its rank r and GRU
@@ -30,6 +31,7 @@ class DominoModule(DrafterModule):
 
     variant = "domino"
     drafter_class = DominoDrafter
+    supports_objective = True
 
     def __init__(
         self,
@@ -61,11 +63,13 @@ class DominoModule(DrafterModule):
 
     def forward_step(self, batch: dict, stage: str) -> StepOutput:
         causal = self.hparams.causal_inputs if stage == "train" else "teacher_forced"
+        features, last = self.split_target_layer(batch["features"])
         out = self.drafter.forward_train(
-            batch["input_ids"], batch["features"], batch["anchors"], batch["anchor_mask"],
+            batch["input_ids"], features, batch["anchors"], batch["anchor_mask"],
             loss_mask=batch["loss_mask"], attention_mask=batch["attention_mask"], causal_inputs=causal,
             with_logits=self.with_logits,
         )
+        self.attach_target(out, last, batch)
         if stage == "train":
             lam = self.current_lambda()
             loss, logs = self.drafter.block_loss(out, self.loss_settings(lam))

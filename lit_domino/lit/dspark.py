@@ -24,7 +24,8 @@ class DSparkModule(BackboneModule):
             ``model.head.rank`` in a config).
         sample_from_anchor: DeepSpec's anchor convention (the anchor slot predicts too: B-1 query rows per
             block of ``block_size`` B, the same B-1 drafted tokens); False: speculators' default layout.
-        ce_weight, tv_weight, confidence_weight: the objective's weights (DeepSpec's 0.1, 0.9, 1.0).
+        ce_weight, tv_weight, confidence_weight: the objective's weights (DeepSpec's 0.1, 0.9, 1.0). A selected
+            ``objective`` replaces ``ce_weight·CE + tv_weight·TV``; the confidence term stays.
 
     Logs ``train/loss_ce``, ``train/loss_tv``, ``train/loss_conf``, ``train/accept_rate`` (= 1 − TV).
     """
@@ -53,6 +54,9 @@ class DSparkModule(BackboneModule):
             raise ValueError(f"confidence_weight={confidence_weight} asks for a confidence loss, but head.confidence "
                              "is false (the drafter has no confidence head): set confidence_weight: 0")
         super().__init__(**kwargs)
+        if self.objective is not None and (ce_weight, tv_weight) != (0.1, 0.9):
+            raise ValueError(f"ce_weight/tv_weight weigh DeepSpec's CE + TV, which objective {self.objective.name!r} "
+                             "replaces (the confidence_weight stays): drop them")
         self.head_config = head
         self.hparams["head"] = dataclasses.asdict(head)  # plain types: torch.load(weights_only=True) reads it
         self.check_drafter_options()

@@ -12,7 +12,8 @@ from lit_domino.models.objectives import IGNORE_INDEX
 class Eagle3Module(DrafterModule):
     """EAGLE-3: one decoder layer over ``[embed(token); fused feature]``, unrolled ``ttt_steps`` steps.
 
-    Loss ``Σ_s decay^s · L_s`` (decay 0.8, EAGLE-3's). Per-position metrics treat
+    Loss ``Σ_s decay^s · L_s`` (decay 0.8, EAGLE-3's), or a selected ``objective`` over the TTT chains (one that
+    needs the target's distribution is refused: the EAGLE-3 features do not carry it). Per-position metrics treat
     TTT step s as draft position ``s+1`` of a chain (``metric_block_size = ttt_steps + 1``).
 
     Args (beyond :class:`~lit_domino.lit.base.DrafterModule`'s; ``block_size`` and ``num_layers``
@@ -24,6 +25,7 @@ class Eagle3Module(DrafterModule):
     variant = "eagle3"
     drafter_class = Eagle3Drafter
     uses_blocks = False
+    supports_objective = True
 
     def __init__(self, ttt_steps: int = Eagle3Config.ttt_steps, step_decay: float = 0.8, **kwargs):
         check_positive(ttt_steps=ttt_steps)
@@ -44,7 +46,8 @@ class Eagle3Module(DrafterModule):
             attention_mask=batch["attention_mask"], with_logits=False,
         )
         loss, per_step, preds = self.drafter.train_loss(out, self.hparams.step_decay, with_preds=stage != "train",
-                                                        chunk_size=self.hparams.loss_chunk_size)
+                                                        chunk_size=self.hparams.loss_chunk_size,
+                                                        objective=self.objective)
         logs = {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
         chains = chain_view(preds, out.labels) if preds else (None, None)
         return StepOutput(loss=loss, logs=logs, preds=chains[0], labels=chains[1])

@@ -24,7 +24,8 @@ from lit_domino.models.layers import (DecoderLayer, KVCache, RMSNorm, StaticKVCa
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import DraftSession, StageDraft, Stage, compile_for, pick_tokens
-from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, weighted_block_ce
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, uses_own_loss, weighted_block_ce
+from lit_domino.models.objectives.blocks import parallel_objective
 
 
 @dataclass
@@ -453,7 +454,10 @@ class ParallelDrafter(Drafter):
 
     def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
         """The position-weighted block CE on the base logits → (loss, parts to log); from the materialised
-        logits when the forward made them, else chunk by chunk at the labelled positions (the lean path)."""
+        logits when the forward made them, else chunk by chunk at the labelled positions (the lean path). A
+        selected objective other than ``ce``: :func:`~lit_domino.models.objectives.blocks.parallel_objective`."""
+        if not uses_own_loss(settings):
+            return parallel_objective(self, out, settings)
         if out.logits is not None:
             loss = weighted_block_ce(out.logits, out.labels, settings.position_weights)
         else:

@@ -52,7 +52,9 @@ from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, is_greedy, pool_stage
-from lit_domino.models.objectives import LossSettings, chunked_row_sums, label_rows
+from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, chunked_row_sums, label_rows
+from lit_domino.models.objectives.blocks import block_objective, dense, objective_rows
+from lit_domino.models.objectives.registry import weighted_mean
 
 
 def _positive_int(value) -> bool:
@@ -426,18 +428,27 @@ class DFlash2Drafter(DistilledDrafter):
         logp = torch.log_softmax(target_logits.float(), -1)
         p = logp.exp()
         kl = (p * (logp - logq)).sum(-1)
-        cand, slot, held = training_candidates(self.selector.candidates(unary), target_logits.argmax(-1))
-        sel = F.cross_entropy(self.selector.scores(unary, hidden, prev, cand).float(), slot, reduction="none")
+        sel, held = self.selector_ce(unary, hidden, prev, target_logits)
         with torch.no_grad():
             tv = 0.5 * (logq.exp() - p).abs().sum(-1)
         return kl, sel, tv, held.float()
 
+    def selector_ce(self, unary: torch.Tensor, hidden: torch.Tensor, prev: torch.Tensor,
+                    target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selector's c-way CE per row (the target's argmax in the weakest slot when the unary top-c misses
+        it) and whether the top-c held it (float, no gradient)."""
+        cand, slot, held = training_candidates(self.selector.candidates(unary), target_logits.argmax(-1))
+        return F.cross_entropy(self.selector.scores(unary, hidden, prev, cand).float(), slot, reduction="none"), held
+
     def block_loss(self, out: DFlash2Output, settings: LossSettings) -> tuple[torch.Tensor, dict]:
         """``KL + α·selector CE`` (α = ``settings.selector_weight``), each position-weighted over the labelled
         positions -> (loss, parts); from the materialised logits when the forward made them, else chunk by chunk
-        (the LM head on the labelled rows only, the target's logits included)."""
+        (the LM head on the labelled rows only, the target's logits included). A selected objective:
+        :meth:`objective_loss`."""
         if out.target_hidden is None:
             raise ValueError("a DFlash 2 loss needs the target's distribution: use drafter.forward_train")
+        if settings.objective is not None:
+            return self.objective_loss(out, settings)
         keep, y, w = label_rows(out.labels, settings.position_weights)
         if out.logits is not None:  # the reference path: every logit materialised
             terms = self.row_terms(out.logits[keep], out.hidden[keep], out.head_state[keep],
@@ -454,3 +465,20 @@ class DFlash2Drafter(DistilledDrafter):
         loss = kl + settings.selector_weight * sel
         return loss, {"loss_kl": kl.detach(), "loss_selector": sel.detach(), "unary_accept_rate": (1.0 - tv).detach(),
                       "candidate_recall": held.detach()}
+
+    def objective_loss(self, out: DFlash2Output, settings: LossSettings) -> tuple[torch.Tensor, dict]:
+        """A selected objective J on the unary logits (in place of the KL) plus the selector's CE ``α·CE_c``
+        (position-weighted) -> (loss, parts); lean or from the materialised logits, as :meth:`block_loss`."""
+        obj, keep, full = settings.objective, out.labels != IGNORE_INDEX, out.logits is not None
+
+        def row_fn(*xs):
+            unary, (h, prev, th) = (xs[0], xs[1:]) if full else (self.compute_logits(xs[0]), xs)
+            p = self.compute_logits(th)
+            return (unary,), (p if obj.needs_target else None), (self.selector_ce(unary, h, prev, p)[0],)
+
+        rows = [x[keep] for x in ([out.logits] if full else []) + [out.hidden, out.head_state, out.target_hidden]]
+        (stats,), (sel,) = objective_rows(obj, row_fn, rows, out.labels[keep], settings.chunk_size)
+        loss, logs = block_objective(obj, stats, keep, settings.position_weights)
+        sel = weighted_mean(dense(sel, keep), keep, settings.position_weights.to(keep.device).float())
+        return loss + settings.selector_weight * sel, {"loss_objective": loss.detach(), "loss_selector": sel.detach(),
+                                                       **logs}

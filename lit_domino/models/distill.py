@@ -24,6 +24,21 @@ def previous_tokens(block_tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([block_tokens[..., :1], block_tokens[..., :-1]], dim=-1)
 
 
+def block_starts(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: int) -> torch.Tensor:
+    """The start a of each block [b, A] (a masked anchor reads position 0; within the sequence)."""
+    return torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
+
+
+def block_target_hidden(last: torch.Tensor, starts: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The target's final (normed) hidden states ``last`` [b, T, d] at ``a+k-1`` (what predicted ``x_{a+k}``) of
+    each block position of the blocks at ``starts`` [b, A] -> [b, A, B, d]; positions past the sequence read its
+    last one (they are never labels). ``lm_head`` of it is the target's distribution p (any drafter reading the
+    ``dspark`` features: DSpark and DFlash 2, the backbone and Domino under an objective that needs p)."""
+    b, T, d = last.shape
+    pos = (starts[:, :, None] + torch.arange(block_size, device=starts.device) - 1).clamp(0, T - 1)  # [b, A, B]
+    return last.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d)).view(b, *pos.shape[1:], d)
+
+
 class DistilledDrafter(ParallelDrafter):
     """The backbone whose block outputs carry ``target_hidden`` [b, A, B, d]: the target's final hidden state at
     ``a+k-1`` for every block position (the subclass's output dataclass declares the field)."""
@@ -47,17 +62,12 @@ class DistilledDrafter(ParallelDrafter):
 
     def target_hidden(self, features: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The target's final hidden state at ``a+k-1`` (what predicted ``x_{a+k}``) of each block position of
-        the blocks at ``starts`` [b, A] -> [b, A, B, d]; positions past the sequence read its last one (they
-        are never labels)."""
-        b, T = features.shape[:2]
-        d, B = self.config.hidden_size, self.config.block_size
-        pos = (starts[:, :, None] + torch.arange(B, device=starts.device) - 1).clamp(0, T - 1)  # [b, A, B]
-        last = features[..., -d:]  # [b, T, d] the target's final (normed) hidden states
-        return last.gather(1, pos.reshape(b, -1, 1).expand(-1, -1, d)).view(b, *pos.shape[1:], d)
+        the blocks at ``starts`` [b, A] -> [b, A, B, d] (:func:`block_target_hidden` of the last feature layer)."""
+        return block_target_hidden(features[..., -self.config.hidden_size:], starts, self.config.block_size)
 
     @staticmethod
     def _starts(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: int) -> torch.Tensor:
-        return torch.where(anchor_mask.bool(), anchors, torch.zeros_like(anchors)).clamp(0, T - 1)
+        return block_starts(anchors, anchor_mask, T)
 
     def forward_train(self, input_ids, features, anchors, anchor_mask, loss_mask=None, attention_mask=None,
                       causal_inputs: str = "teacher_forced", with_logits: bool = True) -> BlockOutput:

@@ -31,7 +31,8 @@ from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDraf
 from lit_domino.models.layers import init_weights, memo_on_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
-from lit_domino.models.objectives import LossSettings, curriculum_loss, lean_curriculum_loss
+from lit_domino.models.objectives import LossSettings, curriculum_loss, lean_curriculum_loss, uses_own_loss
+from lit_domino.models.objectives.blocks import parallel_objective
 
 CAUSAL_INPUTS = ("teacher_forced", "training_time_test")
 """How the GRU is fed in training: the true tokens (one parallel pass) or the draft's own argmax picks."""
@@ -481,7 +482,10 @@ class DominoDrafter(ParallelDrafter):
 
     def block_loss(self, out: BlockOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
         """The curriculum loss at ``settings.lam`` → (loss, {loss_base, loss_final}); from the materialised
-        logits when the forward made them, else both terms in one chunked pass over the labelled positions."""
+        logits when the forward made them, else both terms in one chunked pass over the labelled positions. A
+        selected objective other than ``ce``: its curriculum (:func:`~lit_domino.models.objectives.blocks.parallel_objective`)."""
+        if not uses_own_loss(settings):
+            return parallel_objective(self, out, settings)
         if out.final_logits is not None:
             loss, loss_base, loss_final = curriculum_loss(out.logits, out.final_logits, out.labels,
                                                           settings.position_weights, settings.lam)
@@ -490,3 +494,4 @@ class DominoDrafter(ParallelDrafter):
                                                                settings.position_weights, settings.lam,
                                                                settings.chunk_size)
         return loss, {"loss_base": loss_base.detach(), "loss_final": loss_final.detach()}
+

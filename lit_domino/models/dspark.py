@@ -49,7 +49,10 @@ from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import init_weights, memo_on_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, compile_for, compile_mode, is_greedy, pool_stage
-from lit_domino.models.objectives import LossSettings, chunked_row_sums, distill_terms, label_rows
+from lit_domino.models.objectives import (IGNORE_INDEX, LossSettings, chunked_row_sums, distill_terms, label_rows,
+    confidence_bce)
+from lit_domino.models.objectives.blocks import block_objective, dense, objective_rows
+from lit_domino.models.objectives.registry import weighted_mean
 
 HEAD_TYPES = ("vanilla", "gated", "rnn")
 """The Markov head's variants (speculators' ``markov_head_type``)."""
@@ -427,9 +430,11 @@ class DSparkDrafter(DistilledDrafter):
         """DeepSpec's objective ``c_ce·CE + c_tv·TV(q, p) + c_conf·BCE(conf, 1 − TV)`` (``settings.distill``
         = (c_ce, c_tv, c_conf)), each term position-weighted over the labelled positions → (loss, parts); from
         the materialised logits when the forward made them, else chunk by chunk (the LM head on the labelled
-        rows only, the target's logits included)."""
+        rows only, the target's logits included). A selected objective: :meth:`objective_loss`."""
         if out.target_hidden is None:
             raise ValueError("a DSpark loss needs the target's distribution: use drafter.forward_train")
+        if settings.objective is not None:
+            return self.objective_loss(out, settings)
         keep, y, w = label_rows(out.labels, settings.position_weights)
         conf = None if out.confidence is None else out.confidence[keep]
         if out.final_logits is not None:  # the reference path: every logit materialised
@@ -447,3 +452,26 @@ class DSparkDrafter(DistilledDrafter):
         loss = c_ce * ce + c_tv * tv + c_conf * bce
         return loss, {"loss_ce": ce.detach(), "loss_tv": tv.detach(), "loss_conf": bce.detach(),
                       "accept_rate": (1.0 - tv).detach()}
+
+    def objective_loss(self, out: DSparkOutput, settings: LossSettings) -> tuple[torch.Tensor, dict]:
+        """A selected objective J on the corrected logits (in place of DeepSpec's ``c_ce·CE + c_tv·TV``) plus the
+        confidence term ``c_conf·BCE(conf, 1 − TV)`` (position-weighted) -> (loss, parts); lean or from the
+        materialised logits, as :meth:`block_loss`."""
+        obj, keep, conf = settings.objective, out.labels != IGNORE_INDEX, out.confidence
+        full = out.final_logits is not None
+        sources = [out.final_logits] if full else [out.hidden, out.head_state]
+        n = len(sources)
+
+        def row_fn(*xs):
+            q = xs[0] if full else self.row_logits(*xs[:n])[1]
+            p = self.compute_logits(xs[n])
+            return (q,), (p if obj.needs_target else None), (() if conf is None else (confidence_bce(q, p, xs[n + 1]),))
+
+        rows = [x[keep] for x in sources + [out.target_hidden] + ([conf] if conf is not None else [])]
+        (stats,), own = objective_rows(obj, row_fn, rows, out.labels[keep], settings.chunk_size)
+        loss, logs = block_objective(obj, stats, keep, settings.position_weights)
+        parts = {"loss_objective": loss.detach(), **logs}
+        if own:
+            bce = weighted_mean(dense(own[0], keep), keep, settings.position_weights.to(keep.device).float())
+            loss, parts["loss_conf"] = loss + settings.distill[2] * bce, bce.detach()
+        return loss, parts

@@ -36,6 +36,7 @@ from lit_domino.models.loop import ContextFn, check_stages, pad_right
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Rows, Stage, StageDraft, as_ids, draft_chain
 from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, LossSettings, chunked_ce, ttt_loss
+from lit_domino.models.objectives.blocks import chain_objective
 
 
 @dataclass
@@ -444,11 +445,16 @@ class Eagle3Drafter(Drafter):
         return loss, {f"loss_step_{s}": l.detach() for s, l in enumerate(per_step)}
 
     def train_loss(self, out: EagleOutput, step_decay: float = 0.8, with_preds: bool = False,
-                   chunk_size: int | None = DEFAULT_CHUNK_SIZE):
+                   chunk_size: int | None = DEFAULT_CHUNK_SIZE, objective=None):
         """The TTT loss ``Σ_s step_decay^s · CE_s`` of a ``forward_train(with_logits=False)`` output
         → (loss, [CE_s], per-step argmax ``[b, T]`` or None). The LM head (most of a step's cost) runs
         only where step s has a label (the response positions), ``chunk_size`` rows at a time with
-        recomputation in the backward pass (None = all of a step's rows at once)."""
+        recomputation in the backward pass (None = all of a step's rows at once). A selected ``objective``
+        other than ``ce`` sees the steps as chains (:func:`~lit_domino.models.objectives.blocks.chain_objective`;
+        no per-step losses then)."""
+        if objective is not None and objective.name != "ce":
+            loss, _, preds = chain_objective(self, out.hidden, out.labels, step_decay, objective, chunk_size, with_preds)
+            return loss, [], preds
         return self._chain_loss(list(out.hidden), list(out.labels), step_decay, with_preds, chunk_size)
 
     def _chain_loss(self, hidden: list[torch.Tensor], labels: list[torch.Tensor], decay: float,

@@ -209,7 +209,8 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
 
     seen, out = set(), []
     for cfg in configs:
-        data = resolve_feature_rule(dict(cfg["data"]), module_class(cfg))
+        data = resolve_feature_rule(dict(cfg["data"]), module_class(cfg),  # an objective may need p's layer
+                                    ((cfg.get("model") or {}).get("init_args") or {}).get("objective"))
         key = json.dumps({k: v for k, v in data.items() if k not in ("seed", "batch_size", "num_anchors",
                                                                     "group_by_length", "num_workers")},
                          sort_keys=True, default=str)

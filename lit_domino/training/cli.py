@@ -199,7 +199,8 @@ class DrafterCLI(LightningCLI):
         module_cls = getattr(importlib.import_module(module), name)
         variant = cfg.tracking.variant or getattr(module_cls, "variant", name)
         cfg.data.feature_rule = configs.resolve_feature_rule(dict(feature_rule=cfg.data.get("feature_rule")),
-                                                             module_cls)["feature_rule"]
+                                                             module_cls, cfg.model.init_args.get("objective"))[
+            "feature_rule"]
         run_name = cfg.tracking.run_name or f"{variant}-{cfg.tracking.preset or 'custom'}-s{as_seed(seed)}"
         cfg.tracking.run_name = run_name
         if not cfg.trainer.get("default_root_dir"):

@@ -242,10 +242,18 @@ def method_feature_rule(module_cls: type) -> str:
     return getattr(getattr(drafter, "config_class", None), "feature_rule", None) or "dflash"
 
 
-def resolve_feature_rule(data: dict, module_cls: type) -> dict:
+def resolve_feature_rule(data: dict, module_cls: type, objective: Any = None) -> dict:
     """``data`` with ``feature_rule`` set from the drafter's method: the one source of the rule (the
-    DataModule caches those layers, the drafter is built on them). A config that names another rule is refused."""
+    DataModule caches those layers, the drafter is built on them). A config that names another rule is refused.
+    A DFlash-rule method whose ``objective`` needs the target's distribution reads the ``dspark`` features
+    (DFlash's layers, then the target's last: p); the module hands its drafter the DFlash layers."""
     rule = method_feature_rule(module_cls)
+    if rule == "dflash" and objective is not None and getattr(module_cls, "supports_objective", False):
+        from lit_domino.models.objectives import TARGET_RULE, build_objective  # torch: the module is imported
+        try:
+            rule = TARGET_RULE if build_objective(objective).needs_target else rule
+        except ValueError:
+            pass  # the module refuses the objective itself, in one line
     given = data.get("feature_rule")
     if given is not None and given != rule:
         raise ConfigError(f"data.feature_rule: the {module_cls.__name__} drafter reads the {rule!r} features (its "

@@ -30,6 +30,8 @@ DSPARK_SPACE_FILE = project_root() / "sweeps" / "dspark_space.yaml"
 """DSpark's space: its Markov rank (and head type), the variant ``dspark``."""
 DFLASH2_SPACE_FILE = project_root() / "sweeps" / "dflash2_space.yaml"
 """DFlash 2's space: its selector's rank, candidates and loss weight, the variant ``dflash2``."""
+OBJECTIVES_SPACE_FILE = project_root() / "sweeps" / "objectives_space.yaml"
+"""The training objective as a dimension (``model.objective``: null = the drafter's own loss), the variant ``domino``."""
 
 
 class SweepError(UsageError):
@@ -87,6 +89,18 @@ def _domain_check(name: str, target: str, values: list) -> str | None:
 
         bad = [v for v in values if v not in HEAD_TYPES]
         what = f"one of {HEAD_TYPES}"
+    elif key == "model.init_args.objective":  # null (the drafter's own loss) or the registry's objectives
+        from lit_domino.models.objectives import build_objective, objective_names
+
+        def refused(value) -> bool:
+            try:
+                build_objective(value)
+            except ValueError:
+                return True
+            return False
+
+        bad = [v for v in values if refused(v)]
+        what = f"null (the drafter's own loss) or an objective: {', '.join(objective_names())}"
     elif key == "model.init_args.lr":
         bad = [v for v in values if not isinstance(v, (int, float)) or not v > 0]
         what = "> 0"

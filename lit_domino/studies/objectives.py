@@ -1,0 +1,266 @@
+"""The objectives study: the block drafters x the training objectives, trained, decoded and ranked in τ.
+
+Stages (each printed as it runs, each cached):
+
+1. the target and the training data (the features of every feature rule the trainings read, prepared once);
+2. every drafter x objective x seed trained (``experiment.train_variant`` through the ablation's ``train_all``: two
+   at a time on a CPU machine, cached, resumable); the row ``own`` names no objective, so it is the ablation's
+   very drafter (one cache entry), the others set ``model.objective`` (``lit_domino.models.objectives``);
+3. real speculative decoding of every drafter on the embedded eval prompts per domain (the ablation's
+   ``evaluate``: every method interleaved per prompt against our AR baseline, Domino and DSpark with the
+   ablation's candidate pool), every row token-identical to the AR baseline at T = 0 or the study stops; the rows
+   cached under a key of the drafters and the evaluation settings;
+4. tables (Markdown + JSON in ``results/objectives-<preset>/``): per drafter, each objective's τ per domain and
+   speedup (mean ± spread over seeds), its change against the drafter's own loss with the verdict (a difference
+   within the seeds' spread is no win), the domains it wins beyond the spread, the published delta beside it;
+   a summary; the per-position acceptance curves per objective (the shape each trades: a figure); MLflow: a
+   study run (experiment ``objectives-<preset>``) with the training runs nested under it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import yaml
+
+from lit_domino.runtime.command import UsageError
+from lit_domino.runtime.jsonio import write_json
+from lit_domino.runtime.paths import project_root
+from lit_domino.training.configs import CONFIG_DIR, ConfigError, check_preset, compose, did_you_mean, load_config
+
+STUDY_FILE = CONFIG_DIR / "studies" / "objectives.yaml"
+OWN = "own"
+"""The row that names no objective: the drafter's own loss (its ablation drafter)."""
+
+
+def _log(msg: str, t0: float) -> None:
+    print(f"[objectives {time.time() - t0:6.0f}s] {msg}", flush=True)
+
+
+def _choose(what: str, given, known: list[str]) -> list[str]:
+    chosen = list(given or known)
+    unknown = [x for x in chosen if x not in known]
+    if unknown:
+        raise UsageError(f"unknown {what} " + ", ".join(f"{x!r}{did_you_mean(x, known)}" for x in unknown)
+                         + f"; the study has {', '.join(known)}")
+    return chosen
+
+
+def check_names(preset: str, drafters=None, objectives=None, study_file: Path = STUDY_FILE) -> dict:
+    """The preset, drafters and objective rows named against the study file (YAML only: the command's checks before
+    torch loads) -> the plan's names; :class:`UsageError` (one line, with close matches) otherwise."""
+    study = yaml.safe_load(Path(study_file).read_text())
+    check_preset(preset)
+    if preset not in study["presets"]:
+        raise UsageError(f"the objectives study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
+                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
+    section = study["presets"][preset]
+    plan = {"preset": preset, "drafters": _choose("drafters", drafters, list(study["drafters"]))}
+    plan["objectives"] = _choose("objectives", objectives or section.get("objectives"), list(study["objectives"]))
+    if OWN not in plan["objectives"]:
+        plan["objectives"].insert(0, OWN)  # every Δ is against the drafter's own loss
+    return plan
+
+
+def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_file: Path = STUDY_FILE,
+               overrides: dict | None = None) -> dict:
+    """The study's settings on ``preset`` (arguments over the preset's section over the file's): drafters, the
+    objective rows and their specs (each checked by the registry: one line naming the row), seeds, evaluation,
+    and ``overrides``: dotted training-config keys every training takes (the ablation's ``--set``; they change
+    the drafters' cache keys). :class:`UsageError` for anything unknown; nothing heavy is built."""
+    from lit_domino.models.objectives import build_objective
+    from lit_domino.studies.tables import decode_pool_size
+
+    plan = check_names(preset, drafters, objectives, study_file)
+    study = yaml.safe_load(Path(study_file).read_text())
+    section = copy.deepcopy(study["presets"][preset])
+    plan["specs"] = {row: study["objectives"][row] for row in plan["objectives"]}
+    for row, spec in plan["specs"].items():
+        try:
+            build_objective(spec)
+        except ValueError as err:
+            raise UsageError(f"{Path(study_file).name}: objectives.{row}: {err}") from None
+    plan["seeds"] = [int(s) for s in (seeds if seeds else section["seeds"])]
+    plan.update(prompts=dict(section["prompts"]), max_new_tokens=int(section["max_new_tokens"]),
+                threads=section.get("threads"), temperatures=[0.0], peers=[], exact_head=[], inner_backbone=[],
+                pool_size=decode_pool_size(preset))
+    plan["overrides"] = dict(overrides or {})
+    if any(key.split(".")[0] == "model" and "objective" in key.split(".")[1:3] for key in plan["overrides"]):
+        raise UsageError("--set model.objective: the study sets each row's objective (choose rows with --objectives)")
+    plan["labels"] = dict(study.get("labels") or {})
+    plan["published"] = dict(study.get("published") or {})
+    return plan
+
+
+@functools.lru_cache(maxsize=None)
+def own_is_ce(drafter: str) -> bool:
+    """Whether ``drafter``'s own loss is the position-weighted CE (the backbone, Domino: then the ``ce`` row is its
+    ``own`` row and is not trained twice); DSpark's and DFlash 2's distil the target's distribution."""
+    from lit_domino.models.distill import DistilledDrafter
+    from lit_domino.training.configs import module_class
+
+    return not issubclass(module_class(compose(drafter)).drafter_class, DistilledDrafter)
+
+
+def rows_of(plan: dict, drafter: str) -> list[str]:
+    """The objective rows ``drafter`` trains (``ce`` left out where it is its own loss)."""
+    from lit_domino.models.objectives import build_objective
+
+    out = []
+    for row in plan["objectives"]:
+        objective = build_objective(plan["specs"][row])
+        if objective is not None and objective.name == "ce" and own_is_ce(drafter):
+            continue
+        out.append(row)
+    return out
+
+
+def name_of(drafter: str, row: str) -> str:
+    """The study's name of a drafter x objective (tables, decode rows): ``domino/kl``."""
+    return f"{drafter}/{row}"
+
+
+def study_configs(plan: dict) -> list[tuple[str, str, dict]]:
+    """``(drafter, row, training config)`` of every drafter x objective x seed, each config parsed by the training
+    parser (a bad value fails here, naming the drafter and the row, before anything trains). The ``own`` row's
+    config is the ablation's, artifact name included; the others are the variant's with ``model.objective``."""
+    from lit_domino.training.cli import check_config
+
+    out = []
+    for drafter in plan["drafters"]:
+        for row in rows_of(plan, drafter):
+            spec = plan["specs"][row]
+            overrides = {**plan["overrides"], **({} if spec is None else {"model.objective": copy.deepcopy(spec)})}
+            configs = [load_config(drafter, plan["preset"], seed, overrides) for seed in plan["seeds"]]
+            for cfg in configs:
+                if spec is not None:
+                    cfg["tracking"]["variant"] = f"{drafter}+{row}"  # the artifact's name: its own, beside the ablation's
+            try:
+                check_config(configs[0], trainer=False)
+            except ConfigError as err:
+                raise ConfigError(f"{name_of(drafter, row)}: {err}") from None
+            out += [(drafter, row, cfg) for cfg in configs]
+    return out
+
+
+def eval_key(plan: dict, trained: list, target) -> dict:
+    """The decoded rows' cache key: every drafter, the evaluation settings and the target."""
+    settings = {k: plan[k] for k in ("prompts", "max_new_tokens", "threads", "temperatures", "pool_size")}
+    return {"drafters": [(t.variant, t.seed, str(t.drafter_dir)) for t in trained], "plan": settings,
+            "target": target.fingerprint()}
+
+
+def default_out_dir(preset: str) -> Path:
+    return project_root() / "results" / f"objectives-{preset}"
+
+
+def run_objectives_study(preset: str = "smoke", drafters=None, objectives=None, seeds=None,
+                         out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True,
+                         jobs: int | str = "auto", overrides: dict | None = None) -> dict:
+    """The whole study (the module docstring) -> ``{"tables", "rows", "records", "trained", "plan", "seconds"}``.
+    ``overrides``: dotted training-config keys for every training (:func:`study_plan`)."""
+    from lit_domino.studies.study_runs import StudyRun
+
+    plan = study_plan(preset, drafters, objectives, seeds, overrides=overrides)
+    with (StudyRun() if mlflow_enabled else nullcontext()) as study:
+        return _run(plan, Path(out_dir or default_out_dir(preset)), progress, study, jobs)
+
+
+def _run(plan: dict, out_dir: Path, progress: bool, study, jobs) -> dict:
+    from lit_domino.runtime.jobclock import JobClock
+    from lit_domino.studies import ablation
+    from lit_domino.studies.common import cached_rows, check_lossless
+    from lit_domino.studies.objectives_tables import report
+    from lit_domino.studies.tables import records_from_rows
+    from lit_domino.target.load import load_target
+
+    t0 = time.time()
+    preset = plan["preset"]
+    entries = study_configs(plan)
+    configs = [cfg for _, _, cfg in entries]
+    _log(f"preset {preset}: {len(plan['drafters'])} drafters x {len(plan['objectives'])} objectives "
+         f"({', '.join(plan['objectives'])}) x seeds {plan['seeds']}: {len(configs)} trainings", t0)
+    spec = configs[0]["data"]["target"]
+    _log(f"stage 1/4 target {spec} and the training data", t0)
+    target = load_target(spec)
+    modules = ablation.data_modules(configs)
+    modules[0][1].regenerate(progress=progress)
+    for name, dm in modules:  # every feature set the trainings read, once, before they fan out
+        _log(f"stage 1/4 {name}", t0)
+        dm.prepare_data()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parent = None
+    if study is not None:
+        parent = study.open(f"objectives-{preset}", out_dir.name, {"preset": preset, "table": "objectives"},
+                            list(plan["prompts"]))
+    clock = JobClock(jobs=ablation.training_jobs(jobs, configs))
+    trained = ablation.train_all(configs, f"objectives-{preset}", clock, {}, progress, parent_run_id=parent)
+    trained = [dataclasses.replace(t, variant=name_of(drafter, row)) for (drafter, row, _), t in zip(entries, trained)]
+
+    def decode() -> list[dict]:
+        _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} x {plan['max_new_tokens']} tokens", t0)
+        rows = ablation.evaluate(target, trained, plan, progress=progress)
+        check_lossless(rows, out_dir / "rows-not-lossless.json", "objectives study")  # before they are cached
+        return rows
+
+    rows = cached_rows(eval_key(plan, trained, target), f"objectives-{preset}", decode,
+                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
+    check_lossless(rows, out_dir / "rows-not-lossless.json", "objectives study")
+    _log("stage 4/4 tables", t0)
+    records = [r for r in records_from_rows(rows) if r["kind"] == "drafter"]
+    tables, files, plots = report(records, plan, out_dir)
+    write_json(rows, out_dir / "rows.json")
+    write_json([{"drafter": d, "objective": row, **t.report} for (d, row, _), t in zip(entries, trained)],
+               out_dir / "training.json")
+    seconds = time.time() - t0
+    write_json({"preset": preset, "seconds": round(seconds, 1), "drafters": plan["drafters"],
+                "objectives": plan["specs"], "seeds": plan["seeds"], "overrides": plan["overrides"], "lossless": True},
+               out_dir / "summary.json")
+    files += [out_dir / "rows.json", out_dir / "training.json", out_dir / "summary.json"]
+    if study is not None:
+        log_to_mlflow(plan, trained, records, study, files, plots)
+    print(f"\n{tables['markdown']}\n\nevery row lossless (token identity with the AR baseline at T = 0)\n"
+          f"written to {out_dir}" + (f"; MLflow experiment objectives-{preset}" if study is not None else ""))
+    _log(f"done in {seconds / 60:.1f} min", t0)
+    return {"tables": tables, "rows": rows, "records": records, "trained": trained, "plan": plan,
+            "seconds": seconds, "run_id": getattr(study, "run_id", None)}
+
+
+def log_to_mlflow(plan: dict, trained: list, records: list[dict], study, files: list[Path],
+                  plots: list[Path]) -> None:
+    """Each training run: nested under the study run, tagged with its objective, its decoding metrics logged; the
+    study run: the seed-aggregated τ and speedup of every drafter x objective, the tables and the figures."""
+    from mlflow.tracking import MlflowClient
+
+    from lit_domino.decoding.metric_names import drafter_metrics
+    from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, run_tags
+    from lit_domino.studies.common import log_metrics
+
+    preset, uri = plan["preset"], default_tracking_uri()
+    client = MlflowClient(uri)
+    for t in trained:
+        drafter, row = t.variant.split("/", 1)
+        t.run_id = ensure_run(t.run_id, f"objectives-{preset}", f"{drafter}+{row}-{preset}-s{t.seed}",
+                              tags=run_tags(t.variant, preset, t.seed, table="objectives"), tracking_uri=uri)
+        study.adopt([t.run_id])
+        client.set_tag(t.run_id, "objective", row)
+        mine = [r for r in records if r["variant"] == t.variant and r["seed"] == t.seed]
+        if mine:
+            log_metrics(client, t.run_id, drafter_metrics(mine))
+    study.log(records, list(plan["prompts"]), files, plots)
+
+
+def check_plan(preset: str, drafters=None, objectives=None, seeds=None, overrides: dict | None = None) -> dict:
+    """:func:`study_plan` with every training config parsed (the command's checks before anything is built)."""
+    plan = study_plan(preset, drafters, objectives, seeds, overrides=overrides)
+    study_configs(plan)
+    return plan
+
+
+__all__ = ["OWN", "STUDY_FILE", "check_plan", "name_of", "rows_of", "run_objectives_study", "study_configs",
+           "study_plan"]
