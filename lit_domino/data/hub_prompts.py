@@ -39,6 +39,7 @@ from typing import Callable
 import datasets
 
 from lit_domino.data.corpora import DOMAINS, Example, split_of
+from lit_domino.runtime.paths import project_path
 
 EMBEDDED_HINT = ("the embedded corpora need no network: data.train_examples: {math: 8000, code: 2000, chat: 2000} "
                  "(base.yaml's default)")
@@ -160,8 +161,9 @@ def _read_local(path: Path, splits: tuple[str, ...]):
 
 
 def load_rows(source: HubPromptSet, location: str, split: str):
-    """The raw rows of ``split`` (and whether they still need the hash split)."""
-    path = Path(location).expanduser()
+    """The raw rows of ``split`` (and whether they still need the hash split). A relative local path that is not
+    under the cwd is looked up in the checkout (a preset's copies: ``lit_domino.runtime.paths.project_path``)."""
+    path = project_path(location)
     if path.exists():
         return _read_local(path, source.train_splits), True
     hub_splits = (source.eval_split,) if split == "eval" and source.eval_split else source.train_splits

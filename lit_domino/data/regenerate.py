@@ -430,12 +430,19 @@ def _row(uid: str, domain: str, turn: int, prompt: list[int], out: list[int]) ->
     }
 
 
+def serves_target(served: str, target_name: str) -> bool:
+    """Whether a server's model name plausibly names the target: the same string, or the same folder name (a
+    server started on a local directory lists its path; an embedded target's name is ``embedded:<folder name>``)."""
+    name = str(target_name).removeprefix("embedded:")
+    return served == target_name or Path(served).name == Path(name).name
+
+
 def _server_shard(target, cfg: RegenConfig, shard, shard_index: int, bar, backend: ServerBackend):
     """One chunk through a server: ``backend.concurrency`` conversations at once, each turn after the previous."""
     client, tok, eos_ids = backend.client, target.tokenizer, target.eos_token_ids
     lock = threading.Lock()  # fast tokenizers are not safe to call from several threads at once
     served = client.served_model()
-    if served != target.name and Path(served).name != Path(str(target.name)).name:
+    if not serves_target(served, target.name):
         log.warning("the server at %s serves %r, the target is %r: make sure it is the same model (the answers "
                     "are cached under the target's fingerprint)", client.url, served, target.name)
 

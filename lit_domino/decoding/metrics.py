@@ -225,8 +225,12 @@ def summarize(
     Hugging Face ``generate`` results (→ ``speedup_vs_hf_generate``); ``compiled_baseline``: the compiled plain
     decoder's (→ ``speedup_vs_compiled_ar``).
     """
-    tau, acc, pos, hist, stages = (AcceptanceLength(), AcceptedPerRound(), PositionAcceptance(max_positions),
-                                   TauHistogram(max_positions + 1), StagesPerVerification())
+    # this process's decodes only: under DDP the eval callback decodes on rank 0 alone, and a metric that gathered
+    # its state across ranks at compute() would wait forever for the others (they wait in the callback's broadcast)
+    local = {"sync_on_compute": False}
+    tau, acc, pos, hist, stages = (AcceptanceLength(**local), AcceptedPerRound(**local),
+                                   PositionAcceptance(max_positions, **local), TauHistogram(max_positions + 1, **local),
+                                   StagesPerVerification(**local))
     for r in results:
         if r.rounds:
             tau.update(r), acc.update(r), pos.update(r), hist.update(r), stages.update(r)

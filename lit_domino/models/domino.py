@@ -87,6 +87,8 @@ def gru_gates(gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tens
     (i_rz, i_n), (h_rz, h_n) = gi.split([2 * d, d], -1), gh.split([2 * d, d], -1)
     r, z = torch.sigmoid(i_rz + h_rz).split(d, -1)  # reset and update gates at once
     n = torch.tanh(torch.addcmul(i_n, r, h_n))  # i_n + r * h_n
+    if n.dtype != h.dtype:  # bf16-mixed training: autocast's matmuls gave bf16 gates, the state stays in its dtype
+        n, z = n.to(h.dtype), z.to(h.dtype)
     return torch.lerp(n, h, z)  # (1 - z) * n + z * h
 
 

@@ -17,3 +17,13 @@ def project_root() -> Path:
     if (root / "pyproject.toml").is_file():
         return root
     return Path.cwd().resolve()
+
+
+def project_path(path: str | Path) -> Path:
+    """A path a preset or study file names: absolute, or relative to the cwd when it is there, else to the
+    checkout (:func:`project_root`), so that a preset can name files that ship with the checkout (the rehearsal's
+    local copies of the paper's prompt sets) and still run from any directory."""
+    path = Path(path).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    return project_root() / path

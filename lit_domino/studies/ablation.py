@@ -205,7 +205,7 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
     share it), named for the log: regenerating and caching it once, here, before the trainings fan out,
     keeps the parallel workers from waiting on each other's data locks."""
     from lit_domino.training.configs import module_class, resolve_feature_rule
-    from lit_domino.training.datamodule import DrafterDataModule
+    from lit_domino.training.datamodule import DrafterDataModule, regen_options
 
     seen, out = set(), []
     for cfg in configs:
@@ -218,6 +218,8 @@ def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
             continue
         seen.add(key)
         dm = DrafterDataModule(**data)
+        dm.regen_options = regen_options(cfg["tracking"].get("variant"), cfg["tracking"].get("preset"),
+                                         cfg.get("seed_everything"))  # named by a missing set's error
         out.append((f"features {data['feature_rule']} {dm.feature_layers}", dm))
     return out
 
@@ -371,11 +373,14 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
     A training that fails lets the others running finish (nothing half-trained is lost: they resume from
     checkpoints anyway), then its error is raised."""
     from lit_domino.training.cli import CHECKPOINT_DIR, recorded_run
+    from lit_domino.training.distributed import is_distributed
     from lit_domino.training.experiment import drafter_artifact, interruptible, train_variant
 
     t0 = clock.t0
     names = training_names(configs)
     todo = plan_trainings(configs, clock, reference)
+    if any(is_distributed(c) for c in configs):  # DDP: Lightning's extra ranks re-run the calling script, never this one
+        return _train_distributed(configs, experiment, clock, names, progress, parent_run_id)
     parallel = clock.jobs > 1 and len(todo) > 1
     states = {}
     for i, (name, cfg) in enumerate(zip(names, configs)):
@@ -402,6 +407,22 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
             return [results[i] for i in range(total)]
         _train_in_workers(configs, experiment, clock, todo, states, results, parent_run_id)
     return [results[i] for i in range(total)]
+
+
+def _train_distributed(configs: list[dict], experiment: str, clock: JobClock, names: list[str], progress: bool,
+                       parent_run_id: str | None) -> list:
+    """Every training in one launch of ``lit_domino.training.distributed`` (all ranks train each config in turn)."""
+    from lit_domino.training.distributed import train_distributed
+
+    strategy = configs[0]["trainer"].get("strategy")
+    _log(f"stage 2/4 train {len(configs)} drafters under trainer.strategy={strategy}, devices="
+         f"{configs[0]['trainer'].get('devices')} (one launch: lit_domino.training.distributed); {clock.eta()}", clock.t0)
+    for name in names:
+        clock.start(name)
+    trained = train_distributed(configs, experiment, parent_run_id=parent_run_id, progress=progress)
+    for name, t in zip(names, trained):
+        clock.finish(name, cached=t.from_cache)
+    return trained
 
 
 def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, todo: list[int], states: dict,
@@ -457,9 +478,14 @@ def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, tod
 
 
 def load_prompts(plan: dict) -> dict:
+    """The plan's benchmarks; ``benchmark_files`` (``{benchmark: local copy in the hub schema}``, paths relative to the
+    checkout, as the rehearsal's) are read instead of the hub."""
     from lit_domino.data.benchmarks import load_benchmark
+    from lit_domino.runtime.paths import project_path
 
-    return {name: load_benchmark(name, n) for name, n in plan["prompts"].items()}
+    files = plan.get("benchmark_files") or {}
+    return {name: load_benchmark(name, n, **({"data_files": str(project_path(files[name]))} if name in files else {}))
+            for name, n in plan["prompts"].items()}
 
 
 def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[dict]:
@@ -469,7 +495,7 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
 
     drafters, pools, assistant = {}, {}, None
     for t in trained:
-        d = load_drafter(t.drafter_dir, target=target)
+        d = load_drafter(t.drafter_dir, target=target, map_location=target.device)
         key = MethodKey(t.variant, t.seed)
         drafters[key] = d
         pools[key] = [plan.get("pool_size")] + ([None] if t.variant in plan.get("exact_head", ()) else [])
@@ -616,7 +642,8 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
 
         embedded_target_dir(spec[len(EMBEDDED_PREFIX):], progress=progress,
                             callbacks=[StageProgress(clock, "target", echo)])
-    target = load_target(spec)
+    # decoded where the trainings ran (the GPU when there is one): a paper run decoded an 8B target on the CPU
+    target = load_target(spec, device=configs[0]["data"].get("target_device", "auto"))
     clock.finish("target", cached=target_cached)
 
     modules = data_modules(configs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from lit_domino.runtime.command import CommandParser, run_command
+from lit_domino.runtime.command import CommandParser, UsageError, run_command
 
 COMMAND_DOC = """Build an embedded target from its recipe (cached, resumable), and optionally ship it with the package.
 
@@ -39,6 +39,12 @@ def _run(argv: list[str]):
     from lit_domino.target.embedded import preset_config
 
     cfg = preset_config(args.preset)  # an unknown preset: one line, before torch loads
+    if hasattr(cfg, "build"):  # a shaped random target (lit_domino.target.rehearsal): built in seconds, never shipped
+        if args.ship:
+            raise UsageError(f"--ship: embedded:{args.preset} is a random target built in seconds; nothing to ship")
+        built = cfg.build()
+        print(f"built {built}")
+        return built
     import torch
 
     from lit_domino.target import recipe as tiny_target

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lit_domino.runtime.cache import config_hash, to_jsonable
 from lit_domino.runtime.command import UsageError
+from lit_domino.target.rehearsal import SHAPED_TARGETS  # light: random targets of a real model's shape
 
 SHIPPED_ROOT = Path(__file__).resolve().parents[1] / "assets" / "targets"
 """Where the shipped builds live: one folder per recipe name (package data)."""
@@ -119,9 +120,17 @@ TARGET_PRESETS: dict[str, TinyTargetConfig] = {
 }
 
 
+def target_names() -> list[str]:
+    """Every ``embedded:<name>``: the recipes, and the shaped random targets of ``lit_domino.target.rehearsal``
+    (the ``rehearsal`` preset's Qwen3-8B-shaped target), which build themselves (their config's ``build``)."""
+    return sorted({*TARGET_PRESETS, *SHAPED_TARGETS})
+
+
 def preset_config(name: str) -> TinyTargetConfig:
+    if name in SHAPED_TARGETS:
+        return SHAPED_TARGETS[name]
     if name not in TARGET_PRESETS:
-        raise UsageError(f"unknown embedded target preset {name!r}; choose one of {sorted(TARGET_PRESETS)}")
+        raise UsageError(f"unknown embedded target preset {name!r}; choose one of {target_names()}")
     return TARGET_PRESETS[name]
 
 

@@ -383,6 +383,8 @@ def embedded_target_dir(tail: str, **build_kwargs) -> Path:
     shipped = None if from_recipe else embedded_target.shipped_target(cfg)
     if shipped is not None:
         return shipped
+    if hasattr(cfg, "build"):  # a shaped random target (lit_domino.target.rehearsal): no recipe to train
+        return cfg.build(**build_kwargs)
     from lit_domino.target.recipe import build_tiny_target  # the recipe pulls in Lightning and the corpora
 
     return build_tiny_target(cfg, **build_kwargs)

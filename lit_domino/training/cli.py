@@ -44,7 +44,7 @@ from lit_domino.runtime import cache
 from lit_domino.training import configs
 from lit_domino.data.resumable import TrackLoaderPosition
 from lit_domino.training.configs import SECTIONS, ConfigError, check_arguments, load_config, variant_arguments
-from lit_domino.training.datamodule import DrafterDataModule
+from lit_domino.training.datamodule import DrafterDataModule, regen_options
 from lit_domino.lit import DrafterModule, ExportDrafter
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime import tracking
@@ -210,6 +210,13 @@ class DrafterCLI(LightningCLI):
             cfg.checkpoint.dirpath = str(run_dir / CHECKPOINT_DIR)
         if not cfg.export.get("dirpath"):
             cfg.export.dirpath = str(run_dir / EXPORT_DIR)
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        cfg = self._cfg()
+        if isinstance(self.datamodule, DrafterDataModule):  # its missing-set error names this run's regenerate.py line
+            self.datamodule.regen_options = regen_options(cfg.tracking.variant or self.variant(), cfg.tracking.preset,
+                                                          cfg.get("seed_everything"))
 
     def instantiate_trainer(self, **kwargs):
         cfg = self._cfg()

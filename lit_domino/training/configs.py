@@ -2,7 +2,8 @@
 
 ``base.yaml`` holds every key (commented once, where it is defined) at the values of the
 ``default`` preset; ``<variant>.yaml`` holds its LightningModule and what differs (``extends:``
-names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset changes, with a
+names a variant it builds on); ``presets/<preset>.yaml`` holds what a preset changes (``extends:`` names a
+preset it builds on: ``rehearsal`` is ``paper`` at CPU sizes), with a
 ``methods:`` section keyed by drafter kind for keys that only one method's module takes
 (``methods: {domino: {head: {rank: 32}}}``; a ``data:`` key inside one goes to the data section, for that method's
 variants only). :func:`load_config` composes them, in that order, into
@@ -35,7 +36,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from lit_domino.target.embedded import RECIPE_SUFFIX, TARGET_PRESETS
+from lit_domino.target.embedded import RECIPE_SUFFIX, target_names
 from lit_domino.runtime.command import CommandParser, UsageError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -104,10 +105,10 @@ def check_target_spec(spec: Any, key: str = "data.target") -> None:
     spec = str(spec)
     if spec.startswith(EMBEDDED_PREFIX):
         name = spec[len(EMBEDDED_PREFIX):].removesuffix(RECIPE_SUFFIX)
-        if name not in TARGET_PRESETS:  # embedded_target is light: checked before any heavy import
+        if name not in target_names():  # embedded_target is light: checked before any heavy import
             raise ConfigError(f"{key}: unknown embedded target {name!r}"
-                              f"{did_you_mean(name, TARGET_PRESETS, EMBEDDED_PREFIX)}; choose one of "
-                              + ", ".join(EMBEDDED_PREFIX + n for n in sorted(TARGET_PRESETS)))
+                              f"{did_you_mean(name, target_names(), EMBEDDED_PREFIX)}; choose one of "
+                              + ", ".join(EMBEDDED_PREFIX + n for n in target_names()))
         return
     path = Path(spec).expanduser()
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a local directory
@@ -132,10 +133,28 @@ def check_override_keys(overrides: dict) -> None:
             raise ConfigError(f"{key}: name the method and its key, e.g. {METHODS}.domino.rank=8")
 
 
+def preset_delta(preset: str, config_dir: Path = CONFIG_DIR) -> dict:
+    """What ``presets/<preset>.yaml`` changes over base.yaml: the file merged over the preset it ``extends:``
+    (``rehearsal`` extends ``paper``: paper's values, then the rehearsal's), ``methods:`` sections included."""
+    chain, name = [], preset
+    while name is not None:
+        if name in [n for n, _ in chain]:
+            raise ConfigError(f"preset {preset!r}: `extends:` loops through {[n for n, _ in chain] + [name]}")
+        path = Path(config_dir) / "presets" / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"preset {preset!r} extends {name!r}, which has no {path}")
+        data = _read_yaml(path)
+        chain.append((name, data))
+        name = data.pop("extends", None)
+    out: dict = {}
+    for _, data in reversed(chain):  # the preset extended first
+        out = deep_merge(out, data)
+    return out
+
+
 def preset_value(preset: str, key: str, config_dir: Path = CONFIG_DIR) -> Any:
     """A dotted key's value in base.yaml + the preset (variants aside), without importing any module."""
-    cfg = deep_merge(_read_yaml(Path(config_dir) / f"{BASE}.yaml"),
-                     _read_yaml(Path(config_dir) / "presets" / f"{preset}.yaml"))
+    cfg = deep_merge(_read_yaml(Path(config_dir) / f"{BASE}.yaml"), preset_delta(preset, config_dir))
     for part in key.split("."):
         cfg = cfg.get(part) if isinstance(cfg, dict) else None
     return cfg
@@ -523,7 +542,7 @@ def compose(variant: str, preset: str = "default", config_dir: Path = CONFIG_DIR
     cfg = _read_yaml(config_dir / f"{BASE}.yaml")
     for layer in _variant_chain(variant, config_dir):
         cfg = deep_merge(cfg, layer)
-    preset_cfg = _read_yaml(config_dir / "presets" / f"{preset}.yaml")
+    preset_cfg = preset_delta(preset, config_dir)
     section = preset_cfg.pop(METHODS, None) or {}
     cfg = deep_merge(cfg, preset_cfg)
     kind = method_kind(cfg)

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_domino.runtime import cache
+from lit_domino.runtime.command import UsageError
 from lit_domino.data.corpora import DOMAINS
 from lit_domino.data.hub_prompts import SEPARATOR, SOURCES, is_hub_source
 from lit_domino.data.regenerate import RegenConfig, regen_dir, regenerate
@@ -245,6 +246,19 @@ def _compute_features(target, ds, layer_ids, lengths, offsets, file: Path, shape
     del mm
 
 
+class RegeneratedSetMissing(UsageError, FileNotFoundError):
+    """``data.regen_missing: error`` and the regenerated set is not in the cache: one line on the command line (a
+    ``UsageError``) that names the ``experiments/regenerate.py`` command to run first."""
+
+
+def regen_options(variant: str | None, preset: str | None, seed=None) -> str:
+    """The ``experiments/regenerate.py`` options of a training run (``--variant V --preset P --seed S``): the ones
+    its regenerated set is keyed by (its ``--set`` options go with them)."""
+    parts = [f"--variant {variant}" if variant else "", f"--preset {preset}" if preset else "",
+             f"--seed {int(seed)}" if isinstance(seed, int) and not isinstance(seed, bool) and seed else ""]
+    return " ".join(p for p in parts if p)
+
+
 def _check_sources(train: dict, val: dict, locations: dict | None) -> dict[str, str]:
     """Every prompt source named is an embedded domain or a hub prompt set; ``prompt_sources`` only relocates
     hub sets (an early error, not one at regeneration)."""
@@ -275,6 +289,8 @@ class DrafterDataModule(L.LightningDataModule):
         max_new_tokens: the target's answer budget per turn during regeneration.
         regen_temperature: 0 = greedy regeneration (the papers'); > 0 samples.
         regen_batch_size: prompts answered together during regeneration.
+        regen_shard_size: prompts per regenerated chunk: the unit of resume, and of ``--shard i/N`` (chunk k goes to
+            worker k % N, so a set of fewer than N chunks leaves workers idle).
         regen_missing: what ``prepare_data`` does when the regenerated set is not in the cache:
             ``build`` regenerates it there with HF ``generate`` (the embedded presets: minutes, and a
             newcomer needs no extra command) or ``error`` stops with the ``experiments/regenerate.py``
@@ -313,6 +329,7 @@ class DrafterDataModule(L.LightningDataModule):
         max_new_tokens: int = 256,
         regen_temperature: float = 0.0,
         regen_batch_size: int = 32,
+        regen_shard_size: int = 256,
         regen_missing: str = "build",
         feature_layers: list[int] | None = None,
         feature_rule: str | None = None,
@@ -352,6 +369,9 @@ class DrafterDataModule(L.LightningDataModule):
         self.prompt_sources = _check_sources(self.train_examples, self.val_examples, prompt_sources)
         self._feature_layers = feature_layers
         self.target = None
+        self.regen_options: str | None = None
+        """This run's ``experiments/regenerate.py`` options (:func:`regen_options`), set by the training CLI and the
+        ablation; the missing-set error names them (None: an example with ``--preset paper``)."""
         self.train_set = self.val_set = None
 
     # -- configuration -------------------------------------------------------------
@@ -369,6 +389,7 @@ class DrafterDataModule(L.LightningDataModule):
             max_new_tokens=h.max_new_tokens,
             temperature=h.regen_temperature,
             batch_size=h.regen_batch_size,
+            shard_size=h.regen_shard_size,
             seed=h.seed if h.regen_temperature > 0 else 0,  # greedy answers do not depend on the seed
         )
 
@@ -420,12 +441,15 @@ class DrafterDataModule(L.LightningDataModule):
         target = self.load_target()
         cfg = self.regen_config(split)
         if self.hparams.regen_missing == "error" and not cache.is_complete(regen_dir(target, cfg), warn=False):
-            raise FileNotFoundError(
+            options = self.regen_options or "--preset paper"  # an example when the run's options are not known
+            which = ("this run's options (and the --set options it was given)" if self.regen_options else
+                     "the same --variant/--preset/--set options as this run, e.g.")
+            raise RegeneratedSetMissing(
                 f"the regenerated {split} set of target {target.name!r} is not in the cache "
                 f"({regen_dir(target, cfg)}), and data.regen_missing is 'error': regenerate it first, as its own "
-                "step, with the same --variant/--preset/--set options as this run, e.g.\n"
-                "  python experiments/regenerate.py --preset paper                      # HF generate here\n"
-                "  python experiments/regenerate.py --preset paper --server http://localhost:8000  # a vLLM/SGLang server\n"
+                f"step, with {which}\n"
+                f"  python experiments/regenerate.py {options}                      # HF generate here\n"
+                f"  python experiments/regenerate.py {options} --server http://localhost:8000  # a vLLM/SGLang server\n"
                 "  (or N workers with --shard i/N, then --merge); data.regen_missing=build regenerates inside "
                 "prepare_data instead"
             )

@@ -127,7 +127,7 @@ def test_a_bad_preset_is_answered_in_one_line_before_torch_is_imported():
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=60)
     seconds = time.perf_counter() - t0
-    assert proc.stderr == "ablation: error: unknown preset 'nosuch'; choose one of default, paper, smoke\n"
+    assert proc.stderr == "ablation: error: unknown preset 'nosuch'; choose one of default, paper, rehearsal, smoke\n"
     assert proc.stdout.strip() == "2 []"  # rc 2, and none of the heavy libraries imported
     assert seconds < 2.0, seconds
 

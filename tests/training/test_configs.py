@@ -184,7 +184,8 @@ def test_an_override_that_reaches_no_variant_is_an_error_with_a_close_match(vari
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("embedded:nosuch", "unknown embedded target 'nosuch'; choose one of embedded:default, embedded:large, embedded:smoke"),
+    ("embedded:nosuch", "unknown embedded target 'nosuch'; choose one of embedded:default, embedded:large, "
+                        "embedded:rehearsal, embedded:rehearsal-large, embedded:smoke"),
     ("embedded:smok", "(did you mean embedded:smoke?)"),
     ("/nonexistent/model", "target directory '/nonexistent/model' does not exist"),
     ("not a hub id!", "is neither embedded:<name>, an existing directory nor a hub id"),
@@ -223,7 +224,7 @@ def test_a_plausible_target_spec_passes(tmp_path):
                                                      "got 'abc'"),
     (["--preset", "smoke", "--set", "model.curriculum.knd=none"], "model.curriculum.knd: no variant of this run "
                                                                   "takes it (eagle3, small_lm, backbone, domino, "),
-    (["--preset", "nosuch"], "ablation: error: unknown preset 'nosuch'; choose one of default, paper, smoke"),
+    (["--preset", "nosuch"], "ablation: error: unknown preset 'nosuch'; choose one of default, paper, rehearsal, smoke"),
     (["--preset", "smoke", "--variants", "domino,domnio"], "unknown variants 'domnio' (did you mean domino?)"),
     (["--preset", "smoke", "--set", "data.target=embedded:nosuch"], "data.target: unknown embedded target 'nosuch'"),
     (["--preset", "smoke", "--jobs", "0"], "--jobs is 'auto' or an integer >= 1"),

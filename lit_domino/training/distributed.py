@@ -1,0 +1,133 @@
+"""Trainings under a multi-process strategy (``trainer.strategy: ddp`` with several devices), in a script of their own.
+
+Lightning's DDP launcher starts each extra rank by running the calling script again (``sys.argv``) with
+``LOCAL_RANK`` set. A study that trains inside its own command (the ablation) would have every extra rank re-run
+the whole study: regenerate, open a second study run, decode and write the tables twice, or start the study's
+training workers again. So a distributed training runs here instead: :func:`train_distributed` starts
+``python -m lit_domino.training.distributed SPEC OUT`` (rank 0; Lightning starts the others from the same line),
+which trains the configs one after another on every rank (:func:`lit_domino.training.experiment.train_variant`:
+rank 0 builds and writes each artifact and owns its MLflow run, the other ranks join each fit and write nothing),
+and returns what rank 0 trained. Optionally the fits decode held-out prompts at every validation epoch and at fit
+end (:class:`~lit_domino.training.callbacks.SpeculativeEvalCallback`: rank 0 decodes, every rank logs its result).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lit_domino.runtime.paths import PACKAGE_DIR
+
+MULTI_PROCESS = ("ddp", "fsdp", "deepspeed")
+"""Strategy names (prefixes: ``ddp_find_unused_parameters_true`` too) that start one process per device."""
+
+
+def is_distributed(cfg: dict) -> bool:
+    """Whether a training config starts several processes (a DDP-family strategy on more than one device)."""
+    trainer = cfg.get("trainer") or {}
+    strategy = str(trainer.get("strategy") or "auto")
+    devices, nodes = trainer.get("devices", 1), int(trainer.get("num_nodes") or 1)
+    many = nodes > 1 or devices in (-1, "auto") or (isinstance(devices, (list, tuple)) and len(devices) > 1) or (
+        isinstance(devices, int) and devices > 1) or (isinstance(devices, str) and devices.isdigit() and int(devices) > 1)
+    return many and strategy.startswith(MULTI_PROCESS)
+
+
+def world_size(cfg: dict) -> int:
+    """Processes one node starts for ``cfg`` (its ``trainer.devices`` when a number, else 1)."""
+    devices = (cfg.get("trainer") or {}).get("devices", 1)
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    return int(devices) if str(devices).isdigit() else 1
+
+
+def train_distributed(configs: list[dict], experiment: str, *, parent_run_id: str | None = None,
+                      eval_prompts: dict[str, list[list[int]]] | None = None, eval_max_new_tokens: int = 16,
+                      progress: bool = False, threads: int | None = None, timeout: float | None = None) -> list:
+    """Train (or find cached) every config under its multi-process strategy, in one launch of this module; returns
+    the :class:`~lit_domino.training.experiment.TrainedDrafter` list in config order (rank 0's results).
+
+    ``eval_prompts``: ``{domain: [token ids, ...]}`` decoded by the eval callback (``eval_max_new_tokens`` each);
+    None: no eval callback. ``threads``: torch threads per rank (default: the usable CPUs over the ranks).
+    A failed launch raises ``RuntimeError`` naming the log; the cached artifacts of the trainings that finished
+    are kept (a rerun reuses them)."""
+    from lit_domino.decoding.engine import usable_cpus
+    from lit_domino.runtime import cache
+    from lit_domino.training.experiment import TrainedDrafter
+
+    if not configs:
+        return []
+    from lit_domino.training.experiment import _cached, drafter_artifact
+
+    paths = [drafter_artifact(c) for c in configs]
+    if all(cache.is_complete(p, warn=False) for p in paths):  # nothing to train: no launch (its ranks import for seconds)
+        return [_cached(p, c["tracking"]["variant"], c["tracking"].get("preset"), int(c["seed_everything"]))
+                for p, c in zip(paths, configs)]
+    ranks = max(world_size(c) for c in configs)
+    threads = threads or max(1, usable_cpus() // ranks)
+    work = Path(tempfile.mkdtemp(prefix="ddp-", dir=cache.cache_root()))
+    spec = {"configs": configs, "experiment": experiment, "parent_run_id": parent_run_id, "progress": progress,
+            "threads": threads, "eval": {"prompts": eval_prompts, "max_new_tokens": eval_max_new_tokens}}
+    (work / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")) if p)}
+    for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # a launch of its own, whatever launched this process
+    log = work / "launch.log"
+    cmd = [sys.executable, "-m", __name__, str(work / "spec.json"), str(work / "out.json")]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=None if progress else out, stderr=subprocess.STDOUT if not
+                                progress else None, start_new_session=False)
+        try:
+            rc = proc.wait(timeout)
+        except BaseException:  # Ctrl-C reached the launch too (same process group): let it stop, then go
+            proc.terminate()
+            proc.wait()
+            raise
+    result = work / "out.json"
+    if rc != 0 or not result.is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:]) if log.is_file() else ""
+        raise RuntimeError(f"the {ranks}-process training launch failed (rc {rc}; log {log}):\n{tail}")
+    done = json.loads(result.read_text())
+    return [TrainedDrafter(d["variant"], d["preset"], d["seed"], Path(d["drafter_dir"]), d["report"], d["run_id"],
+                           d["from_cache"]) for d in done]
+
+
+def eval_callbacks(spec: dict) -> list:
+    """The eval callback of a launch spec (``spec["eval"]``: prompts, max_new_tokens); none without prompts."""
+    prompts = (spec.get("eval") or {}).get("prompts")
+    if not prompts:
+        return []
+    from lit_domino.training.callbacks import SpeculativeEvalCallback
+
+    first = next(iter(prompts.values()))
+    return [SpeculativeEvalCallback(prompts, num_prompts=len(first), max_new_tokens=int(spec["eval"]["max_new_tokens"]),
+                                    plots=True)]
+
+
+def _run(spec_path: str, out_path: str) -> None:
+    """Every rank: train each config of the spec in order; rank 0 writes the results."""
+    import torch
+
+    from lit_domino.training.experiment import is_rank_zero, train_variant
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(int(spec["threads"]))
+    done = []
+    for cfg in spec["configs"]:
+        # a fresh callback per fit: its last results belong to one drafter
+        t = train_variant(cfg, experiment=spec["experiment"], parent_run_id=spec.get("parent_run_id"),
+                          progress=bool(spec.get("progress")), callbacks=eval_callbacks(spec))
+        done.append({"variant": t.variant, "preset": t.preset, "seed": t.seed, "drafter_dir": str(t.drafter_dir),
+                     "report": t.report, "run_id": t.run_id, "from_cache": t.from_cache})
+    if is_rank_zero():
+        tmp = Path(out_path).with_suffix(".tmp")
+        tmp.write_text(json.dumps(done))
+        tmp.replace(out_path)
+
+
+if __name__ == "__main__":
+    _run(*sys.argv[1:3])
