@@ -381,7 +381,9 @@ def test_cost_aware_path_tree_grows_only_what_the_rule_can_choose(target, monkey
             early = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
             monkeypatch.setattr(VerifyCost, "growable", lambda self, gains, frontier, *a, **k: len(frontier))
             full = tree_mod.build_tree(cfg, session_of(drafter, kind, pool, seed), anchor, 7, 40, 0.0, None, draft)
-        assert rates[-2] == pytest.approx(rates[-1], rel=1e-9), seed
+        # the two builds run the drafter on batches of different shapes, so a node's float32 probability may differ
+        # by a few ulps (eps 1.2e-7, amplified by |logit| in the softmax and multiplied along a path of <= 8 nodes)
+        assert rates[-2] == pytest.approx(rates[-1], rel=1e-5), seed
         if rates[-2] == rates[-1]:  # no tie within rounding: the same tree
             assert (early.tokens, early.parents, early.ranks) == (full.tokens, full.parents, full.ranks), seed
     assert any(cut)  # some frontiers were cut
