@@ -147,3 +147,17 @@ def check_lossless(rows: list[dict], path: Path, study: str) -> None:
                           + f": {r.get('match_baseline')}" for r in bad[:8])
         raise NotLosslessError(f"{len(bad)} {study} rows are not lossless at T = 0 (fraction of prompts whose "
                                f"output is the AR baseline's, must be 1): {where}; every row is in {path}")
+
+
+def flat_verify_speedup(row: Mapping[str, Any], verify_ms: float) -> float:
+    """A projection, labelled so wherever it is shown: the row's speedup had each of its rounds verified in
+    ``verify_ms`` instead of the measured verify time, draft and other time as measured. A GPU verifies a few dozen
+    tokens in about the time of one (the forward is bound by reading the weights), so the tree study projects with
+    a verify cost flat in the nodes and the DLoop study with a verify cost flat in the stages; NaN when the row lacks
+    its per-round times."""
+    d, v, o = (row.get(k) for k in ("draft_ms_per_round", "verify_ms_per_round", "other_ms_per_round"))
+    s = row.get("speedup")
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (d, v, o, s, verify_ms)):
+        return float("nan")
+    return s * (d + v + o) / (d + verify_ms + o)
+

@@ -64,7 +64,7 @@ from lit_domino.models.sessions import check_pool_size
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.runtime.paths import project_root
 from lit_domino.studies.common import (NotLosslessError, cached_rows, check_lossless,  # noqa: F401 (the API)
-                                       log_metrics, mlflow_name)
+                                       flat_verify_speedup, log_metrics, mlflow_name)
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.decoding.metric_names import row_metrics
@@ -72,8 +72,9 @@ from lit_domino.target.load import load_target
 from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
 
 STUDY_FILE = CONFIG_DIR / "loop" / "study.yaml"
-SETTINGS = ("plain", "loop only", "loop-aware training only", "both")
 LOOP_CLASS = "lit_domino.lit.loop.LoopModule"
+PROJECTION = ("GPU projection: the measured τ, stages and draft times, every round verified as fast as the same "
+              "drafter's one-stage rounds (a GPU verifies the stages' few dozen tokens in about the time of one block).")
 PUBLISHED = "DLoop papers: +5 % to +41 % speedup over each drafter (EAGLE-3, DFlash, Domino), τ +12 % to +102 %"
 
 
@@ -249,11 +250,13 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | draft ms/round | verify ms/round | avg speedup | "
-             "Δ vs off | noise of Δ | Δ throughput vs off | paired Δ (±2 SE) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Δ vs off | noise of Δ | Δ throughput vs off | paired Δ (±2 SE) | avg speedup, GPU projection |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     out = []
     for kind in plan["drafters"]:
-        for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
+        for training, variant in (("plain", "plain"), ("control", CONTROL), ("loop-aware", "loop")):
+            if variant not in names[kind]:
+                continue
             name = names[kind][variant]
             off = [idx.get((name, "off", d)) or {} for d in domains]
             off_speed = _mean(c.get("speedup") for c in off)
@@ -263,14 +266,15 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 why = skip_reason(rows, plan, kind, name, label)
                 if why:
                     out.append({"drafter": kind, "training": training, "gate": label, "skipped": why})
-                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} |||||||||")
+                    lines.append(f"| {kind} | {training} | {label} | skipped: {why} ||||||||||")
                     continue
                 cells = off if cfg is None else [idx.get((name, label, d)) or {} for d in domains]
                 rec = {"drafter": kind, "training": training, "gate": label,
                        "tau": _mean(c.get("tau") for c in cells), "speedup": _mean(c.get("speedup") for c in cells),
                        "stages_per_round": _mean(c.get("stages_per_round") for c in cells),
                        "draft_ms_per_round": _mean(c.get("draft_ms_per_round") for c in cells),
-                       "verify_ms_per_round": _mean(c.get("verify_ms_per_round") for c in cells)}
+                       "verify_ms_per_round": _mean(c.get("verify_ms_per_round") for c in cells),
+                       "projected_speedup": _mean(projected(idx, name, label, d) for d in domains)}
                 rec["delta_pct"] = (100 * (rec["speedup"] / off_speed - 1) if finite(off_speed) and off_speed
                                     and finite(rec["speedup"]) else None)
                 rec["noise_pct"] = 100 * math.hypot(mean_noise(cells), off_noise) if cfg is not None else None
@@ -291,7 +295,9 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 paired = "–" if pd is None or not finite(pd) else f"{pd:+.1f} % (±{2 * se:.1f})"
                 lines.append(f"| {kind} | {training} | {label} | {_f(rec['tau'])} | {_f(rec['stages_per_round'])} | "
                              f"{_f(rec['draft_ms_per_round'])} | {_f(rec['verify_ms_per_round'])} | "
-                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} | {thr} | {paired} |")
+                             f"{_f(rec['speedup'], suffix='x')} | {delta} | {noise} | {thr} | {paired} | "
+                             f"{_f(rec['projected_speedup'], suffix='x')} |")
+    lines += ["", PROJECTION]
     return {"name": "gates", "rows": out, "markdown": "\n".join(lines)}
 
 
@@ -417,30 +423,71 @@ def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
     return {"name": "grid", "records": records, "markdown": "\n".join(lines)}
 
 
+CONTROL = "control n1"
+"""The fine-tune variant with ``max_stages = 1``: the loop-aware fine-tune's optimizer steps without the loop."""
+
+SETTING_CELLS = {"plain": ("plain", False), "loop only": ("plain", True), "control fine-tune": (CONTROL, False),
+                 "control + loop": (CONTROL, True), "loop-aware training only": ("loop", False), "both": ("loop", True)}
+"""Each DLoop-table setting: (the drafter variant, whether it decodes with the section's gate)."""
+SETTINGS = tuple(SETTING_CELLS)
+
+REFERENCE = {"control + loop": "control fine-tune", "loop-aware training only": "control fine-tune",
+             "both": "control fine-tune"}
+"""The row each setting's own gain is measured against: what more training alone gives (the control) is not the
+loop's, so the loop-aware rows are compared with the control fine-tune (the plain drafter without a control)."""
+
+
+def paired_delta(idx: dict, base: tuple[str, str], other: tuple[str, str], domains: list[str]) -> tuple[float, float]:
+    """``other`` (drafter name, gate label) against ``base`` prompt by prompt over ``domains`` (the two decoded the
+    same tokens: lossless): :func:`~lit_domino.decoding.metrics.paired_change`'s (Δ %, standard error)."""
+    pairs = []
+    for d in domains:
+        a = (idx.get((*base, d)) or {}).get("decode_s_by_prompt") or []
+        b = (idx.get((*other, d)) or {}).get("decode_s_by_prompt") or []
+        if len(a) == len(b):
+            pairs += zip(a, b)
+    return paired_change([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def projected(idx: dict, name: str, label: str, domain: str) -> float:
+    """The cell's speedup had every round verified as fast as the same drafter's one-stage rounds (DLoop off):
+    the GPU projection (a verify cost flat in the stages verified; :func:`flat_verify_speedup`)."""
+    off = idx.get((name, "off", domain)) or {}
+    return flat_verify_speedup(idx.get((name, label, domain)) or {}, off.get("verify_ms_per_round"))
+
+
+def _pm(delta, se) -> str:
+    return "–" if delta is None or not finite(delta) else f"{delta:+.1f} % (±{2 * se:.1f})"
+
+
 def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
-    """Per gate (the table's gate first, then ``plan["gates"]``), each drafter × {plain, loop only, loop-aware
-    training only, both}: τ and speedup per domain and on average. ``rows``: the table gate's rows (as before the
-    other gates joined), ``gate_rows``: every gate's, each with its ``gate``; a gate the drafter cannot use is a
-    line with the reason."""
+    """Per gate (the table's gate first, then ``plan["gates"]``), each drafter × {plain, loop only, control
+    fine-tune, control + loop, loop-aware training only, both} (the control rows where the plan fine-tunes one):
+    τ and speedup per domain and on average, the Δ against the plain drafter, the paired Δ (prompt by prompt,
+    ± 2 standard errors) against the plain drafter and against the control fine-tune (what the loop-aware rows owe
+    to the loop rather than to more training), and the GPU projection of the average speedup (measured τ, stages
+    and draft times; every round verified as fast as a one-stage round). A gate the drafter cannot use is a line
+    with the reason."""
     idx = cell_index(rows)
     domains = list(plan["prompts"])
     table_label = dloop_label(DLoopConfig(**plan["table_dloop"]))
     cols = domains + ["avg"]
-    header = ["drafter", "setting"] + [f"{d} τ" for d in cols] + [f"{d} speedup" for d in cols] + ["Δ speedup vs plain"]
+    header = (["drafter", "setting"] + [f"{d} τ" for d in cols] + [f"{d} speedup" for d in cols]
+              + ["Δ speedup vs plain", "paired Δ vs plain (±2 SE)", "paired Δ vs control (±2 SE)",
+                 "avg speedup, GPU projection", "projected Δ vs control"])
     all_rows, lines = [], []
     for cfg in gate_settings(plan):
         gate = dloop_label(cfg)
-        which = {"plain": ("plain", "off"), "loop only": ("plain", gate),
-                 "loop-aware training only": ("loop", "off"), "both": ("loop", gate)}
         lines += [f"### gate {gate}" + (" (the table's gate)" if gate == table_label else ""), "",
                   "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for kind in plan["drafters"]:
-            plain_avg = None
-            for setting in SETTINGS:
-                variant, label = which[setting]
-                name = names[kind][variant]
+            recs = {}
+            for setting, (variant, gated) in SETTING_CELLS.items():
+                if variant not in names[kind]:
+                    continue  # no control fine-tune in this plan
+                name, label = names[kind][variant], gate if gated else "off"
                 row = {"drafter": kind, "setting": setting, "drafter_name": name, "dloop": label, "gate": gate}
-                why = skip_reason(rows, plan, kind, name, label) if label != "off" else None
+                why = skip_reason(rows, plan, kind, name, label) if gated else None
                 if why:
                     row["skipped"] = why
                     all_rows.append(row)
@@ -449,24 +496,79 @@ def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
                 for d in domains:
                     r = idx.get((name, label, d)) or {}
                     row[f"{d}/tau"], row[f"{d}/speedup"] = r.get("tau"), r.get("speedup")
-                row["avg/tau"] = _mean(row[f"{d}/tau"] for d in domains)
-                row["avg/speedup"] = _mean(row[f"{d}/speedup"] for d in domains)
-                if setting == "plain":
-                    plain_avg = row["avg/speedup"]
-                row["delta_speedup_pct"] = (100.0 * (row["avg/speedup"] / plain_avg - 1.0)
-                                            if finite(plain_avg) and plain_avg and finite(row["avg/speedup"]) else None)
+                    row[f"{d}/projected_speedup"] = projected(idx, name, label, d)
+                for key in ("tau", "speedup", "projected_speedup"):
+                    row[f"avg/{key}"] = _mean(row[f"{d}/{key}"] for d in domains)
+                plain = recs.get("plain")
+                row["delta_speedup_pct"] = (100.0 * (row["avg/speedup"] / plain["avg/speedup"] - 1.0)
+                                            if plain and finite(plain["avg/speedup"]) and plain["avg/speedup"]
+                                            and finite(row["avg/speedup"]) else None)
+                cell = (name, label)
+                row["paired_vs_plain_pct"], row["paired_vs_plain_se"] = (
+                    paired_delta(idx, (plain["drafter_name"], plain["dloop"]), cell, domains) if plain else (None, None))
+                ref = recs.get(REFERENCE.get(setting, ""))
+                row["paired_vs_control_pct"], row["paired_vs_control_se"] = (
+                    paired_delta(idx, (ref["drafter_name"], ref["dloop"]), cell, domains) if ref else (None, None))
+                row["projected_vs_control_pct"] = (
+                    100.0 * (row["avg/projected_speedup"] / ref["avg/projected_speedup"] - 1.0)
+                    if ref and finite(ref["avg/projected_speedup"]) and finite(row["avg/projected_speedup"]) else None)
+                recs[setting] = row
                 all_rows.append(row)
                 cells = [kind, setting] + [_f(row[f"{d}/tau"]) for d in cols]
                 cells += [_f(row[f"{d}/speedup"], suffix="x") for d in cols]
-                cells.append("–" if setting == "plain" or row["delta_speedup_pct"] is None
-                             else f"{row['delta_speedup_pct']:+.1f} %")
+                cells += ["–" if setting == "plain" or row["delta_speedup_pct"] is None
+                          else f"{row['delta_speedup_pct']:+.1f} %",
+                          "–" if setting == "plain" else _pm(row["paired_vs_plain_pct"], row["paired_vs_plain_se"]),
+                          _pm(row["paired_vs_control_pct"], row["paired_vs_control_se"]),
+                          _f(row["avg/projected_speedup"], suffix="x"),
+                          "–" if row["projected_vs_control_pct"] is None else f"{row['projected_vs_control_pct']:+.1f} %"]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(f"loop = the DLoop gate of each section ([GATE@]threshold:max_stages; trunc@p: DSpark's stage "
-                 f"truncation, one stage); published: {PUBLISHED}.")
+                 f"truncation, one stage); control fine-tune = the loop-aware fine-tune's steps with max_stages = 1 "
+                 f"(no loop): the loop-aware rows' gain over it is the loop's, not more training's. Paired Δ: each "
+                 f"prompt's decode time against the same prompt's (the same tokens: lossless), ± twice its standard "
+                 f"error. {PROJECTION} Published: {PUBLISHED}.")
     return {"name": "dloop", "gate": table_label, "columns": cols,
             "rows": [r for r in all_rows if r["gate"] == table_label], "gate_rows": all_rows,
             "markdown": "\n".join(lines)}
+
+
+def loop_gain_table(dloop: dict, rows: list[dict], plan: dict) -> dict:
+    """The loop's own gain per drafter, gate and domain: loop-aware training with the loop ("both") against the
+    control fine-tune decoded plainly, measured (paired over the domain's prompts, ± 2 SE) and GPU-projected;
+    drafters without a control fine-tune are compared with the plain drafter (said in the row)."""
+    idx = cell_index(rows)
+    domains = list(plan["prompts"])
+    header = (["drafter", "gate", "against"] + [f"{d} Δ (±2 SE)" for d in domains + ["all prompts"]]
+              + [f"{d} Δ, GPU projection" for d in domains + ["avg"]])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = []
+    by = {(r["gate"], r["drafter"], r["setting"]): r for r in dloop["gate_rows"]}
+    for cfg in gate_settings(plan):
+        gate = dloop_label(cfg)
+        for kind in plan["drafters"]:
+            both = by.get((gate, kind, "both"))
+            ref = by.get((gate, kind, "control fine-tune")) or by.get((gate, kind, "plain"))
+            if not both or not ref or both.get("skipped"):
+                continue
+            base, cell = (ref["drafter_name"], "off"), (both["drafter_name"], both["dloop"])
+            rec = {"drafter": kind, "gate": gate, "against": ref["setting"]}
+            cells = []
+            for d in domains + [None]:
+                delta, se = paired_delta(idx, base, cell, domains if d is None else [d])
+                rec[f"{d or 'all'}/delta_pct"], rec[f"{d or 'all'}/se_pct"] = delta, se
+                cells.append(_pm(delta, se))
+            for d in domains + ["avg"]:
+                a, b = ref[f"{d}/projected_speedup"], both[f"{d}/projected_speedup"]
+                rec[f"{d}/projected_delta_pct"] = 100.0 * (b / a - 1.0) if finite(a) and finite(b) and a else None
+                cells.append("–" if rec[f"{d}/projected_delta_pct"] is None
+                             else f"{rec[f'{d}/projected_delta_pct']:+.1f} %")
+            out.append(rec)
+            lines.append("| " + " | ".join([kind, gate, ref["setting"]] + cells) + " |")
+    lines += ["", f"Δ: the loop-aware fine-tune decoded with the gate against the control fine-tune decoded plainly "
+                  f"(the same optimizer steps without the loop), prompt by prompt. {PROJECTION}"]
+    return {"name": "loop_gain", "rows": out, "markdown": "\n".join(lines)}
 
 
 def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> dict:
@@ -780,15 +882,17 @@ def attach_needed(target, drafters: dict, dloops: dict, plan: dict) -> list[dict
 
 
 def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = True) -> list[dict]:
-    """Decode on the eval prompts: the plain and primary loop-trained drafters with every DLoop setting each can
-    use (one interleaved benchmark), the other fine-tunes (other detach setting, control) with DLoop off and the
+    """Decode on the eval prompts: the plain, primary loop-trained and control drafters with every DLoop setting
+    each can use (one interleaved benchmark), the other fine-tunes (the other detach setting) with DLoop off and the
     table's gate (a second benchmark with its own AR baseline), then the block-size sweep: each plain drafter at
     every ``plan["block_sizes"]`` below its trained one with DLoop off and the sweep's gates (a benchmark per
     block size, rows marked ``sweep``). A setting a drafter cannot use leaves a ``skipped`` row with the reason."""
 
     prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
     kind_of = {name: kind for kind, variants in names.items() for name in variants.values()}
-    grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop")]
+    # the control fine-tune decodes every setting beside the plain and loop-aware drafters (one interleaved
+    # benchmark, one AR baseline): each table compares the loop with more training alone
+    grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop", CONTROL) if v in names[k]]
     extra_names = [n for n in trained if n not in grid_names]
     table = DLoopConfig(**plan["table_dloop"])
     sweep_cfgs = [None] + [DLoopConfig(**g) for g in plan["sweep_gates"]]
@@ -854,9 +958,18 @@ def table_metrics(tables: dict) -> dict[str, float]:
     MLflow-safe (``conf@0.5:3`` -> ``conf_0.5:3``)."""
     table = tables["dloop"]
     cells = [{"name": (() if r["gate"] == table["gate"] else ("gate", r["gate"])) + (
-        r["drafter"], r["setting"].replace(" ", "_"), d), "tau": r.get(f"{d}/tau"), "speedup": r.get(f"{d}/speedup")}
+        r["drafter"], r["setting"].replace(" ", "_"), d), "tau": r.get(f"{d}/tau"), "speedup": r.get(f"{d}/speedup"),
+        "projected_speedup": r.get(f"{d}/projected_speedup")}
         for r in table.get("gate_rows", table["rows"]) for d in table["columns"]]
-    metrics = row_metrics(cells, ("tau", "speedup"), by=lambda c: c["name"], sep=".")
+    metrics = row_metrics(cells, ("tau", "speedup", "projected_speedup"), by=lambda c: c["name"], sep=".")
+    if "loop_gain" in tables:  # the loop's own gain: measured (paired, its standard error) and projected
+        domains = [c for c in table["columns"] if c != "avg"]
+        gains = [{"name": ("loop_gain", r["gate"], r["drafter"], d), "delta_pct": r.get(f"{d}/delta_pct"),
+                  "se_pct": r.get(f"{d}/se_pct"), "projected_delta_pct": r.get(f"{'avg' if d == 'all' else d}"
+                                                                               "/projected_delta_pct")}
+                 for r in tables["loop_gain"]["rows"] for d in domains + ["all"]]
+        metrics.update(row_metrics(gains, ("delta_pct", "se_pct", "projected_delta_pct"), by=lambda c: c["name"],
+                                   sep="."))
     metrics.update(row_metrics(tables["grid"]["records"], ("tau", "fwd_per_token", "speedup"), sep=".", by=lambda r: (
         "grid", r["drafter"], r["training"], "off" if r["threshold"] is None else f"g{r['threshold']:g}",
         f"N{r['max_stages']}", r["domain"])))
@@ -905,7 +1018,8 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     names, trained, reports = train_all(plan, t0, progress)
 
     eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "gates",
-                                          "pool_size", "repeats", "seed", "threads", "block_sizes", "sweep_gates")}
+                                          "pool_size", "repeats", "seed", "threads", "block_sizes", "sweep_gates",
+                                          "control")}
     eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
                 "target": target.fingerprint()}  # everything evaluate() decodes by
     if any(c.needs_predictor for c in gate_settings(plan) + figure_gates(plan)):  # and the predictors they read
@@ -914,7 +1028,7 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
         eval_key["predictors"] = predictor_settings(preset)
 
     def decode() -> list[dict]:
-        n_grid = 2 * len(plan["drafters"])
+        n_grid = sum(1 for k in plan["drafters"] for v in ("plain", "loop", CONTROL) if v in names[k])
         _log(f"stage 3/4 decode {n_grid} drafters x up to {len(dloop_settings(plan))} DLoop settings, "
              f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']} x {plan['repeats']} repeats, "
              f"then the plain drafters at B = {plan['block_sizes'] or 'their trained'}", t0)
@@ -930,6 +1044,7 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),
               "detach": detach_table(rows, names, reports, plan), "calibration": calibration(rows, names, plan),
               "gates": gates_table(rows, names, plan), "gain": gain_points(rows, names, plan)}
+    tables["loop_gain"] = loop_gain_table(tables["dloop"], rows, plan)
     files = []
     for name, table in tables.items():
         md = out_dir / f"{name}-{preset}.md"
@@ -954,6 +1069,8 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     print(f"\n## DLoop table ({preset}; Domino decoded with {pool}; speedup = our AR time per token / speculative, "
           "prefill excluded)\n")
     print(tables["dloop"]["markdown"])
+    print(f"\n## The loop's own gain: loop-aware training + loop against the control fine-tune ({preset})\n")
+    print(tables["loop_gain"]["markdown"])
     print(f"\n## detach_stage_context and the no-loop control ({preset})\n")
     print(tables["detach"]["markdown"])
     print(f"\n## Threshold x depth grid ({preset})\n")

@@ -50,7 +50,7 @@ from lit_domino.runtime import cache
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.threads import pinned_threads
-from lit_domino.studies.common import cached_rows, check_lossless, log_metrics, mlflow_name
+from lit_domino.studies.common import cached_rows, check_lossless, flat_verify_speedup, log_metrics, mlflow_name
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.training.configs import CONFIG_DIR, available_variants, check_preset, compose, load_config, module_class
 
@@ -214,13 +214,11 @@ def _f(x, digits=2, suffix="") -> str:
 
 def projected_speedup(row: dict, curve: VerifyCost) -> float:
     """The row's speedup with its verify time on the GPU-shaped curve (module docstring; a projection)."""
-    d, v, o = (row.get(k) for k in ("draft_ms_per_round", "verify_ms_per_round", "other_ms_per_round"))
-    n, s = row.get("nodes_per_round"), row.get("speedup")
-    if not all(finite(x) for x in (d, v, o, n, s)) or n > GPU_FLAT_NODES:
+    v, n = row.get("verify_ms_per_round"), row.get("nodes_per_round")
+    if not finite(v) or not finite(n) or n > GPU_FLAT_NODES:
         return float("nan")
     c1, cn = 1e3 * curve.seconds_at(1), 1e3 * curve.seconds_at(max(1, round(n)))
-    v_gpu = max(v - (cn - c1), v * c1 / cn)
-    return s * (d + v + o) / (d + v_gpu + o)
+    return flat_verify_speedup(row, max(v - (cn - c1), v * c1 / cn))
 
 
 def records(rows: list[dict], curve: VerifyCost) -> list[dict]:

@@ -83,20 +83,22 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [
         {"kind": "drafter", "drafter": n, "dloop": "off", "benchmark": "embedded-math"} for n in drafters])
     rows = ds.evaluate(None, trained, names, plan, progress=False)
-    assert [sorted(d) for d, _ in calls] == [["domino/loop-detach", "domino/plain", "eagle3/loop-detach",
-                                              "eagle3/plain"], ["domino/control-n1"], ["domino/plain"]]
+    # the control fine-tune decodes every setting beside the plain and loop-aware drafters (one AR baseline)
+    assert [sorted(d) for d, _ in calls] == [["domino/control-n1", "domino/loop-detach", "domino/plain",
+                                              "eagle3/loop-detach", "eagle3/plain"], ["domino/plain"]]
     assert all(kw["pool_sizes"] == [64] and kw["repeats"] == plan["repeats"] == 1 for _, kw in calls)
     assert all(kw["record_stages"] for _, kw in calls)  # the whole-stage rate is read from the stage records
     grid = calls[0][1]["dloops"]
     labels = lambda cfgs: [ds.dloop_label(c) for c in cfgs]
     assert labels(grid["domino/plain"]) == ["off", "-0.5:3", "conf@0.5:3", "cost:3", "trunc@0.3"]
     assert labels(grid["eagle3/plain"]) == ["off", "-0.5:3"]  # the predictor gates skipped (planned, with reasons)
-    assert sorted(attached) == ["domino/loop-detach", "domino/plain"]  # not EAGLE-3, nor the control (sum gate only)
-    assert sorted(aliases) == ["domino", "domino/loop-detach"]  # the plain one: the acceptance study's artifact name
-    assert labels(calls[1][1]["dloops"]["domino/control-n1"]) == ["off", "-0.5:3"]
+    assert sorted(attached) == ["domino/control-n1", "domino/loop-detach", "domino/plain"]  # not EAGLE-3
+    # the plain one: the acceptance study's artifact name
+    assert sorted(aliases) == ["domino", "domino/control-n1", "domino/loop-detach"]
+    assert labels(grid["domino/control-n1"]) == labels(grid["domino/plain"])
     # the sweep: B = 4 for Domino (trained 8) with the sweep's gates; EAGLE-3 trained at 4 is decoded there once;
     # B = 16 is above both trained block sizes: skipped rows with the reason
-    assert calls[2][1]["block_size"] == 4 and labels(calls[2][1]["dloops"]["domino/plain"]) == ["off", "-0.5:3",
+    assert calls[1][1]["block_size"] == 4 and labels(calls[1][1]["dloops"]["domino/plain"]) == ["off", "-0.5:3",
                                                                                               "conf@0.5:3"]
     assert "block_size" not in calls[0][1]
     assert [r["sweep"] for r in rows if r.get("sweep")] == [4]
@@ -222,16 +224,19 @@ def fake_rows(plan, names):
     rows = []
     for kind in plan["drafters"]:
         for variant, name in names[kind].items():
-            boost = 0.3 if variant != "plain" else 0.0
+            boost = {"plain": 0.0, ds.CONTROL: 0.1}.get(variant, 0.3)
             for dl in ds.drafter_settings(plan, kind):
                 label = "off" if dl is None else dl.label()
                 extra = 0.0 if dl is None else 0.2 * (dl.max_stages - 1)
+                stages = 1.0 if dl is None else 1.5
                 for d in plan["prompts"]:
                     tau = 2.0 + boost + extra
                     rows.append({"benchmark": d, "method": f"{name}+{label}", "kind": "drafter", "drafter": name,
                                  "temperature": 0.0, "dloop": label, "tau": tau, "speedup": tau / 2.0,
                                  "rounds": 10, "tokens": 10 * tau + 3, "num_prompts": 3, "match_baseline": 1.0,
-                                 "stages_per_round": 1.0 if dl is None else 1.5, "block_size": 8})
+                                 "stages_per_round": stages, "block_size": 8, "draft_ms_per_round": 1.0 * stages,
+                                 "verify_ms_per_round": 4.0 * stages, "other_ms_per_round": 1.0,
+                                 "decode_s_by_prompt": [t / tau for t in (1.0, 2.0, 4.0)]})
     rows.append({"benchmark": "embedded-math", "method": "ar", "kind": "ar", "drafter": None, "temperature": 0.0,
                  "dloop": "off", "tau": 1.0, "speedup": 1.0})
     return rows
@@ -240,16 +245,32 @@ def fake_rows(plan, names):
 def test_tables_have_the_papers_shape():
     plan = ds.study_plan("smoke", thresholds=[-0.5, -1.0], stages=[1, 2, 3])
     names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop grad": f"{k}/loop-grad",
-                 "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+                 ds.CONTROL: f"{k}/control-n1", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
     rows = fake_rows(plan, names)
     table = ds.dloop_table(rows, names, plan)
-    assert [(r["drafter"], r["setting"]) for r in table["rows"][:4]] == [("backbone", s) for s in ds.SETTINGS]
+    assert [(r["drafter"], r["setting"]) for r in table["rows"][:6]] == [("backbone", s) for s in ds.SETTINGS]
     by = {(r["drafter"], r["setting"]): r for r in table["rows"]}
     assert by[("domino", "plain")]["avg/tau"] == 2.0
     assert by[("domino", "loop only")]["avg/tau"] == pytest.approx(2.4)  # gate -0.5:3
     assert by[("domino", "loop-aware training only")]["avg/tau"] == pytest.approx(2.3)
     assert by[("domino", "both")]["avg/tau"] == pytest.approx(2.7)
     assert by[("domino", "both")]["delta_speedup_pct"] == pytest.approx(35.0)
+    # the control fine-tune (more training, no loop) is every section's reference for the loop-aware rows
+    assert by[("domino", "control fine-tune")]["avg/tau"] == pytest.approx(2.1)
+    assert by[("domino", "control + loop")]["avg/tau"] == pytest.approx(2.5)
+    assert by[("domino", "both")]["paired_vs_control_pct"] == pytest.approx(100 * (2.7 / 2.1 - 1))
+    assert by[("domino", "both")]["paired_vs_control_se"] == pytest.approx(0.0, abs=1e-9)  # one ratio per prompt
+    assert by[("domino", "loop only")]["paired_vs_control_pct"] is None  # the plain drafter's rows: no control
+    # GPU projection: the 1.5-stage rounds verified in the one-stage rounds' 4 ms, draft and other as measured
+    assert by[("domino", "both")]["avg/projected_speedup"] == pytest.approx(1.35 * 8.5 / 6.5)
+    assert by[("domino", "plain")]["avg/projected_speedup"] == pytest.approx(1.0)  # off: nothing to project
+    assert by[("domino", "both")]["projected_vs_control_pct"] == pytest.approx(100 * (1.35 * 8.5 / 6.5 / 1.05 - 1))
+    gain = ds.loop_gain_table(table, rows, plan)
+    g = {(r["gate"], r["drafter"]): r for r in gain["rows"]}
+    assert g[("-0.5:3", "domino")]["against"] == "control fine-tune"
+    assert g[("-0.5:3", "domino")]["embedded-math/delta_pct"] == pytest.approx(100 * (2.7 / 2.1 - 1))
+    assert g[("-0.5:3", "domino")]["avg/projected_delta_pct"] == pytest.approx(100 * (1.35 * 8.5 / 6.5 / 1.05 - 1))
+    assert ("cost:3", "eagle3") not in g and ("-0.5:3", "eagle3") in g  # a gate EAGLE-3 cannot use: no gain row
     # one section per gate: the table's, then conf, cost and truncation; EAGLE-3's loop rows there say why not
     assert [line for line in table["markdown"].splitlines() if line.startswith("### ")] == [
         "### gate -0.5:3 (the table's gate)", "### gate conf@0.5:3", "### gate cost:3", "### gate trunc@0.3"]
@@ -282,9 +303,10 @@ def test_table_metrics_names():
     assert metrics["grid.domino.plain.off.N1.embedded-code.fwd_per_token"] == pytest.approx(10 / (10 * 2.0))
     assert metrics["grid.eagle3.loop-aware.g-0.5.N3.embedded-chat.tau"] == pytest.approx(2.7)
     # "loop only"/"both" of the dloop table: gate -0.5:3 is in the grid; every value is finite
-    assert len([k for k in metrics if not k.startswith(("grid.", "gate."))]) == len(plan["drafters"]) * 4 * 4 * 2
-    # the other gates' tables: 4 parallel drafters x 4 settings, EAGLE-3's 2 (no loop rows: skipped), x 4 columns x 2
-    assert len([k for k in metrics if k.startswith("gate.")]) == 3 * (4 * 4 + 2) * 4 * 2
+    # (tau, speedup and the projected speedup)
+    assert len([k for k in metrics if not k.startswith(("grid.", "gate."))]) == len(plan["drafters"]) * 4 * 4 * 3
+    # the other gates' tables: 4 parallel drafters x 4 settings, EAGLE-3's 2 (no loop rows: skipped), x 4 columns x 3
+    assert len([k for k in metrics if k.startswith("gate.")]) == 3 * (4 * 4 + 2) * 4 * 3
     assert metrics["gate.conf_0.5:3.domino.both.avg.tau"] == pytest.approx(2.7)  # "@": not in MLflow's names
     assert "gate.conf_0.5:3.eagle3.both.avg.tau" not in metrics
     assert all(math.isfinite(v) for v in metrics.values())
@@ -386,6 +408,9 @@ def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
             r.update(speedup=0.97 if gate else 1.0, rounds=8 if gate else 10, draft_ms_per_round=3.0 if gate else 2.0,
                      verify_ms_per_round=7.5, other_ms_per_round=0.5,  # and prompt by prompt: 1.1x, 1.2x, 1.1x
                      decode_s_by_prompt=[1.0, 1.0, 6.0] if gate else [1.1, 1.2, 6.6])
+        if r.get("drafter") == "domino/plain" and r["dloop"] == "-0.5:3":  # a row without its times
+            for key in ("draft_ms_per_round", "verify_ms_per_round", "other_ms_per_round", "decode_s_by_prompt"):
+                r.pop(key)
     table = ds.gates_table(rows, {k: {"plain": v["plain"], "loop": v["loop"]} for k, v in names.items()}, plan)
     by = {(r["drafter"], r["training"], r["gate"]): r for r in table["rows"]}
     cost = by[("domino", "plain", "cost:3")]
@@ -402,9 +427,9 @@ def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
     assert cost["paired_se_pct"] == pytest.approx(100 * se)
     assert math.isnan(by[("domino", "plain", "-0.5:3")]["paired_delta_pct"])  # no per-prompt times: printed –
     assert any(line.startswith("| domino | plain | cost:3 |") and
-               line.endswith(f"| -3.0 % | – | +13.6 % | {100 * math.expm1(mean):+.1f} % (±{200 * se:.1f}) |")
-               for line in lines)
-    assert all(line.count("|") == header.count("|") for line in lines)  # skipped rows too
+               line.endswith(f"| -3.0 % | – | +13.6 % | {100 * math.expm1(mean):+.1f} % (±{200 * se:.1f}) | 0.97x |")
+               for line in lines)  # verified as fast as the rounds off: the projection is the measured speedup
+    assert all(line.count("|") == header.count("|") for line in lines if line.startswith("|"))  # skipped rows too
 
 
 def test_a_gate_setting_that_can_never_open_is_refused_before_training():
