@@ -399,7 +399,13 @@ def test_the_gpu_check_dry_run_on_cpu(rehearsal_report, tmp_path):
     spec.loader.exec_module(check)
     out = check.main(["--device", "cpu", "--out", str(tmp_path)])
     parts = out["parts"]
-    assert out["ok"], {n: p.get("error") for n, p in parts.items()}
+    assert out["ok"], {n: {k: v for k, v in p.items() if k in ("ok", "error", "summary", "output_tail")}
+                       | ({"not lossless": [(r["benchmark"], r["method"], r["match_baseline"]) for r in
+                                             p["report"].get("rows", []) if r.get("match_baseline", 1.0) != 1.0]}
+                          if isinstance(p.get("report"), dict) else {})
+                       | ({"stages": {k: v.get("lossless") for k, v in p["report"]["stages"].items()}}
+                          if isinstance((p.get("report") or {}).get("stages"), dict) else {})
+                       for n, p in parts.items()}
     assert [p.name for p in tmp_path.glob("check-*.json")] and out["device"] == "cpu (dry run)"
     rehearsal = parts["rehearsal"]["report"]["stages"]
     assert rehearsal["regenerate"]["cached"] and all(t["from_cache"] for t in rehearsal["train"]["trainings"])

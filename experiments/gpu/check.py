@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -63,7 +64,10 @@ def rehearsal(args) -> dict:
 
 def cuda_tests(args) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", str(ROOT / "tests" / "test_cuda.py")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.part_timeout)
+    # a pytest of its own: without the calling pytest's variables (an xdist worker's PYTEST_XDIST_WORKER makes the
+    # suite's conftest regroup the items, and the child then runs none of them)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.part_timeout, env=env)
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     # on a GPU every test runs and passes; on a CPU (the dry run) every one skips, none errors
     ok = proc.returncode == 0 and ("passed" in last if args.device == "cuda" else "skipped" in last)
