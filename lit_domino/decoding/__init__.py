@@ -15,7 +15,7 @@ from lit_domino.runtime.lazy import lazy_exports
 # Re-exported lazily (PEP 562): a command parses a DLoop spec through this package before torch is imported.
 _LAZY = {
     "DLoopConfig": "lit_domino.decoding.dloop",
-    "GenerationResult": "lit_domino.decoding.engine",
+    "GenerationResult": "lit_domino.decoding.result",
     "generate": "lit_domino.decoding.engine",
     "crop_cache": "lit_domino.decoding.kv",
     "TreeConfig": "lit_domino.decoding.tree",

@@ -42,6 +42,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from lit_domino.models.capabilities import capabilities_of
 from lit_domino.models.layers import memo_on_weights
 from lit_domino.runtime.command import UsageError
 
@@ -92,15 +93,14 @@ def stage_inputs(hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tenso
 def causal_state_size(drafter) -> int | None:
     """The width of ``drafter``'s causal state over a stage's previous tokens (Domino's GRU: d_s), None without one
     (the method interface: ``causal_state_size`` and ``causal_states(prev)``)."""
-    size = getattr(drafter, "causal_state_size", None)
-    return None if size is None or getattr(drafter, "causal_states", None) is None else int(size)
+    return capabilities_of(drafter).causal_state
 
 
 def require_causal_state(drafter, why: str) -> int:
     """:func:`causal_state_size`, or :class:`NoAcceptancePredictor` naming ``why`` for a drafter without one."""
     size = causal_state_size(drafter)
     if size is None:
-        kind = getattr(drafter, "kind", type(drafter).__name__)
+        kind = capabilities_of(drafter).kind
         raise NoAcceptancePredictor(f"{why}: inputs 'gru' read Domino's GRU state, and the {kind} drafter has no "
                                     "causal state (use inputs 'hidden')")
     return size
@@ -119,10 +119,7 @@ def input_width(drafter, inputs: str) -> int:
 
 def supports_predictor(drafter) -> bool:
     """Whether ``drafter``'s sessions keep each stage's block hidden states (the parallel drafters)."""
-    from lit_domino.models.backbone import ParallelSession
-
-    cls = getattr(drafter, "session_class", None)
-    return isinstance(cls, type) and issubclass(cls, ParallelSession)
+    return capabilities_of(drafter).block_hidden
 
 
 # --------------------------------------------------------------------------- heads
@@ -391,8 +388,7 @@ class AcceptancePredictor:
         (``own_confidence_table``: DSpark's); built once per weights (a gate reads the head at every stage). None
         for a head that reads more (Domino's GRU state)."""
         if self.head is None:  # the drafter's own head keeps its own table
-            table = getattr(drafter, "own_confidence_table", None)
-            return None if table is None else table()
+            return drafter.own_confidence_table() if capabilities_of(drafter).confidence_table else None
         if self.head.input_kind != "hidden":
             return None
         proj, embed = self.head.proj, drafter.embed.weight
@@ -469,8 +465,7 @@ def attach(drafter, predictor: AcceptancePredictor, check: bool = True):
 
 def own_predictor(drafter) -> AcceptancePredictor | None:
     """An uncalibrated predictor from the drafter's own head (DSpark), None when it has none."""
-    own = getattr(drafter, "own_confidence_logits", None)
-    if own is None or not getattr(drafter, "has_confidence_head", False):
+    if not capabilities_of(drafter).confidence_head:
         return None
     return AcceptancePredictor(drafter_key="", head=None, calibration=None, meta={"source": "own head"})
 
@@ -485,7 +480,7 @@ def predictor_of(drafter) -> AcceptancePredictor | None:
 def require_predictor(drafter, why: str, calibrated: bool = False) -> AcceptancePredictor:
     """The predictor a gate needs (``why`` names the gate), or :class:`NoAcceptancePredictor` before decoding."""
     pred = predictor_of(drafter)
-    kind = getattr(drafter, "kind", type(drafter).__name__)
+    kind = capabilities_of(drafter).kind
     if pred is None:
         raise NoAcceptancePredictor(
             f"{why} needs acceptance probabilities, and this {kind} drafter has no confidence head: train an add-on "

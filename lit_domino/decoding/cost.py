@@ -148,7 +148,7 @@ def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, contex
     9.5 ms between runs on a shared 2-core box); kept per target model, dtype, device, widths, context and
     ``hidden`` (printed once when measured). Times are made non-decreasing (a larger forward never costs less; a
     lucky sample would otherwise invite a larger tree or more stages)."""
-    from lit_domino.decoding.engine import _TargetRunner
+    from lit_domino.decoding.round import TargetRunner
 
     widths = tuple(int(w) for w in widths)
     if not widths or repeats < 1 or context < 1:
@@ -160,7 +160,7 @@ def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, contex
     dev = torch.device(target.device)
     gen = torch.Generator().manual_seed(0)
     vocab = target.vocab_size
-    runner = _TargetRunner(target, context + max(widths) + 1, False, False)
+    runner = TargetRunner(target, context + max(widths) + 1, False, False)
     runner.prefill(torch.randint(0, vocab, (context,), generator=gen).to(dev), False)
     inputs = [torch.randint(0, vocab, (n + 1,), generator=gen).to(dev) for n in widths]
     samples = [[] for _ in widths]

@@ -189,7 +189,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
     (:func:`~lit_domino.decoding.acceptance.predictor_of`). Measured one part after another, a load spike during
     one part skewed it alone: a default-preset model read a rollback of 3 ms (0.2 ms when quiet)."""
     from lit_domino.decoding.acceptance import predictor_of
-    from lit_domino.decoding.engine import _TargetRunner, feature_layers
+    from lit_domino.decoding.round import TargetRunner, feature_layers
     from lit_domino.target.load import select_features
 
     drafter.bind_target(target)
@@ -203,7 +203,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
     nodes = tuple(sorted({0, 1, *(s * K for s in range(1, max_stages + 1))}))
     curve = measure_verify_cost(target, nodes, context=context, repeats=repeats, verbose=False,
                                 hidden=layers is not None)
-    runner = _TargetRunner(target, context + 2, False, False)
+    runner = TargetRunner(target, context + 2, False, False)
     out = runner.prefill(prompt, layers is not None)
     feats = select_features(out.hidden_states, layers)[0] if layers is not None else None
     was = drafter.training

@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from lit_domino.decoding.engine import GenerationResult
+from lit_domino.decoding.result import GenerationResult
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """One round's drafting under a DLoop gate: how many stages, and where a stage ends.
 
-:class:`RoundPolicy` drafts the stages of one round for the engine (:func:`round_policy` builds it, with every
-check, before decoding). Without DLoop it drafts one stage, exactly as plain speculative decoding. The papers'
+:class:`RoundPolicy` drafts the stages of one DLoop round for the chain proposer (:func:`round_policy` builds it,
+with every check, before decoding); a round without DLoop drafts one stage and never touches a gate. Each gate is
+an object with its own named state and one decision, "draft another stage?" (:class:`LogGate`, :class:`ConfGate`,
+:class:`CostGate`); truncation (:class:`Truncation`) decides where a stage ends. The papers'
 log gates compare the last stage's confidence with g; the predictor gates read the calibrated acceptance
 probabilities c_j of :mod:`lit_domino.decoding.acceptance`, whose running product, through the calibration's
 survival maps, is the round's survival S_j, and the calibration's stage-level maps of it
@@ -23,8 +25,8 @@ stage boundary decides on):
   predicts. The gate prices its own read too: a read and the arithmetic on it cost 0.1-0.17 ms a round in the
   default preset's decodes, 1-1.5 % of a round, paid even where no stage opens. A read earns what the stage it
   opens is modelled to add (``gain / ρ - extra time``, seconds; nothing when it opens none), and once a
-  sequence's reads, after the first :attr:`RoundPolicy.READ_GRACE`, have earned less than they cost (the cost
-  model's ``read_s`` each), the gate reads only every :attr:`RoundPolicy.PROBE_EVERY`-th round until one pays
+  sequence's reads, after the first :attr:`CostGate.READ_GRACE`, have earned less than they cost (the cost
+  model's ``read_s`` each), the gate reads only every :attr:`CostGate.PROBE_EVERY`-th round until one pays
   again: where the drafter's stages are rarely accepted whole (the default backbone on math opened no stage in
   282 rounds) the round is then plain;
 * ``truncate`` p: keep a stage's drafts while S_j >= p (the first stage keeps at least one), then end the round.
@@ -57,86 +59,238 @@ def truncated(stage: StageDraft, n: int) -> StageDraft:
     return StageDraft(stage.tokens[:n], cut(logprobs), cut(stage.probs), cut(getattr(stage, "logits", None)))
 
 
+class Gate:
+    """A DLoop gate: one decision, "draft another stage?", after each stage of a round. Its state is its own; the
+    engine calls :meth:`begin` before a sequence and :meth:`observe` after each round."""
+
+    def begin(self) -> None:
+        """A new sequence."""
+
+    def observe(self, accepted: int, stages: int, verified: int) -> None:
+        """A round accepted ``accepted`` drafts (and emitted a bonus) from ``stages`` stages and a forward of
+        ``verified`` tokens."""
+
+    def worth_reading(self, k: int, room: int) -> bool:
+        """Whether this round's stages are read at all after a first stage of ``k`` drafts (False: the round is
+        plain, one stage)."""
+        return True
+
+    def read(self, survival: float, k: int, first: bool) -> None:
+        """The predictor was read (and the stage not truncated): a stage of ``k`` drafts (``first``: the round's
+        first), the round's survival ``survival`` after it."""
+
+    def another(self, stage: StageDraft, done: int, survival: float, m: int, room: int) -> bool:
+        """Draft another stage of ``room`` drafts after ``done`` stages of ``m`` drafts, the last one ``stage``,
+        whose survival is ``survival`` (the predictor gates)?"""
+        raise NotImplementedError
+
+
+@dataclass
+class LogGate(Gate):
+    """The papers' gates (``sum``, ``mean``, ``scaled``, ``last``): another stage while the last stage's confidence
+    from its draft log-probabilities is >= g (:meth:`DLoopConfig.confidence`). No state."""
+
+    dloop: DLoopConfig
+
+    def another(self, stage, done, survival, m, room) -> bool:
+        return self.dloop.should_continue(done, self.dloop.confidence(stage.logprobs))
+
+
+def whole(predictor: AcceptancePredictor, survival: float) -> float:
+    """P(every draft so far is accepted | their survival product): the calibration's stage map (S itself for an
+    uncalibrated predictor)."""
+    cal = predictor.calibration
+    return survival if cal is None else cal.whole_stage(survival)
+
+
+@dataclass
+class ConfGate(Gate):
+    """``conf`` p: another stage while P(whole | S_m) >= p. No state."""
+
+    dloop: DLoopConfig
+    predictor: AcceptancePredictor
+
+    def another(self, stage, done, survival, m, room) -> bool:
+        return self.dloop.should_continue(done, whole(self.predictor, survival))
+
+
+@dataclass
+class CostGate(Gate):
+    """``cost``: another stage when what it is expected to add beats what its time would yield at the sequence's
+    rate ρ (the module docstring). Its state: ρ's tokens and modelled seconds, the trust record of the sequence's
+    first stages, and its reads' account."""
+
+    dloop: DLoopConfig
+    predictor: AcceptancePredictor
+    cost: CostModel
+    tokens: float = 0.0
+    """ρ's numerator: tokens committed in the sequence (a plain round's prior included)."""
+    seconds: float = 0.0
+    """ρ's denominator: the modelled seconds of the sequence's rounds (the prior's included)."""
+    predicted: float = 0.0
+    """Σ P(whole | S) over the sequence's read first stages."""
+    hits: float = 0.0
+    """How many of those first stages the target accepted whole."""
+    first: tuple | None = None
+    """This round's first stage as the gate read it: (P(whole | S), its drafts); None when it was not read."""
+    earned: float = 0.0
+    """Modelled seconds the sequence's reads have earned (:meth:`reads_pay`)."""
+    reads: int = 0
+    """Reads of the predictor in the sequence."""
+    since: int = 0
+    """Rounds since the last read."""
+    _gains: dict = field(default_factory=dict, repr=False)
+    """:meth:`may_open`'s best case by (first stage's drafts, room after it): (G(1), the stage's modelled seconds)."""
+    _times: dict = field(default_factory=dict, repr=False)
+    """:meth:`CostModel.round_time` by (stages, verified), for this decode (the model stands still)."""
+
+    PRIOR_ROUNDS = 4
+    """Plain rounds of the calibration's expected length that ρ starts from (and is pulled towards early on)."""
+    READ_GRACE = 4
+    """Reads of a sequence the gate makes before its reads must have earned what they cost."""
+    PROBE_EVERY = 8
+    """While its reads have not paid, the gate reads every this many rounds (a sequence's text can change: a prose
+    answer that reaches a code block), the others plain."""
+
+    def begin(self) -> None:
+        """ρ restarts from the prior (a plain round's expected tokens over its modelled time)."""
+        cal, K = self.predictor.calibration, self.cost.key.get("block_size", 0) - 1
+        K = K if K > 0 else len(cal.mean_confidence)
+        expected = 1.0 + float(torch.cumprod(cal.at(cal.mean_confidence, 0, K), 0).sum())
+        self.tokens, self.seconds = self.PRIOR_ROUNDS * expected, self.PRIOR_ROUNDS * self.round_time(1, K + 1)
+        self.predicted = self.hits = self.earned = 0.0
+        self.first, self.reads, self.since = None, 0, 0
+
+    def observe(self, accepted: int, stages: int, verified: int) -> None:
+        self.tokens += accepted + 1
+        self.seconds += self.round_time(stages, verified)
+        if self.first is not None:
+            p, k = self.first
+            self.predicted += p
+            self.hits += float(accepted >= k)
+            self.first = None
+
+    @property
+    def rate(self) -> float:
+        """ρ: tokens per (modelled) second of the sequence so far."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def trust(self) -> float:
+        """How the sequence's first stages have survived against P(whole | S): (accepted whole + 1) / (Σ P + 1)."""
+        return (self.hits + 1.0) / (self.predicted + 1.0)
+
+    def worth_reading(self, k: int, room: int) -> bool:
+        return self.may_open(k, room) and self.reads_pay()
+
+    def read(self, survival: float, k: int, first: bool) -> None:
+        self.reads += 1
+        if first:
+            self.first = (whole(self.predictor, survival), k)
+
+    def may_open(self, k: int, room: int) -> bool:
+        """Whether the gate can open after a first stage of ``k`` drafts for any survival: at best (the maps are
+        non-decreasing: S = 1, scaled by a trust of at most ``room`` drafts) another stage adds G(1) drafts for its
+        modelled seconds, so when that is <= ρ · seconds no survival opens it and the round skips the predictor
+        (measured before: ~0.1-0.25 ms a round, 2-7 % on the default target). G(1) and the seconds are computed once
+        per (k, room); ρ and the trust are the sequence's current ones."""
+        if room <= 0:
+            return False
+        key = (k, room)
+        if key not in self._gains:
+            self._gains[key] = (self.predictor.calibration.best_gain(k, room), self.extra_time(1, k, room))
+        best, seconds = self._gains[key]
+        return min(best * self.trust, room) > self.rate * seconds
+
+    def reads_pay(self) -> bool:
+        """Whether the gate reads the predictor this round: while its reads in the sequence, after the first
+        :attr:`READ_GRACE`, have earned at least what they cost (the module docstring), else every
+        :attr:`PROBE_EVERY`-th round. Decided on past rounds only."""
+        if self.earned >= self.cost.read_s * (self.reads + 1 - self.READ_GRACE) or self.since + 1 >= self.PROBE_EVERY:
+            self.since = 0
+            return True
+        self.since += 1
+        return False
+
+    def round_time(self, stages: int, verified: int) -> float:
+        """:meth:`CostModel.round_time`, computed once per decode for each (stages, verified)."""
+        key = (stages, verified)
+        t = self._times.get(key)
+        if t is None:
+            t = self._times[key] = self.cost.round_time(stages, verified)
+        return t
+
+    def extra_time(self, done: int, m: int, room: int) -> float:
+        """Modelled seconds another stage of ``room`` drafts adds to a round of ``done`` stages and ``m`` drafts."""
+        return self.round_time(done + 1, m + room + 1) - self.round_time(done, m + 1)
+
+    def another(self, stage, done, survival, m, room) -> bool:
+        # the stage's expected drafts against what its time yields at the sequence's rate
+        gain = min(self.predictor.calibration.next_gain(survival, m, room) * self.trust, room)
+        rate, seconds = self.rate, self.extra_time(done, m, room)
+        if gain <= rate * seconds:
+            return False
+        self.earned += gain / rate - seconds if rate > 0 else 0.0  # what the read earned: modelled seconds
+        return True
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """``truncate`` p: keep a stage's drafts while the round's survival S_j >= p (the first stage keeps at least
+    one), then end the round."""
+
+    threshold: float
+
+    def keep(self, survivals: list[float], first: bool) -> int:
+        """Drafts the stage keeps (S is non-increasing: the positions before the cut)."""
+        keep = sum(x >= self.threshold for x in survivals)
+        return max(keep, 1) if first else keep
+
+
 @dataclass
 class RoundPolicy:
-    """Drafts one round's stages (see the module docstring). Its one state between rounds is the cost gate's record
-    of the sequence, its rate ρ, its :attr:`trust` and its reads' account (the engine calls :meth:`begin` before a
-    sequence and :meth:`observe` after each round)."""
+    """Drafts one DLoop round's stages (see the module docstring) under its :attr:`gate` and :attr:`truncation`; the
+    survival a predictor gate reads is computed here, once per stage, for both."""
 
-    dloop: DLoopConfig | None
+    dloop: DLoopConfig
     drafter: object = None
     predictor: AcceptancePredictor | None = None
     cost: CostModel | None = None
     eos: frozenset = frozenset()
     """The target's EOS ids: no stage is drafted after one that drafted an EOS (whatever the gate says)."""
-    _gains: dict = field(default_factory=dict, repr=False)
-    """:meth:`_may_open`'s best case by (first stage's drafts, room after it): (G(1), the stage's modelled seconds)."""
-    _rate: list = field(default_factory=lambda: [0.0, 0.0], repr=False)
-    """The cost gate's ρ of the sequence being decoded: [tokens, modelled seconds] (:meth:`begin`, :meth:`observe`)."""
-    _record: list = field(default_factory=lambda: [0.0, 0.0], repr=False)
-    """The cost gate's record of the sequence's first stages: [Σ P(whole | S) predicted, Σ accepted whole]."""
-    _first: tuple | None = field(default=None, repr=False)
-    """This round's first stage as the cost gate read it: (P(whole | S), its drafts); None when it was not read."""
-    _credit: list = field(default_factory=lambda: [0.0, 0, 0], repr=False)
-    """The cost gate's account of its reads in the sequence: [modelled seconds they earned, reads, rounds since the
-    last read] (:meth:`_reads_pay`)."""
-    _times: dict = field(default_factory=dict, repr=False)
-    """:meth:`CostModel.round_time` by (stages, verified), for this decode (the model stands still)."""
+    gate: Gate | None = None
+    """The gate of ``dloop`` (built from it when None)."""
+    truncation: Truncation | None = None
+    """``dloop.truncate``'s cut (built from it)."""
     _read: object = field(default=None, repr=False)
     """The predictor's :meth:`~lit_domino.decoding.acceptance.AcceptancePredictor.survival_reader`, built at the
     first read of a decode (a policy lives for one ``generate`` call, while the drafter's weights stand still)."""
 
-    PRIOR_ROUNDS = 4
-    """Plain rounds of the calibration's expected length that ρ starts from (and is pulled towards early on)."""
-    READ_GRACE = 4
-    """Reads of a sequence the cost gate makes before its reads must have earned what they cost."""
-    PROBE_EVERY = 8
-    """While its reads have not paid, the cost gate reads every this many rounds (a sequence's text can change:
-    a prose answer that reaches a code block), the others plain."""
+    def __post_init__(self):
+        if self.gate is None:
+            dl = self.dloop
+            self.gate = (CostGate(dl, self.predictor, self.cost) if dl.gate == "cost" else
+                         ConfGate(dl, self.predictor) if dl.gate == "conf" else LogGate(dl))
+        if self.truncation is None and self.dloop.truncate is not None:
+            self.truncation = Truncation(self.dloop.truncate)
 
     def begin(self) -> None:
-        """A new sequence: ρ restarts from the prior (a plain round's expected tokens over its modelled time)."""
-        if self.cost is None:
-            return
-        cal, K = self.predictor.calibration, self.cost.key.get("block_size", 0) - 1
-        K = K if K > 0 else len(cal.mean_confidence)
-        tokens = 1.0 + float(torch.cumprod(cal.at(cal.mean_confidence, 0, K), 0).sum())
-        self._rate = [self.PRIOR_ROUNDS * tokens, self.PRIOR_ROUNDS * self._round_time(1, K + 1)]
-        self._record, self._first, self._credit = [0.0, 0.0], None, [0.0, 0, 0]
+        """A new sequence (the gate's state restarts)."""
+        self.gate.begin()
 
     def observe(self, accepted: int, stages: int, verified: int) -> None:
-        """A round accepted ``accepted`` drafts (and emitted a bonus) from ``stages`` stages and a forward of
-        ``verified`` tokens."""
-        if self.cost is not None:
-            self._rate[0] += accepted + 1
-            self._rate[1] += self._round_time(stages, verified)
-            if self._first is not None:
-                p, k = self._first
-                self._record[0] += p
-                self._record[1] += float(accepted >= k)
-                self._first = None
-
-    @property
-    def rate(self) -> float:
-        """ρ: tokens per (modelled) second of the sequence so far."""
-        return self._rate[0] / self._rate[1] if self._rate[1] > 0 else 0.0
-
-    @property
-    def trust(self) -> float:
-        """How the sequence's first stages have survived against P(whole | S): (accepted whole + 1) / (Σ P + 1)."""
-        return (self._record[1] + 1.0) / (self._record[0] + 1.0)
+        """The round's outcome, for the gate (:meth:`Gate.observe`)."""
+        self.gate.observe(accepted, stages, verified)
 
     def draft(self, session, anchor: torch.Tensor, room, temperature: float, generator) -> list[StageDraft]:
         """The round's stages; ``room(m)`` = drafts the next stage may add after m drafts (0: none)."""
         if room(0) <= 0:
             return []
-        dl = self.dloop
+        dl, gate, cut = self.dloop, self.gate, self.truncation
         stages = [session.draft(anchor, room(0), temperature, generator)]
-        if dl is None:
-            return stages
         k0 = stages[0].tokens.numel()
-        if dl.gate == "cost" and dl.truncate is None and not (self._may_open(k0, room(k0)) and self._reads_pay()):
-            return stages  # the cost gate cannot open this round, or its reads have not paid: plain, at its cost
+        if cut is None and not gate.worth_reading(k0, room(k0)):
+            return stages  # e.g. the cost gate cannot open this round, or its reads have not paid: plain
         product, survival, m, stage_anchor = 1.0, 1.0, 0, anchor
         while True:
             st = stages[-1]
@@ -145,13 +299,10 @@ class RoundPolicy:
                 if self._read is None:
                     self._read = self.predictor.survival_reader(self.drafter)
                 R = self._read(session.stages[-1].hidden, stage_anchor, st.tokens, m, product)  # Π c at each position
-                self._credit[1] += 1
                 cal, product = self.predictor.calibration, R[-1]
                 S = R if cal is None else cal.survivals(R, m, survival)  # the round's survival at each position
-                if dl.truncate is not None:
-                    keep = sum(x >= dl.truncate for x in S)  # S is non-increasing: the positions before the cut
-                    if len(stages) == 1:
-                        keep = max(keep, 1)
+                if cut is not None:
+                    keep = cut.keep(S, first=len(stages) == 1)
                     if keep < k:
                         if keep:
                             stages[-1] = truncated(st, keep)
@@ -159,10 +310,9 @@ class RoundPolicy:
                             stages.pop()
                         return stages
                 survival = S[-1]
-                if dl.gate == "cost" and len(stages) == 1:
-                    self._first = (self._whole(survival), k)
+                gate.read(survival, k, first=len(stages) == 1)
             m += k
-            if len(stages) >= dl.max_stages or room(m) <= 0 or not self._another(st, len(stages), survival, m,
+            if len(stages) >= dl.max_stages or room(m) <= 0 or not gate.another(st, len(stages), survival, m,
                                                                                   room(m)):
                 return stages
             if self.eos and not self.eos.isdisjoint(st.tokens.reshape(-1).tolist()):
@@ -170,71 +320,16 @@ class RoundPolicy:
             stage_anchor = st.tokens[-1:]
             stages.append(session.draft(stage_anchor, room(m), temperature, generator))
 
-    def _whole(self, survival: float) -> float:
-        """P(every draft so far is accepted | their survival product): the calibration's stage map (S itself for an
-        uncalibrated predictor)."""
-        cal = self.predictor.calibration
-        return survival if cal is None else cal.whole_stage(survival)
 
-    def _may_open(self, k: int, room: int) -> bool:
-        """Whether the ``cost`` gate can open after a first stage of ``k`` drafts for any survival: at best (the
-        maps are non-decreasing: S = 1, scaled by a trust of at most ``room`` drafts) another stage adds G(1) drafts
-        for its modelled seconds, so when that is <= ρ · seconds no survival opens it and the round skips the
-        predictor (measured before: ~0.1-0.25 ms a round, 2-7 % on the default target). G(1) and the seconds are
-        computed once per (k, room); ρ and the trust are the sequence's current ones."""
-        if room <= 0:
-            return False
-        key = (k, room)
-        if key not in self._gains:
-            self._gains[key] = (self.predictor.calibration.best_gain(k, room), self._extra_time(1, k, room))
-        best, seconds = self._gains[key]
-        return min(best * self.trust, room) > self.rate * seconds
-
-    def _reads_pay(self) -> bool:
-        """Whether the cost gate reads the predictor this round: while its reads in the sequence, after the first
-        :attr:`READ_GRACE`, have earned at least what they cost (the module docstring), else every
-        :attr:`PROBE_EVERY`-th round. Decided on past rounds only."""
-        earned, reads, since = self._credit
-        if earned >= self.cost.read_s * (reads + 1 - self.READ_GRACE) or since + 1 >= self.PROBE_EVERY:
-            self._credit[2] = 0
-            return True
-        self._credit[2] = since + 1
-        return False
-
-    def _round_time(self, stages: int, verified: int) -> float:
-        """:meth:`CostModel.round_time`, computed once per decode for each (stages, verified)."""
-        key = (stages, verified)
-        t = self._times.get(key)
-        if t is None:
-            t = self._times[key] = self.cost.round_time(stages, verified)
-        return t
-
-    def _extra_time(self, done: int, m: int, room: int) -> float:
-        """Modelled seconds another stage of ``room`` drafts adds to a round of ``done`` stages and ``m`` drafts."""
-        return self._round_time(done + 1, m + room + 1) - self._round_time(done, m + 1)
-
-    def _another(self, st: StageDraft, done: int, survival: float, m: int, room: int) -> bool:
-        """Draft another stage of ``room`` drafts after ``done`` stages of ``m`` drafts whose survival is
-        ``survival`` (the predictor gates) or whose last stage is ``st`` (the log gates)?"""
-        dl = self.dloop
-        if dl.gate == "conf":
-            return dl.should_continue(done, self._whole(survival))
-        if dl.gate == "cost":  # the stage's expected drafts against what its time yields at the sequence's rate
-            gain = min(self.predictor.calibration.next_gain(survival, m, room) * self.trust, room)
-            rate, seconds = self.rate, self._extra_time(done, m, room)
-            if gain <= rate * seconds:
-                return False
-            self._credit[0] += gain / rate - seconds if rate > 0 else 0.0  # what the read earned: modelled seconds
-            return True
-        return dl.should_continue(done, dl.confidence(st.logprobs))
-
-
-def round_policy(dloop: DLoopConfig | None, target, drafter, block_size: int) -> RoundPolicy:
-    """The policy of ``dloop`` for ``drafter`` on ``target``: the acceptance predictor a predictor gate needs
-    (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor` when the drafter has none) and the cost gate's
-    cost model (:func:`~lit_domino.decoding.cost_model.resolve`: cached, or measured here), before decoding."""
+def round_policy(dloop: DLoopConfig | None, target, drafter, block_size: int) -> RoundPolicy | None:
+    """The policy of ``dloop`` for ``drafter`` on ``target`` (None without DLoop: a plain round has no gate): the
+    acceptance predictor a predictor gate needs (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`
+    when the drafter has none) and the cost gate's cost model (:func:`~lit_domino.decoding.cost_model.resolve`:
+    cached, or measured here), before decoding."""
+    if dloop is None or drafter is None:
+        return None
     eos = frozenset(int(t) for t in (getattr(target, "eos_token_ids", None) or ()))
-    if dloop is None or drafter is None or not dloop.needs_predictor:
+    if not dloop.needs_predictor:
         return RoundPolicy(dloop, drafter, eos=eos)
     why = f"the DLoop gate {dloop.label()!r}"
     predictor = require_predictor(drafter, why, calibrated=dloop.gate == "cost")

@@ -20,9 +20,11 @@ from lit_domino.decoding.dloop import DLoopConfig, dloop_label
 from lit_domino.decoding.engine import GenerationResult, check_compile, generate
 from lit_domino.decoding.metric_names import COMPILED_AR, MethodKey
 from lit_domino.decoding.metrics import merge_results, summarize
+from lit_domino.models.capabilities import capabilities_of
 from lit_domino.models.sessions import check_pool_size
 
-def _prompt_ids(item) -> list[int] | None:
+def prompt_ids(item) -> list[int] | None:
+    """A prompt given as token ids (a tensor or a list of ints) as a list; None for anything else (a text item)."""
     if isinstance(item, torch.Tensor):
         return item.reshape(-1).tolist()
     if isinstance(item, (list, tuple)) and all(isinstance(t, int) for t in item):
@@ -38,7 +40,7 @@ def run_prompt(target, decode: Callable, item, *, max_new_tokens: int, budget: i
     to fit ``target.max_positions`` (minus the draft ``budget``); turns that no longer fit
     are skipped.
     """
-    ids = _prompt_ids(item)
+    ids = prompt_ids(item)
     limit = int(getattr(target.model.config, "max_position_embeddings", 10**9))
     if ids is not None:
         return decode(torch.tensor([ids]), max(1, min(max_new_tokens, limit - len(ids) - budget)))
@@ -186,8 +188,8 @@ def benchmark(
             methods.append(("hf_generate", "hf", None, temperature, None,
                             lambda i, t=temperature: peer(hf_peers.hf_generate, t, i)))
         for name, drafter in drafters.items():
-            takes_pool = "pool_size" in getattr(drafter, "draft_options", ())
-            builds = getattr(drafter, "tree_builders", ())
+            caps = capabilities_of(drafter)
+            takes_pool, builds = caps.pool, caps.tree_builders
             for pool_size in (pools_of[name] if takes_pool else [None]):
                 for dloop in dloops_of[name]:
                     for tree in (t for t in trees if t is None or t.builder in builds):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from lit_domino.decoding.engine import GenerationResult, _as_batch, _Clock
+from lit_domino.decoding.result import GenerationResult
+from lit_domino.decoding.round import Clock
+from lit_domino.decoding.validate import as_batch
 
 
 def _generate_kwargs(target, temperature: float) -> dict:
@@ -35,10 +37,10 @@ def _timed(target, input_ids, *, max_new_tokens, temperature=0.0, seed=None, **e
     model = target.model
     kwargs = {**_generate_kwargs(target, temperature), **extra}
     results = []
-    for row in _as_batch(input_ids).to(target.device):
+    for row in as_batch(input_ids).to(target.device):
         ids = row[None]
         mask = torch.ones_like(ids)
-        clock = _Clock(ids.device)
+        clock = Clock(ids.device)
         with torch.no_grad():
             if seed is not None:
                 torch.manual_seed(seed)

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torchmetrics import Metric
 
-from lit_domino.decoding.engine import GenerationResult
+from lit_domino.decoding.result import GenerationResult
 
 # --------------------------------------------------------------------------- metrics
 

@@ -61,7 +61,8 @@ import numpy as np
 import torch
 
 from lit_domino.decoding.cost import VerifyCost
-from lit_domino.decoding.kv import compact_cache
+from lit_domino.decoding.round import Proposal, Verdict
+from lit_domino.models.capabilities import capabilities_of
 from lit_domino.runtime.command import UsageError
 
 BUILDERS = ("chain", "ddtree", "path", "eagle")
@@ -187,8 +188,8 @@ def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, lim
         raise TreeError(f"tree must be a TreeConfig or None, got {type(tree).__name__}")
     if drafter is None:
         raise TreeError("tree verification needs a drafter (drafter=None is plain autoregressive decoding)")
-    kind = getattr(drafter, "kind", type(drafter).__name__)
-    builders = getattr(drafter, "tree_builders", ())
+    caps = capabilities_of(drafter)
+    kind, builders = caps.kind, caps.tree_builders
     if not builders:
         raise TreeError(f"a {kind} drafter drafts token by token and has no tree builder here; tree verification "
                         f"needs a parallel drafter (backbone, domino, dspark) or an EAGLE-3 drafter")
@@ -201,6 +202,9 @@ def check_tree(tree, target, drafter, *, compile: bool, longest_prompt: int, lim
                             f"(this drafter builds: {', '.join(builders)}); use builder='eagle'")
         raise TreeError(f"the {tree.builder!r} tree builder needs a causal head a {kind} drafter lacks "
                         f"(this drafter builds: {', '.join(builders)}); use domino or dspark, or builder='ddtree'")
+    if dloop is not None and dloop.needs_predictor:
+        raise TreeError(f"a tree round drafts its chain stages under the log-probability gates (sum, mean, scaled, "
+                        f"last); the {dloop.label()!r} gate's calibrated survival does not cover tree nodes yet")
     looped = dloop is not None and dloop.max_stages > 1
     if looped and tree.builder != "chain" and "eagle" in builders:
         raise TreeError(f"DLoop with the {tree.builder!r} tree on a {kind} drafter is not supported: its tree "
@@ -305,7 +309,7 @@ def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes
     if cfg.builder == "ddtree":  # the marginals (a head's: along its greedy picks)
         return tree_from_stage(cfg, session, session.draft(anchor, depth, 0.0, None), anchor, nodes, draft_s,
                                temperature, generator)
-    if hasattr(session, "tree_head"):  # EAGLE-3: its own steps over the tree (eagle: EAGLE-2's frontier of k)
+    if capabilities_of(session.drafter).tree_head:  # EAGLE-3: its own steps over the tree (eagle: EAGLE-2's frontier of k)
         head = session.tree_head(anchor, depth)
         width = cfg.top_k if cfg.builder == "eagle" and not _drawn(cfg, temperature) else nodes
         return _path_tree(cfg, head, depth, nodes, width, draft_s, temperature, generator, started)
@@ -565,68 +569,52 @@ def walk_multidraft(tree: DraftTree, logits: torch.Tensor, temperature: float, g
         u = nxt
 
 
-# --------------------------------------------------------------------------- the loop
+# --------------------------------------------------------------------------- the proposer
 
 
-def tree_speculative(target, drafter, prompt, max_new_tokens, temperature, block_size, cfg: TreeConfig, generator,
-                     options, runner, capacity: int, dloop=None):
-    """Tree rounds for one prompt (``generate(..., tree=cfg)``); the result has the chain engine's fields plus
-    ``accepted_ranks`` (the sibling rank of every accepted node)."""
-    from lit_domino.decoding.engine import (GenerationResult, _charge, _Clock, _close_round, _commit, _pick_first,
-                                            context_limit)
-    from lit_domino.decoding.engine import feature_layers
-    from lit_domino.target.load import select_features
+class TreeProposer:
+    """Tree rounds for one sequence (``generate(..., tree=cfg)``; :func:`lit_domino.decoding.round.decode` runs
+    them): each round's tree (:func:`build_tree`, DLoop: :func:`build_dloop_tree`) with its main chain first, its
+    verify inputs (:func:`tree_inputs`) and its walk; the result gains ``accepted_ranks`` (the sibling rank of
+    every accepted node)."""
 
-    eos, layers = set(target.eos_token_ids), feature_layers(drafter)
-    clock = _Clock(prompt.device)
-    anchor, feats = _pick_first(runner.prefill(prompt, layers is not None), temperature, generator, layers)
-    session = drafter.new_session(**options)
-    session.extend(prompt, feats)
-    clock.lap("prefill")
-    res = GenerationResult(tokens=[], num_target_forwards=1)
-    start = prompt.shape[0]
-    done = _commit(res, [int(anchor)], eos, max_new_tokens)
-    limit = context_limit(target, drafter)
-    dtype = target.model.dtype
-    draft_s = None  # the measured draft time per round (an average), the cost rule's C_draft
-    walker = walk_multidraft if cfg.acceptance == "multidraft" else walk
-    while not done:
-        room = capacity - 1 - start if limit is None else min(capacity, limit) - 1 - start
-        wanted = max_new_tokens - len(res.tokens) - 1  # deeper nodes could never be emitted
-        depth, nodes = min(block_size - 1, room, wanted), min(cfg.budget, room)
+    def __init__(self, cfg: TreeConfig, block_size: int, runner, limit: int | None, dtype: torch.dtype,
+                 temperature: float, generator, dloop=None):
+        self.cfg, self.block_size, self.runner, self.limit, self.dtype = cfg, block_size, runner, limit, dtype
+        self.temperature, self.generator, self.dloop = temperature, generator, dloop
+        self.draft_s = None  # the measured draft time per round (an average), the cost rule's C_draft
+
+    def begin(self) -> None:
+        self.draft_s = None
+
+    def draft(self, session, anchor: torch.Tensor, start: int, wanted: int) -> Proposal:
+        cfg, dloop, capacity = self.cfg, self.dloop, self.runner.capacity
+        room = capacity - 1 - start if self.limit is None else min(capacity, self.limit) - 1 - start
+        # deeper nodes than the tokens still wanted (less the bonus) could never be emitted
+        depth, nodes = min(self.block_size - 1, room, wanted - 1), min(cfg.budget, room)
         t0 = time.perf_counter()
         if depth <= 0:
             tree = DraftTree()
         elif dloop is None or dloop.max_stages == 1:  # one stage: plain rounds, as in the chain engine
-            tree = build_tree(cfg, session, anchor, depth, nodes, temperature, generator, draft_s, t0)
+            tree = build_tree(cfg, session, anchor, depth, nodes, self.temperature, self.generator, self.draft_s, t0)
         else:  # the chain engine's DLoop stages (full stages: no cap by the tokens wanted), the last one a tree
-            tree = build_dloop_tree(cfg, dloop, session, anchor, lambda m: min(block_size - 1, room - m),
-                                    lambda m: min(cfg.budget, room - m), temperature, generator, draft_s, t0)
+            tree = build_dloop_tree(cfg, dloop, session, anchor, lambda m: min(self.block_size - 1, room - m),
+                                    lambda m: min(cfg.budget, room - m), self.temperature, self.generator,
+                                    self.draft_s, t0)
         tree = chain_first(tree)
-        clock.lap("draft")
         spent = time.perf_counter() - t0
-        draft_s = spent if draft_s is None else 0.8 * draft_s + 0.2 * spent
-        kv_len = runner.capacity if runner.static else start + len(tree) + 1
-        ids, pos, mask = tree_inputs(tree, anchor, start, kv_len, dtype)
-        out = runner.forward(ids, layers is not None, position_ids=pos, attention_mask=mask)
-        clock.lap("verify")
-        path, committed = walker(tree, out.logits[0], temperature, generator)
-        acc = len(path)
-        compact_cache(runner.cache, [start + i for i in path], start + 1)
-        runner.crop(start + acc + 1)
-        clock.lap("other")
-        session.crop(start)
-        feats = None
-        if layers is not None:  # the features of the anchor and the accepted path
-            keep = torch.tensor([0] + path, device=prompt.device)
-            feats = select_features(out.hidden_states, layers)[0].index_select(0, keep)
-        session.extend(torch.tensor([int(anchor)] + committed[:-1], device=prompt.device), feats)
-        clock.lap("draft")
-        res.accepted_ranks.extend(tree.ranks[i - 1] for i in path)
+        self.draft_s = spent if self.draft_s is None else 0.8 * self.draft_s + 0.2 * spent
+        kv_len = capacity if self.runner.static else start + len(tree) + 1
+        ids, pos, mask = tree_inputs(tree, anchor, start, kv_len, self.dtype)
+        return Proposal(ids, {"position_ids": pos, "attention_mask": mask}, tree)
+
+    def accept(self, prop: Proposal, logits: torch.Tensor, temperature: float, generator) -> Verdict:
+        walker = walk_multidraft if self.cfg.acceptance == "multidraft" else walk
+        path, committed = walker(prop.drafts, logits, temperature, generator)
+        return Verdict(len(path), committed, path)
+
+    def observe(self, res, prop: Proposal, v: Verdict) -> None:
+        tree = prop.drafts
+        res.accepted_ranks.extend(tree.ranks[i - 1] for i in v.path)
         res.stages_per_round.append(tree.stages if len(tree) else 0)
         res.drafted_per_round.append(len(tree))
-        start += acc + 1
-        anchor, done = _close_round(res, committed, eos, max_new_tokens, prompt.device)
-        clock.lap("other")
-    _charge(res, clock)
-    return res.finish()

@@ -325,6 +325,7 @@ class ParallelDrafter(Drafter):
 
     config_class = BackboneConfig
     session_class = ParallelSession
+    keeps_block_hidden = True
     draft_options = ("static_capacity", "compile")
     tree_builders = ("chain", "ddtree")
     supports_loop_training = True

@@ -23,6 +23,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 from lit_domino.models import registry
+from lit_domino.models.capabilities import Capabilities
 from lit_domino.models.layers import TrainOptions
 from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, chunked_ce, label_rows
 from lit_domino.runtime.command import UsageError
@@ -267,10 +268,24 @@ class Drafter(nn.Module):
     draft_options: ClassVar[tuple[str, ...]] = ()
     """Decoding options the method's session takes (``new_session(**options)``; Domino: ``pool_size``)."""
 
+    keeps_block_hidden: ClassVar[bool] = False
+    """Whether its sessions keep each stage's block hidden states (``session.stages[-1].hidden``, a
+    ``ParallelSession``'s): what an acceptance predictor reads."""
+
     tree_builders: ClassVar[tuple[str, ...]] = ()
     """Tree builders (:mod:`lit_domino.decoding.tree`) the method's session supports: ``chain`` and ``ddtree``
     need a parallel block (``draft_hidden``), ``path`` a causal head (``path_head``), ``eagle`` (and ``path`` on
     EAGLE-3) the drafter's own steps over the tree (``tree_head``); none: no tree rounds."""
+
+    def capabilities(self):
+        """What this drafter can do (:class:`lit_domino.models.capabilities.Capabilities`), from the declarations
+        above; a method with an instance-dependent capability (a configured head) extends it."""
+        builders, options = tuple(self.tree_builders), tuple(self.draft_options)
+        return Capabilities(
+            kind=self.kind, tree_builders=builders, path_head="path" in builders and "eagle" not in builders,
+            tree_head="eagle" in builders, block_hidden=bool(self.keeps_block_hidden),
+            pool="pool_size" in options, static_block="static_capacity" in options, compile="compile" in options,
+            loop_training=bool(self.supports_loop_training))
 
     @classmethod
     def stage_tokens(cls, config: DrafterConfig, requested: int | None = None) -> int:

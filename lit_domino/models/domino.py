@@ -438,6 +438,12 @@ class DominoDrafter(ParallelDrafter):
             out.final_logits = torch.cat([out.logits[:, :, :1], out.logits[:, :, 1:] + delta], dim=2)
         return out
 
+    def capabilities(self):
+        """The parallel drafter's, plus its GRU state (the causal state an acceptance head may read)."""
+        import dataclasses
+
+        return dataclasses.replace(super().capabilities(), causal_state=int(self.causal_state_size))
+
     @property
     def causal_state_size(self) -> int:
         """d_s: the width of :meth:`causal_states` (the acceptance predictor's ``gru`` inputs)."""

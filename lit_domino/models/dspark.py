@@ -355,6 +355,13 @@ class DSparkDrafter(DistilledDrafter):
             self.confidence = nn.Linear(c.hidden_size + (h.rank if h.confidence_with_markov else 0), 1)
             init_weights(self.confidence)
 
+    def capabilities(self):
+        """The parallel drafter's, plus its confidence head (and its table) when configured."""
+        import dataclasses
+
+        own = self.confidence is not None
+        return dataclasses.replace(super().capabilities(), confidence_head=own, confidence_table=own)
+
     @property
     def has_confidence_head(self) -> bool:
         """Whether the drafter has its confidence head (``DSparkHeadConfig.confidence``)."""

@@ -30,6 +30,11 @@ def register(kind: str):
     return wrap
 
 
+def unregister(kind: str) -> None:
+    """Forget ``kind``'s drafter (a method registered for a while: a test's)."""
+    _METHODS.pop(kind, None)
+
+
 def kinds() -> tuple[str, ...]:
     """Every registered drafter kind, in registration order."""
     return tuple(_METHODS)

@@ -180,7 +180,7 @@ def training_jobs(jobs: int | str, configs: list[dict]) -> int:
     2-thread one: tiny models scale badly across threads); 1 on accelerators. An int is taken as given."""
     import torch
 
-    from lit_domino.decoding.engine import usable_cpus
+    from lit_domino.runtime.threads import usable_cpus
 
     if jobs != "auto":
         if int(jobs) < 1:
@@ -430,7 +430,7 @@ def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, tod
     """The trainings ``todo`` in ``clock.jobs`` spawned worker processes, into ``results``; see :func:`train_all`.
     An interrupt (here or in a worker) stops every training (:func:`_stop_trainings`), then raises one
     ``KeyboardInterrupt``."""
-    from lit_domino.decoding.engine import usable_cpus
+    from lit_domino.runtime.threads import usable_cpus
 
     t0, names = clock.t0, training_names(configs)
     order = sorted(todo, key=lambda i: -clock.stages[names[i]].reference)

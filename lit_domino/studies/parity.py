@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lit_domino.models.capabilities import capabilities_of
 from lit_domino.training.configs import PRESETS, load_config
 from lit_domino.runtime.command import CommandParser, UsageError, run_command
 
@@ -58,7 +59,7 @@ def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_to
                     sample = generate(target, drafter, ids, max_new_tokens=max_new_tokens, temperature=1.0, seed=123)
                     row = {"tokens": greedy.tokens, "tau": greedy.tau, "accepted": greedy.accepted_per_round,
                            "sample_tokens": sample.tokens, "sample_tau": sample.tau}
-                    if getattr(drafter, "supports_loop_training", False):
+                    if capabilities_of(drafter).loop_training:
                         looped = generate(target, drafter, ids, max_new_tokens=max_new_tokens, dloop=gate)
                         row.update(dloop_tokens=looped.tokens, dloop_tau=looped.tau)
                     decodes[f"{name}/{i}"] = row

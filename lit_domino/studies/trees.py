@@ -161,13 +161,13 @@ def method_count(plan: dict) -> int:
 def check_budgets(target, drafters: dict, trees: list, prompts: dict) -> None:
     """Every tree fits every drafter's context with the longest prompt (the engine's check, before any decode)."""
     from lit_domino.decoding.engine import context_limit
-    from lit_domino.decoding.harness import _prompt_ids
+    from lit_domino.decoding.harness import prompt_ids
     from lit_domino.decoding.tree import check_tree
 
     lengths = []
     for items in prompts.values():
         for item in items:
-            ids = _prompt_ids(item)
+            ids = prompt_ids(item)
             if ids is None and getattr(item, "turns", None) and target.tokenizer is not None:
                 ids = target.chat_ids([{"role": "user", "content": item.turns[0]}])
             lengths.append(len(ids or []))

@@ -167,7 +167,8 @@ def collect_rounds(target, drafter, sequences: list[tuple[list[int], int]], sett
     sequence's next tokens, and nothing after it is read (its hard labels are 0, its soft ones NaN). That skips a
     target forward over the whole prefix per round, 60 % of the collection on the default preset; a round whose
     drafts all match as far as the sequence goes, with drafts beyond its end, is verified by the target."""
-    from lit_domino.decoding.engine import _eval_mode, feature_layers
+    from lit_domino.decoding.round import feature_layers
+    from lit_domino.runtime.inference import eval_mode
 
     K = drafter.config.block_size - 1
     layers = feature_layers(drafter)
@@ -177,7 +178,7 @@ def collect_rounds(target, drafter, sequences: list[tuple[list[int], int]], sett
     rows = {"H": [], "prev": [], "soft": [], "hard": []}
     limit = min(target.model.config.max_position_embeddings, drafter.config.max_position_embeddings)
     read_off = reads_off_continuation(settings)
-    with _eval_mode(target.model, drafter):
+    with eval_mode(target.model, drafter):
         for seq, plen in sequences:
             ids = torch.tensor(seq, device=target.device)
             last = min(len(seq) - 1, limit - 2 - settings.stages * K)

@@ -54,7 +54,7 @@ def train_distributed(configs: list[dict], experiment: str, *, parent_run_id: st
     None: no eval callback. ``threads``: torch threads per rank (default: the usable CPUs over the ranks).
     A failed launch raises ``RuntimeError`` naming the log; the cached artifacts of the trainings that finished
     are kept (a rerun reuses them)."""
-    from lit_domino.decoding.engine import usable_cpus
+    from lit_domino.runtime.threads import usable_cpus
     from lit_domino.runtime import cache
     from lit_domino.training.experiment import TrainedDrafter
 

@@ -219,10 +219,10 @@ def test_the_compiled_plain_decoder_is_a_second_baseline(target, monkeypatch):
     untimed) beside the eager one; every row's ``speedup_vs_compiled_ar`` is its time per token against it, where
     ``speedup`` stays over the eager plain decoder. ``torch.compile`` is stubbed by a recording identity here (the
     compiled graphs' tokens are tests/decoding/test_engine.py's), so only the baseline's plumbing is timed."""
-    import lit_domino.decoding.engine as engine
+    import lit_domino.decoding.round as round_mod
 
     compiled = []
-    monkeypatch.setattr(engine, "compile_decode_step", lambda fn, device: compiled.append(fn) or fn)
+    monkeypatch.setattr(round_mod, "compile_decode_step", lambda fn, device: compiled.append(fn) or fn)
     monkeypatch.setattr(target, "_compiled_forward", (None, None), raising=False)
     torch.manual_seed(0)
     backbone = build_drafter(drafter_config("backbone", target, num_layers=1, block_size=4), target)

@@ -438,6 +438,7 @@ def test_drafter_training_flag_is_restored(target):
 
 def test_generate_bounds_its_threads_and_restores_them(target, monkeypatch):
     from lit_domino.decoding import engine
+    from lit_domino.runtime import threads
 
     p = torch.tensor([prompts(1, seed=13)[0]])
     seen = []
@@ -450,7 +451,7 @@ def test_generate_bounds_its_threads_and_restores_them(target, monkeypatch):
     monkeypatch.setattr(engine, "_autoregressive", spy)
     before = torch.get_num_threads()
     generate(target, None, p, max_new_tokens=2, threads=1)
-    monkeypatch.setattr(engine, "usable_cpus", lambda: 1)  # torch would use more threads than the CPUs it may run on
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 1)  # torch would use more threads than the CPUs it may run on
     torch.set_num_threads(2)
     try:
         generate(target, None, p, max_new_tokens=2)

@@ -245,7 +245,7 @@ def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, 
 
 @pytest.mark.parametrize("stage_fit", [False, True], ids=["mean-confidences", "stage-map"])
 def test_the_cost_gates_shortcut_never_skips_a_stage_the_rule_would_draft(stage_fit):
-    """_may_open false => the full rule says no for every survival of the first stage (brute force over random cost
+    """CostGate.may_open false => the full rule says no for every survival of the first stage (brute force over random cost
     models, calibrations with and without the stage map and yields, and sequence rates)."""
     from lit_domino.decoding.gates import RoundPolicy
 
@@ -264,13 +264,13 @@ def test_the_cost_gates_shortcut_never_skips_a_stage_the_rule_would_draft(stage_
         policy.begin()
         policy.observe(int(u(0, 7)), 1, 8)  # a round of this sequence moves its rate
         k, room = 7, 7
-        if policy._may_open(k, room):
+        if policy.gate.may_open(k, room):
             opened += 1
             continue
         shut += 1
         for _ in range(100):
-            assert not policy._another(None, 1, float(torch.rand((), generator=g)), k, room)
-        assert not policy._another(None, 1, 1.0, k, room)  # the best case: every draft survives
+            assert not policy.gate.another(None, 1, float(torch.rand((), generator=g)), k, room)
+        assert not policy.gate.another(None, 1, 1.0, k, room)  # the best case: every draft survives
     assert shut >= 5 and opened >= 5  # both answers occur among the random cost models
 
 
@@ -283,22 +283,22 @@ def test_the_cost_gates_rate_is_the_sequences():
     policy = RoundPolicy(DLoopConfig(gate="cost"), None, AcceptancePredictor("", None, cal), cost)
     policy.begin()
     prior = 1.0 + sum(0.5 ** j for j in range(1, 8))  # a plain round's expected tokens
-    assert policy.rate == pytest.approx(prior / 2e-3)
+    assert policy.gate.rate == pytest.approx(prior / 2e-3)
     for _ in range(400):
         policy.observe(7, 1, 8)  # every round emits 8 tokens in 2 ms
-    assert policy.rate == pytest.approx(4000, rel=0.01)
+    assert policy.gate.rate == pytest.approx(4000, rel=0.01)
     policy.begin()
-    assert policy.rate == pytest.approx(prior / 2e-3)  # a new sequence
+    assert policy.gate.rate == pytest.approx(prior / 2e-3)  # a new sequence
     # trust: how the sequence's first stages survived against the predicted P(whole | S)
-    assert policy.trust == 1.0
-    policy._first = (0.8, 7)
+    assert policy.gate.trust == 1.0
+    policy.gate.first = (0.8, 7)
     policy.observe(3, 1, 8)  # predicted 0.8, not accepted whole
-    assert policy.trust == pytest.approx(1 / 1.8) and policy._first is None
-    policy._first = (0.5, 7)
+    assert policy.gate.trust == pytest.approx(1 / 1.8) and policy.gate.first is None
+    policy.gate.first = (0.5, 7)
     policy.observe(7, 2, 15)  # accepted whole
-    assert policy.trust == pytest.approx(2 / 2.3)
+    assert policy.gate.trust == pytest.approx(2 / 2.3)
     policy.observe(7, 1, 8)  # a round whose first stage the gate did not read leaves the record as it is
-    assert policy.trust == pytest.approx(2 / 2.3)
+    assert policy.gate.trust == pytest.approx(2 / 2.3)
 
 
 def test_the_cost_gate_reads_the_measured_stage_gain(target, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
+import lit_domino.decoding.engine as engine
 import lit_domino.decoding.tree as tree_mod
 from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate, measure_verify_cost
 from lit_domino.decoding.kv import compact_cache
@@ -410,7 +411,7 @@ def test_bad_tree_requests_fail_before_decoding(target, monkeypatch):
     prompt = torch.tensor([prompt_of(1)])
     backbone, domino = drafter_of(target, "backbone"), drafter_of(target, "domino")
     calls = []
-    monkeypatch.setattr(tree_mod, "tree_speculative", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(engine, "decode", lambda *a, **k: calls.append(1))
     for budget in (0, -3, 2.5, True):
         with pytest.raises(TreeError, match="budget must be an integer >= 1"):
             TreeConfig("ddtree", budget=budget)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lit_domino.decoding.engine as engine
 import lit_domino.decoding.tree as tree_mod
 from lit_domino.decoding import DLoopConfig, TreeConfig, generate
 from lit_domino.decoding.tree import TreeError
@@ -214,7 +215,7 @@ def test_eagle_tree_sampling_is_distributed_as_the_target():
 def test_bad_eagle_requests_fail_before_decoding(target, monkeypatch):
     prompt = torch.tensor([prompt_of(1)])
     calls = []
-    monkeypatch.setattr(tree_mod, "tree_speculative", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(engine, "decode", lambda *a, **k: calls.append(1))
     eagle = eagle_of(target)
     torch.manual_seed(0)
     domino = build_drafter(drafter_config("domino", target, block_size=6, num_layers=1), target)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lit_domino.decoding.engine as engine
 import lit_domino.decoding.tree as tree_mod
 from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate
 from lit_domino.decoding.tree import DraftTree, TreeError, _draws, walk, walk_multidraft
@@ -165,7 +166,7 @@ def test_bad_multidraft_requests_fail_before_decoding(monkeypatch):
     target = lively_target(128, max_positions=96)
     prompt = torch.tensor([prompt_of(1)])
     calls = []
-    monkeypatch.setattr(tree_mod, "tree_speculative", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(engine, "decode", lambda *a, **k: calls.append(1))
     for acceptance, draw in (("greedy", "sample"), ("sample", "random")):
         with pytest.raises(TreeError, match="acceptance must be one of|draw must be one of"):
             TreeConfig("ddtree", acceptance=acceptance, draw=draw)

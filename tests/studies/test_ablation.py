@@ -6,7 +6,7 @@ import pytest
 
 from lit_domino.studies.ablation import main, run_ablation, study_plan
 from lit_domino.training.configs import available_variants, load_config, parse_override
-from lit_domino.decoding.engine import usable_cpus
+from lit_domino.runtime.threads import usable_cpus
 
 
 def test_plan_and_config_errors():
