@@ -1,6 +1,6 @@
 """Serving throughput under concurrency: any OpenAI-compatible endpoint against one without speculation.
 
-    # on a GPU box: the target with a drafter, and the target alone (see the README's serving section)
+    # on a GPU box: the target with a drafter, and the target alone (see docs/serving.md)
     python experiments/serve_bench.py --url http://localhost:8000 --baseline http://localhost:8001 \\
         --benchmarks gsm8k:64,humaneval:64 --concurrency 1,2,4,8,16,32 --max-tokens 512
 

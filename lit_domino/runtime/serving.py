@@ -5,7 +5,7 @@
   runs many requests concurrently (threads: the work is waiting on sockets).
 * :func:`start_transformers_serve`: starts ``transformers serve`` on a saved model directory on this machine,
   waits until it answers, and stops it again (tests, docs, CPU-only checks). The speculative servers
-  (vLLM / SGLang with a drafter) need a GPU; see the README.
+  (vLLM / SGLang with a drafter) need a GPU; see docs/serving.md.
 
 Plain ``requests`` (no SDK): every failure is one exception type whose message says which URL, which
 endpoint and what the server answered.

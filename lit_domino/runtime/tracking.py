@@ -18,8 +18,9 @@
   and the context manager covers everything around ``fit`` (building classes,
   exporting, plain ``mlflow.start_run`` runs).
 * :func:`ensure_store` — a SQLite store is created (its schema migrated) once, under a
-  file lock beside the database, so parallel workers on a fresh store do not race in
-  MLflow's migrations; every helper here calls it first.
+  file lock beside the database (:func:`store_lock`), so parallel workers, or commands started
+  together, on a fresh store do not race in MLflow's migrations; every helper here calls it
+  first, and :func:`open_client` is the suite's one way to an ``MlflowClient``.
 * :func:`ensure_run` — a run id that the current store does not know (a deleted
   ``mlflow.db``, another ``MLFLOW_TRACKING_URI``) is replaced by a recreated run, with a
   warning, instead of failing with ``MlflowException: Run ... not found``.
@@ -57,7 +58,7 @@ MAX_PARAM_CHARS = 500
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 """The experiment tag of MLflow 3 for an experiment's kind: GenAI (traces, evaluations) or model training. MLflow
-3.17's UI takes its mode from its GenAI / Model training switch instead (remembered by the browser; the README
+3.17's UI takes its mode from its GenAI / Model training switch instead (remembered by the browser; docs/mlflow.md
 says to pick Model training); earlier 3.x UIs and MLflow's own tools read the tag."""
 MODEL_TRAINING = "custom_model_development"
 """:data:`EXPERIMENT_KIND_TAG`'s value for model training (runs, metrics, compare), set on every experiment here."""
@@ -100,8 +101,10 @@ def default_tracking_uri() -> str:
 
 
 def _sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL (None: another store, or an in-memory one)."""
     if tracking_uri.startswith("sqlite:///"):
-        return Path(tracking_uri[len("sqlite:///"):])
+        path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+        return Path(path) if path and path != ":memory:" else None
     return None
 
 
@@ -117,8 +120,9 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
 _READY_STORES: set[str] = set()
 
 
-def _store_lock(tracking_uri: str):
-    """A file lock beside a SQLite store (``<db>.lock``); a no-op for other stores."""
+def store_lock(tracking_uri: str):
+    """A file lock beside a SQLite store (``<db>.lock``); a no-op for other stores. Held around what must happen
+    once per store: its creation, an experiment's, a study run's find-or-create."""
     db = _sqlite_path(tracking_uri)
     if db is None:
         return contextlib.nullcontext()
@@ -142,10 +146,19 @@ def ensure_store(tracking_uri: str | None = None) -> str:
         return uri
     from mlflow.tracking import MlflowClient
 
-    with _store_lock(uri):
+    with store_lock(uri):
         MlflowClient(uri).search_experiments(max_results=1)  # creates or verifies the schema
     _READY_STORES.add(uri)
     return uri
+
+
+def open_client(tracking_uri: str | None = None):
+    """An ``MlflowClient`` on the store (None: :func:`default_tracking_uri`), made once the store is
+    (:func:`ensure_store`). Use it rather than ``MlflowClient(uri)``: MLflow builds a SQLite store's schema when its
+    first client opens it, and two processes doing that at once crash one of them."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(ensure_store(tracking_uri))
 
 
 def ensure_experiment(name: str = DEFAULT_EXPERIMENT, tracking_uri: str | None = None) -> str:
@@ -158,7 +171,7 @@ def ensure_experiment(name: str = DEFAULT_EXPERIMENT, tracking_uri: str | None =
 
     tracking_uri = ensure_store(tracking_uri)
     client = MlflowClient(tracking_uri)
-    with _store_lock(tracking_uri):
+    with store_lock(tracking_uri):
         exp = client.get_experiment_by_name(name)
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
@@ -224,7 +237,7 @@ def ensure_run(run_id: str | None, experiment: str = DEFAULT_EXPERIMENT, run_nam
             if run.info.lifecycle_stage == "deleted":
                 client.restore_run(run_id)
             return run_id
-        with _store_lock(uri):
+        with store_lock(uri):
             found = client.search_runs([exp_id], filter_string=f"tags.recreated_from = '{run_id}'", max_results=1)
             if found:
                 new_id = found[0].info.run_id

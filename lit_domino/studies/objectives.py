@@ -235,14 +235,12 @@ def log_to_mlflow(plan: dict, trained: list, records: list[dict], study, files: 
                   plots: list[Path]) -> None:
     """Each training run: nested under the study run, tagged with its objective, its decoding metrics logged; the
     study run: the seed-aggregated τ and speedup of every drafter x objective, the tables and the figures."""
-    from mlflow.tracking import MlflowClient
-
     from lit_domino.decoding.metric_names import drafter_metrics
-    from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, run_tags
+    from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, open_client, run_tags
     from lit_domino.studies.common import log_metrics
 
     preset, uri = plan["preset"], default_tracking_uri()
-    client = MlflowClient(uri)
+    client = open_client(uri)
     for t in trained:
         drafter, row = t.variant.split("/", 1)
         t.run_id = ensure_run(t.run_id, f"objectives-{preset}", f"{drafter}+{row}-{preset}-s{t.seed}",

@@ -30,7 +30,6 @@ GATE_SPEC = {"threshold": -1.0, "max_stages": 3}
 def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_tokens: int = 32) -> dict:
     """Train (or reuse) every variant at seed 0 and record its losses and decodes into ``out`` (JSON)."""
     import torch
-    from mlflow.tracking import MlflowClient
 
     from lit_domino.data.benchmarks import load_benchmark
     from lit_domino.decoding import DLoopConfig, generate
@@ -40,10 +39,10 @@ def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_to
     from lit_domino.runtime.jsonio import write_json
     from lit_domino.studies.tables import load_spec
     from lit_domino.target.load import load_target
-    from lit_domino.runtime.tracking import default_tracking_uri
+    from lit_domino.runtime.tracking import open_client
 
     gate = DLoopConfig(**GATE_SPEC)
-    client = MlflowClient(default_tracking_uri())
+    client = open_client()
     snapshot = {}
     with pinned_threads(1):
         for variant in load_spec().variants:  # the ablation study's variants

@@ -144,13 +144,11 @@ def run_rehearsal(preset: str = "rehearsal", device: str = "cpu", overrides: dic
 
 def _ablation_stage(preset: str, overrides: dict, out_dir: Path, progress: bool) -> dict:
     """``run_ablation``: the drafters come from the train stage's cache; decode, tables, the study's MLflow run."""
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.runtime.tracking import default_tracking_uri
+    from lit_domino.runtime.tracking import open_client
     from lit_domino.studies.ablation import run_ablation
 
     out = run_ablation(preset, out_dir=out_dir, progress=progress, overrides=overrides or None)
-    client = MlflowClient(default_tracking_uri())
+    client = open_client()
     experiment = client.get_experiment_by_name(f"ablation-{preset}")
     studies = client.search_runs([experiment.experiment_id], "tags.study_role = 'study'", max_results=5,
                                  order_by=["attributes.start_time DESC"])

@@ -94,9 +94,7 @@ def eval_prompts(target, per_domain: int) -> dict[str, list[list[int]]]:
 def train_stage(configs: list[dict], preset: str, per_domain: int) -> dict:
     """Every variant x seed under the configs' strategy (one launch; DDP when they name it), with the eval callback;
     each training's steps, losses (MLflow ``train/loss``, per step) and eval-callback metrics read back."""
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.runtime.tracking import default_tracking_uri
+    from lit_domino.runtime.tracking import open_client
     from lit_domino.target.load import load_target
     from lit_domino.training.distributed import is_distributed, train_distributed
     from lit_domino.training.experiment import train_variant
@@ -112,7 +110,7 @@ def train_stage(configs: list[dict], preset: str, per_domain: int) -> dict:
         spec = {"eval": {"prompts": prompts, "max_new_tokens": 8}}
         trained = [train_variant(c, experiment=experiment, progress=False, callbacks=eval_callbacks(spec))
                    for c in configs]
-    client = MlflowClient(default_tracking_uri())
+    client = open_client()
     runs = []
     for t in trained:
         losses = [m.value for m in sorted(client.get_metric_history(t.run_id, "train/loss"), key=lambda m: m.step)]
@@ -207,12 +205,11 @@ def check_settings(configs: list[dict], trained: list) -> dict:
     params and its resolved ``config.yaml`` record it, and whether it is paper's (``same``) or the rehearsal's
     (``scaled``: a key of the rehearsal preset's own file)."""
     import yaml
-    from mlflow.tracking import MlflowClient
 
-    from lit_domino.runtime.tracking import default_tracking_uri
+    from lit_domino.runtime.tracking import open_client
     from lit_domino.training.configs import CONFIG_DIR, _read_yaml, load_config
 
-    client = MlflowClient(default_tracking_uri())
+    client = open_client()
     preset = configs[0]["tracking"]["preset"]
     own = _read_yaml(CONFIG_DIR / "presets" / f"{preset}.yaml")  # the preset's own file, not what it extends
     listed = set(flatten_config({k: v for k, v in own.items() if k not in ("methods", "extends")}))

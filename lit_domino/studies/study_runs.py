@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from lit_domino.runtime.tracking import default_tracking_uri, ensure_experiment, save_runs_view
+from lit_domino.runtime.tracking import default_tracking_uri, ensure_experiment, open_client, save_runs_view, store_lock
 
 PARENT_TAG = "mlflow.parentRunId"
 """The tag MLflow nests a run under (the UI's expandable rows)."""
@@ -114,31 +114,31 @@ class StudyRun:
 
     def open(self, experiment: str, name: str, tags: Mapping[str, str], benchmarks: Sequence[str]) -> str:
         """Find (a rerun of the same study) or create the study run ``name`` in ``experiment``, RUNNING; the
-        experiment's saved view (:func:`view_state`) is stored the first time. Returns the run id."""
-        from mlflow.tracking import MlflowClient
+        experiment's saved view (:func:`view_state`) is stored the first time. Returns the run id.
 
+        Two jobs of one study started together share one study run: the find-or-create holds the store's lock."""
         self.uri = default_tracking_uri()
-        client = MlflowClient(self.uri)
+        client = open_client(self.uri)
         exp_id = ensure_experiment(experiment, self.uri)
-        save_runs_view(client, exp_id, VIEW_ID, VIEW_NAME, view_state(benchmarks))
-        found = client.search_runs([exp_id], filter_string=f"tags.{STUDY_TAG} = '{name}'",
-                                   order_by=["attributes.start_time DESC"], max_results=1)
         all_tags = {STUDY_TAG: name, "study_role": "study", "table": "summary", **dict(tags)}
+        with store_lock(self.uri):
+            save_runs_view(client, exp_id, VIEW_ID, VIEW_NAME, view_state(benchmarks))
+            found = client.search_runs([exp_id], filter_string=f"tags.{STUDY_TAG} = '{name}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+            if found:
+                self.run_id = found[0].info.run_id
+                client.update_run(self.run_id, status="RUNNING")
+            else:
+                self.run_id = client.create_run(exp_id, run_name=name,
+                                                tags={k: str(v) for k, v in all_tags.items()}).info.run_id
         if found:
-            self.run_id = found[0].info.run_id
-            client.update_run(self.run_id, status="RUNNING")
             for key, value in all_tags.items():
                 client.set_tag(self.run_id, key, str(value))
-        else:
-            self.run_id = client.create_run(exp_id, run_name=name,
-                                            tags={k: str(v) for k, v in all_tags.items()}).info.run_id
         return self.run_id
 
     def adopt(self, run_ids: Iterable[str | None]) -> None:
         """Nest the runs ``run_ids`` under the study run (cached drafters' runs, made by an earlier study)."""
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(self.uri)
+        client = open_client(self.uri)
         for run_id in run_ids:
             if run_id and run_id != self.run_id and client.get_run(run_id).data.tags.get(PARENT_TAG) != self.run_id:
                 client.set_tag(run_id, PARENT_TAG, self.run_id)
@@ -146,11 +146,9 @@ class StudyRun:
     def log(self, records: list[dict], benchmarks: Sequence[str], files: Iterable[Path], plots: Iterable[Path]) -> None:
         """The seed-aggregated metrics (:func:`study_metrics`), ``files`` under ``tables/``, ``plots`` under
         ``plots/``."""
-        from mlflow.tracking import MlflowClient
-
         from lit_domino.studies.common import log_metrics
 
-        client = MlflowClient(self.uri)
+        client = open_client(self.uri)
         log_metrics(client, self.run_id, study_metrics(records, benchmarks))
         for path in files:
             client.log_artifact(self.run_id, str(path), "tables")
@@ -163,13 +161,11 @@ class StudyRun:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.run_id is None:
             return
-        from mlflow.tracking import MlflowClient
-
         from lit_domino.runtime.tracking import _status_for
 
         status = "FINISHED" if exc is None else _status_for(exc)
         try:
-            MlflowClient(self.uri).set_terminated(self.run_id, status)
+            open_client(self.uri).set_terminated(self.run_id, status)
         except Exception as err:  # noqa: BLE001 (never masks the job's own exception)
             import logging
 

@@ -1,5 +1,5 @@
-"""Runs that share a cache, end to end: two concurrent trainings of one drafter train it once (one MLflow
-run, one artifact), and a cold or a warm data cache gives the same drafter."""
+"""Runs that share a cache, end to end: two ablations started together on a fresh project train their drafter once
+(one MLflow run, one artifact) and both succeed, and a cold or a warm data cache gives the same drafter."""
 
 from __future__ import annotations
 
@@ -30,7 +30,11 @@ def _weights(drafter_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_concurrent_trainings_of_one_drafter_train_it_once(tiny_target_dir, tmp_path):
+def test_two_ablations_started_together_on_a_fresh_project_both_succeed(tiny_target_dir, tmp_path):
+    """Two ``--train-only`` ablations of one drafter started at once on a fresh cache and a fresh MLflow store (no
+    process made it before): both exit 0, the drafter is trained once (one MLflow training run, one artifact; the
+    other job waits and reuses it) and the two jobs share one study run. The store's creation (MLflow's schema
+    migrations) and the study run's find-or-create happen once, under the lock beside the database."""
     cache_dir, uri, go = tmp_path / "cache", f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "go"
     overrides = {**SMALL, "data.target": str(tiny_target_dir)}
     code = textwrap.dedent(f"""
@@ -38,19 +42,16 @@ def test_two_concurrent_trainings_of_one_drafter_train_it_once(tiny_target_dir, 
         from pathlib import Path
         import torch
         torch.set_num_threads(1)
-        from lit_domino.training.configs import load_config
-        from lit_domino.training.experiment import train_variant
-        cfg = load_config("backbone", "smoke", overrides={overrides!r})
+        from lit_domino.studies.ablation import run_ablation
         deadline = time.time() + 120
         while not Path({str(go)!r}).exists() and time.time() < deadline:  # start both together
             time.sleep(0.01)
-        t = train_variant(cfg, experiment="concurrent", progress=False)
+        out = run_ablation("smoke", ["backbone"], [7], out_dir=Path({str(tmp_path / "results")!r}), progress=False,
+                           overrides={overrides!r}, train_only=True, jobs=1)
+        t, = out["trained"]
         print(json.dumps({{"dir": str(t.drafter_dir), "run_id": t.run_id, "from_cache": t.from_cache}}))
     """)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LIT_DOMINO_CACHE": str(cache_dir), "MLFLOW_TRACKING_URI": uri}
-    from lit_domino.runtime import tracking
-
-    tracking.ensure_store(uri)  # as the ablation does before parallel workers start
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     time.sleep(1.0)
@@ -63,9 +64,10 @@ def test_two_concurrent_trainings_of_one_drafter_train_it_once(tiny_target_dir, 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("concurrent")
+    exp = client.get_experiment_by_name("ablation-smoke")
     runs = client.search_runs([exp.experiment_id])
-    assert [r.info.run_id for r in runs] == [results[0]["run_id"]]
+    assert sorted(r.data.tags.get("study_role", "training") for r in runs) == ["study", "training"]
+    assert [r.info.run_id for r in runs if "study_role" not in r.data.tags] == [results[0]["run_id"]]
     history = client.get_metric_history(results[0]["run_id"], "train/loss")
     assert len({m.step for m in history}) == len(history)  # each step logged once
     drafter_dir = Path(results[0]["dir"])

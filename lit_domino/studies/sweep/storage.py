@@ -8,6 +8,10 @@ storages), and creating / loading / checking a study against its recorded space 
   which every ``study.optimize`` also runs before each trial) and its parameters re-enqueued;
 * ``journal:<path>`` or a path ending ``.journal`` / ``.log`` → ``JournalStorage`` on a file
   (no heartbeat in Optuna 5).
+
+A SQLite storage's schema, and a study in it, are created once, under a file lock beside the database
+(``<db>.lock``, as the MLflow store's): sweep workers started together on a new storage do not race in
+Optuna's table creation.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from lit_domino.runtime.paths import project_root
+from lit_domino.runtime.tracking import store_lock
 from lit_domino.studies.sweep.space import SearchSpace, StorageError, StudyMismatchError, SweepError
 
 if TYPE_CHECKING:  # settings.py imports default_storage from here
@@ -121,7 +126,7 @@ def open_storage(url: str, *, heartbeat: int = 0, max_retries: int = 1, create_d
                 raise StorageError(f"cannot open the Optuna storage {url}: directory {db.parent} does not exist")
         engine_kwargs = {"connect_args": {"timeout": 60}}
     try:
-        with quiet_experimental():
+        with quiet_experimental(), store_lock(url):
             return RDBStorage(
                 url, engine_kwargs=engine_kwargs,
                 heartbeat_interval=heartbeat or None, grace_period=2 * heartbeat if heartbeat else None,
@@ -190,21 +195,22 @@ def create_or_load_study(settings: SweepSettings, space: SearchSpace, *, create:
     url = settings.storage_url()
     storage = open_storage(url, heartbeat=settings.heartbeat, max_retries=settings.max_retries,
                            create_dirs=settings.storage is None)
-    try:
-        study = optuna.load_study(study_name=settings.study_name, storage=storage,
-                                  sampler=make_sampler(settings), pruner=make_pruner(settings))
-    except KeyError:
-        if not create:
-            raise SweepError(f"no study {settings.study_name!r} in {redact(url)}") from None
-        study = optuna.create_study(study_name=settings.study_name, storage=storage, direction="maximize",
-                                    sampler=make_sampler(settings), pruner=make_pruner(settings),
-                                    load_if_exists=True)
-    check_study(study, space, settings)
-    if SPACE_ATTR not in study.user_attrs:
-        study.set_user_attr(SPACE_ATTR, space.to_json())
-        study.set_user_attr(SETTINGS_ATTR, json.dumps(settings.fingerprint(), sort_keys=True))
-        study.set_user_attr("objective", settings.objective)
-        study.set_user_attr("variant", space.variant)
+    with store_lock(url):  # a study and its recorded space made by one worker, checked by the others
+        try:
+            study = optuna.load_study(study_name=settings.study_name, storage=storage,
+                                      sampler=make_sampler(settings), pruner=make_pruner(settings))
+        except KeyError:
+            if not create:
+                raise SweepError(f"no study {settings.study_name!r} in {redact(url)}") from None
+            study = optuna.create_study(study_name=settings.study_name, storage=storage, direction="maximize",
+                                        sampler=make_sampler(settings), pruner=make_pruner(settings),
+                                        load_if_exists=True)
+        check_study(study, space, settings)
+        if SPACE_ATTR not in study.user_attrs:
+            study.set_user_attr(SPACE_ATTR, space.to_json())
+            study.set_user_attr(SETTINGS_ATTR, json.dumps(settings.fingerprint(), sort_keys=True))
+            study.set_user_attr("objective", settings.objective)
+            study.set_user_attr("variant", space.variant)
     return study
 
 

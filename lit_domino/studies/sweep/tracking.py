@@ -23,7 +23,8 @@ from mlflow.tracking import MlflowClient
 
 from lit_domino.studies.sweep.space import SearchSpace
 from lit_domino.studies.sweep.storage import redact, trial_counts
-from lit_domino.runtime.tracking import default_tracking_uri, ensure_experiment, flatten_config, log_params, run_tags
+from lit_domino.runtime.tracking import (default_tracking_uri, ensure_experiment, flatten_config, log_params,
+                                         open_client, run_tags)
 
 if TYPE_CHECKING:
     from lit_domino.studies.sweep.objective import TrialOutcome
@@ -36,9 +37,9 @@ EXPERIMENT_ATTR = "lit_domino:mlflow_experiment"
 
 
 def mlflow_client(uri: str | None = None) -> tuple[MlflowClient, str]:
-    """An MLflow client on ``uri`` (None: the suite's store) and the URI."""
+    """An MLflow client on ``uri`` (None: the suite's store; created once, under its lock) and the URI."""
     uri = uri or default_tracking_uri()
-    return MlflowClient(uri), uri
+    return open_client(uri), uri
 
 
 def ensure_study_run(study: optuna.Study, settings: SweepSettings, space: SearchSpace) -> str:

@@ -1,4 +1,4 @@
-"""The README's "compare ablations" steps, driven in a real browser: ``mlflow ui`` on an ablation's store, headless
+"""The "compare ablations" steps of docs/mlflow.md, driven in a real browser: ``mlflow ui`` on an ablation's store, headless
 Chromium (Debian's ``chromium`` package through Playwright's Python API; nothing is downloaded), one screenshot per
 step.
 
@@ -99,7 +99,7 @@ def _expect(condition: bool, step: str, what: str) -> None:
 
 
 def check(url: str, experiment: str, out_dir: Path, runs: tuple[str, str]) -> Seen:
-    """Drive the README's steps on the UI at ``url``; ``runs``: the two run names to compare. Screenshots go to
+    """Drive docs/mlflow.md's steps on the UI at ``url``; ``runs``: the two run names to compare. Screenshots go to
     ``out_dir`` (``1-runs.png`` ... ``4-plot.png``)."""
     from playwright.sync_api import sync_playwright
 

@@ -38,7 +38,7 @@ def test_summary_with_too_few_trials(tmp_path, capsys):
 
 
 def test_summary_warns_when_every_finished_trial_has_the_same_objective(tmp_path, capsys):
-    """Issue 34: the README's quick sweep gave every trial the same τ to 16 digits (20 steps: the zero-started
+    """Issue 34: the quick sweep of docs/mlflow.md gave every trial the same τ to 16 digits (20 steps: the zero-started
     correction flips no pick), and the summary presented a best trial and importances as if they meant something."""
     space, settings = sweep.load_space(), fake_settings(tmp_path, "flat", n_trials=3)
     study = sweep.create_or_load_study(settings, space)
