@@ -22,8 +22,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a job (the workers' handlers are the caller's ``setup``)."""
 
 STOP_TIMEOUT = 30.0
-"""Seconds an interrupted runner waits for its started jobs to stop (a training stops at its next batch, well under
-a second on the CPU presets) before it kills the workers."""
+"""Seconds an interrupted runner waits for its started jobs to stop (a training stops at its next batch) before it
+kills the workers."""
 
 _STARTED = None
 """A worker's view of its parent's shared flags: ``_STARTED[i]`` = 1 once job ``i`` runs."""
@@ -148,8 +148,8 @@ def stop_workers(pool: ProcessPoolExecutor, running: dict, started, signum: int,
                  timeout: float | None = None) -> None:
     """The run was interrupted: pass ``signum`` to every worker (a signal sent to this process alone does not reach
     them; one already stopping ignores the repeat) and wait for each started job to end; past ``timeout``
-    (:data:`STOP_TIMEOUT`) or at a second Ctrl-C kill what is left. A worker still starting (importing torch: 30 s
-    and more on a busy machine) has nothing to save and is not waited for."""
+    (:data:`STOP_TIMEOUT`) or at a second Ctrl-C kill what is left. A worker still starting
+    (importing torch) has nothing to save and is not waited for."""
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         with contextlib.suppress(OSError, ValueError):
             if proc.is_alive():
@@ -174,7 +174,7 @@ def stop_workers(pool: ProcessPoolExecutor, running: dict, started, signum: int,
     except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
         pass
     # the workers are idle now (or stuck): end them at once rather than wait for their interpreters to wind down
-    # (torch, Lightning and MLflow take many seconds on a busy machine)
+    # (torch, Lightning and MLflow are slow to unload)
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         with contextlib.suppress(OSError, ValueError):
             proc.kill()

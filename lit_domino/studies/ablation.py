@@ -50,8 +50,8 @@ from lit_domino.studies.ablation_train import (INTERRUPTED, STOP_TIMEOUT, _log, 
                                                data_modules, plan_trainings, train_all, training_jobs,
                                                training_names)
 
-# Everything above imports no torch, Lightning or MLflow: ``main`` checks its arguments first (in well under
-# 2 s), and the functions import the heavy modules where they need them.
+# Everything above imports no torch, Lightning or MLflow: ``main`` checks its arguments first (quickly), and the
+# functions import the heavy modules where they need them.
 
 
 
@@ -227,7 +227,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         plan["overrides"] = dict(overrides)
     out_dir = Path(out_dir or default_out_dir(preset, plan))
     configs, notes = study_configs(preset, plan, overrides)  # a mistyped --set fails here, before anything is built
-    from lit_domino.training.cli import EXPORT_DIR  # Lightning: once the keys are checked (a mistyped one answers in < 2 s)
+    from lit_domino.training.cli import EXPORT_DIR  # Lightning: once the keys are checked (a mistyped one answers before it)
     from lit_domino.training.experiment import drafter_artifact
     from lit_domino.runtime.jobclock import JobClock, StageProgress
     from lit_domino.target.load import load_target
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         return run_command("ablation", _main, argv)
     except SystemExit:
-        gc.freeze()  # the process ends: skip the final collection of torch's heap (7 of 7.5 s on a busy machine)
+        gc.freeze()  # the process ends: skip the final collection of torch's heap (most of the exit's time)
         raise
 
 

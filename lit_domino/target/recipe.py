@@ -244,7 +244,7 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
         trainer = L.Trainer(
             max_steps=cfg.max_steps,
             accelerator="cpu",
-            precision="32-true",  # bf16 is ~25x slower on CPUs without AMX
+            precision="32-true",  # bf16 is far slower on CPUs without AMX
             logger=False,
             gradient_clip_val=1.0,
             callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=checkpoint_every,

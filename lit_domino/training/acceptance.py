@@ -64,8 +64,8 @@ class AcceptanceSettings:
     label: str | None = None
     """Training label: ``soft`` c* = 1 - TV(q, p) (the acceptance probability when sampling) or ``hard`` (the
     draft's pick is the target's: acceptance at T = 0). None: ``hard`` for greedy collection (``temperature`` 0),
-    else ``soft``. On the smoke drafters at T = 0 the soft label (taken at T = 1) predicted greedy acceptance
-    barely better than chance (AUC 0.46-0.51 for backbone and Domino), the hard one well (AUC 0.91-0.93)."""
+    else ``soft``. At T = 0 the soft label (taken at T = 1) predicts greedy acceptance far worse than the hard one
+    (docs/results.md)."""
     calibration_label: str | None = None
     """What the calibration makes the survival match: ``hard`` acceptance events (decoding at T = 0) or ``soft``
     c* (sampling at the collection's temperature). None: as ``label``'s default."""
@@ -80,26 +80,23 @@ class AcceptanceSettings:
     """The rows the add-on head trains on: ``reached``, each round's positions whose drafts before them were accepted
     (weights ``Π_{i<j} y_i`` of the calibration label, the rows the calibration fits and a gate decides on: c_j is
     the acceptance probability *given* 1..j-1 accepted), or ``all`` (every position of every round, the default
-    before 2026-12-04 night: most rows lie after a rejection, where H_j and the target both read a wrong prefix).
-    On the smoke drafters ``reached`` raised the test AUC from 0.93-0.94 to 0.96 and took the survival ECE after
-    calibration from 2.5-2.6 % to 1.4-1.8 % (backbone, Domino)."""
+    before 2026-12-04 night: most rows lie after a rejection, where H_j and the target both read a wrong prefix;
+    ``reached`` scores a higher test AUC and a lower survival ECE: docs/results.md)."""
     offsets: bool = True
     """Calibrate with per-position offsets too (Platt scaling, :class:`Calibration`'s ``offsets``: the head reads
     no position, and a temperature cannot move a position's mean); False: the temperatures alone (DSpark's, the
-    default before 2026-12-04 night). With heads on the reached rows, on the smoke drafters' test split, offsets
-    took the survival ECE from 2.0 / 1.9 / 2.7 / 1.2 % to 1.5 / 1.6 / 2.5 / 0.6 % (backbone, Domino, DSpark's
-    add-on head, DFlash 2; DSpark's own head 2.7 → 2.8 %)."""
+    default before 2026-12-04 night). Offsets lower the survival ECE of the add-on heads (docs/results.md)."""
     stage_fit: bool = True
     """Also fit the stage-level maps DLoop's gates decide on (:attr:`~lit_domino.decoding.acceptance.Calibration.
     stage_whole`, P(every draft so far accepted | S) at stage boundaries, and :attr:`~lit_domino.decoding.acceptance.
     Calibration.stage_gain`, the drafts a further stage is expected to add given S) on the calibration split; needs
-    ``stages`` >= 2. False: the gates read S and the mean confidences (before 2026-12-05: on the default drafters the
-    cost gate then opened a second stage in ~40 % of rounds and lost 3-6 %)."""
+    ``stages`` >= 2. False: the gates read S and the mean confidences (before 2026-12-05: the cost gate then opened
+    second stages that did not pay)."""
     survival_fit: bool = True
     """Also fit the per-position survival maps (:attr:`~lit_domino.decoding.acceptance.Calibration.survival_maps`:
     S_j as an isotonic map of the product of the calibrated c_1..c_j) on the calibration split, before the stage
-    maps, which are then fitted on that S. False: S_j is the product (before 2026-12-05 noon; DSpark's own head then
-    read a held-out survival ECE of 4.2 % for a c_j ECE of 3.0 %)."""
+    maps, which are then fitted on that S. False: S_j is the product (before 2026-12-05 noon; its errors add up, so
+    the survival's ECE exceeds the c_j's)."""
     steps: int = 300
     """Full-batch Adam steps of the add-on head."""
     lr: float = 0.05
@@ -113,8 +110,8 @@ class AcceptanceSettings:
     of the sequence (each round starts after the previous one's accepted drafts and bonus; acceptance read off the
     target's greedy continuation), ``anchors_per_sequence`` of them evenly spaced; ``even``, at evenly spaced
     positions (before 2026-12-05). A decode's rounds start right after a rejection more often than an even anchor
-    does: on the default Domino drafter, rounds the even-anchor calibration gave P(whole | S) in [0.2, 0.7) were
-    accepted whole in 8-33 % of the decode's rounds, a gate that read it opened stages that did not pay."""
+    does: an even-anchor calibration overstates P(whole | S) on the decode's rounds, and a gate that read it opened
+    stages that did not pay."""
     max_new_tokens: int = 96
     """Tokens of the target's own continuation of each prompt."""
     temperature: float = 0.0

@@ -27,8 +27,7 @@ def continuations(target, prompts: list[list[int]], max_new_tokens: int) -> list
 
 def shared_continuations(target, prompts: list[list[int]], max_new_tokens: int, memo: dict | None) -> list[list[int]]:
     """:func:`continuations`, kept in ``memo`` when one is given: a caller's dict for one target and prompt set (a
-    study builds all its predictors on one; regenerating the continuations was about half of each build, ~100 s of
-    ~180 s on the default preset)."""
+    study builds all its predictors on one; regenerating the continuations was about half of each build)."""
     if memo is None:
         return continuations(target, prompts, max_new_tokens)
     if max_new_tokens not in memo:
@@ -44,7 +43,7 @@ def collect_rounds(target, drafter, sequences: list[tuple[list[int], int]], sett
     Greedy rounds with hard labels on the rows a round reaches (:func:`reads_off_continuation`) are labelled from
     the sequence itself, the target's greedy continuation: up to the first wrong draft the target's picks are the
     sequence's next tokens, and nothing after it is read (its hard labels are 0, its soft ones NaN). That skips a
-    target forward over the whole prefix per round, 60 % of the collection on the default preset; a round whose
+    target forward over the whole prefix per round, most of the collection's time; a round whose
     drafts all match as far as the sequence goes, with drafts beyond its end, is verified by the target."""
     from lit_domino.decoding.engine import _eval_mode, feature_layers
 

@@ -55,8 +55,8 @@ def auc(score: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> 
 
 def ece_floor(p: torch.Tensor, w: torch.Tensor | None = None, draws: int = 100, bins: int = 10, seed: int = 0) -> float:
     """The ECE a perfectly calibrated predictor scores by sampling alone on these rows: the mean :func:`ece` of
-    ``p`` against labels drawn from Bernoulli(p) (``draws`` seeded draws). With 100-500 rows it is 2-8 %, so an
-    ECE within it is calibrated as far as the test split can tell."""
+    ``p`` against labels drawn from Bernoulli(p) (``draws`` seeded draws): an ECE within it is calibrated as far as
+    the test split can tell (on a few hundred rows it is several percent)."""
     p = p.double().reshape(-1)
     w = torch.ones_like(p) if w is None else w.double().reshape(-1)
     if float(w.sum()) <= 0:
