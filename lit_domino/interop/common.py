@@ -18,6 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import Qwen3Config
 
+from lit_domino.target.qwen3 import qwen3_config as build_qwen3_config
+
 from lit_domino.models.base import CONFIG_NAME, DrafterLoadError, WEIGHTS_NAME
 from lit_domino.runtime.command import UsageError
 
@@ -126,13 +128,13 @@ def read_config_json(directory: Path) -> dict:
 
 
 def qwen3_config(config, num_layers: int, **extra) -> Qwen3Config:
-    """A Qwen3 config carrying a drafter config's widths, heads, norm eps, RoPE and positions."""
-    cfg = Qwen3Config(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                      intermediate_size=config.intermediate_size, num_hidden_layers=num_layers,
-                      num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-                      head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta,
-                      max_position_embeddings=config.max_position_embeddings, attention_bias=False,
-                      hidden_act="silu", tie_word_embeddings=False)
+    """A Qwen3 config carrying a drafter config's widths, heads, norm eps, RoPE and positions
+    (:func:`lit_domino.target.qwen3.qwen3_config`; untied: a drafter's layers have no LM head of their own)."""
+    cfg = build_qwen3_config(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                             intermediate_size=config.intermediate_size, num_layers=num_layers,
+                             num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                             max_positions=config.max_position_embeddings, rope_theta=config.rope_theta,
+                             rms_norm_eps=config.rms_norm_eps, tie_embeddings=False)
     for key, value in extra.items():
         setattr(cfg, key, value)
     return cfg

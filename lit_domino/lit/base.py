@@ -25,16 +25,13 @@ A variant names its drafter class (``drafter_class``, a registered method of
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import math
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -44,12 +41,11 @@ from lit_domino.models.layers import TrainOptions
 from lit_domino.models.objectives import (DEFAULT_CHUNK_SIZE, LossSettings, check_block_size, check_chunk_size,
     position_weights)
 from lit_domino.lit import objective as _objective
+# The checkpoint's extras and load_module live apart; their names stay importable from here.
+from lit_domino.lit.checkpoints import _EXTRA_KEY, _rng_states, _set_rng_states, load_module  # noqa: F401
 from lit_domino.target.load import Target, load_target
 
 log = logging.getLogger(__name__)
-
-_EXTRA_KEY = "lit_domino"
-
 
 @dataclass
 class StepOutput:
@@ -475,25 +471,6 @@ class DrafterModule(L.LightningModule):
             _set_rng_states(extra["rng"])  # a resumed fit continues the same random streams
 
 
-def load_module(checkpoint_path: str | Path, map_location: str | torch.device = "cpu", **overrides) -> "DrafterModule":
-    """Rebuild the variant's module from a Lightning checkpoint (its class from the checkpoint itself).
-
-    The target is loaded from the recorded spec (``hparams.target``) unless ``target=`` is given.
-    """
-    path = Path(checkpoint_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    hparams = ckpt.get("hyper_parameters", {})
-    class_path = hparams.get("_class_path") or (ckpt.get(_EXTRA_KEY) or {}).get("module")
-    del ckpt
-    if not class_path:
-        raise ValueError(f"{path} is not a lit_domino training checkpoint (no module class recorded)")
-    module_name, _, name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), name)
-    return cls.load_from_checkpoint(path, map_location=map_location, **overrides)
-
-
 class ExportDrafter(L.Callback):
     """At the end of a successful fit, export the drafter with ``save_pretrained``.
 
@@ -518,30 +495,3 @@ class ExportDrafter(L.Callback):
                 logger.experiment.set_tag(logger.run_id, "drafter_dir", str(self.exported))
                 if self.log_to_mlflow:
                     logger.experiment.log_artifacts(logger.run_id, str(self.exported), "drafter")
-
-
-def _rng_states() -> dict:
-    """torch / CUDA / numpy / python RNG states as plain types (checkpoints stay ``weights_only``-loadable)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    states = {
-        "torch": torch.get_rng_state(),
-        "numpy": [str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
-                  float(cached)],
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        states["torch.cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _set_rng_states(states: dict) -> None:
-    try:
-        torch.set_rng_state(states["torch"])
-        kind, keys, pos, has_gauss, cached = states["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-        version, internal, gauss = states["python"]
-        random.setstate((version, tuple(internal), gauss))
-        if "torch.cuda" in states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["torch.cuda"])
-    except Exception as err:  # a checkpoint from another platform or version: resume anyway
-        log.warning("could not restore RNG states from the checkpoint: %s", err)

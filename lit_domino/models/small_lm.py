@@ -18,6 +18,7 @@ from lit_domino.models.base import Drafter, DrafterConfig, DrafterMismatchError
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import ChainSession, Stage, StageDraft, draft_chain
 from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, IGNORE_INDEX, chunked_ce, token_ce
+from lit_domino.target.qwen3 import qwen3_config as build_qwen3_config
 
 
 @dataclass
@@ -69,19 +70,19 @@ class SmallLMConfig(DrafterConfig):
         return super().from_target(target, **overrides)
 
     def qwen3_config(self) -> Qwen3Config:
-        """The ``transformers.Qwen3Config`` of this drafter's LM."""
-        return Qwen3Config(
+        """The ``transformers.Qwen3Config`` of this drafter's LM (:func:`lit_domino.target.qwen3.qwen3_config`)."""
+        return build_qwen3_config(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
-            max_position_embeddings=self.max_position_embeddings,
+            max_positions=self.max_position_embeddings,
             rms_norm_eps=self.rms_norm_eps,
             rope_theta=self.rope_theta,
-            tie_word_embeddings=True,
+            tie_embeddings=True,
             pad_token_id=None,  # no padding_idx: id 0 may be a real token
         )
 

@@ -35,20 +35,22 @@ Sharing a machine and a cache:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
 import os
-import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from filelock import FileLock, Timeout
+
+# Keys, the NaN screen and the randomness guard live apart; their names stay importable from here.
+from lit_domino.runtime.keys import config_hash, to_jsonable  # noqa: F401
+from lit_domino.runtime.numerics import first_nonfinite  # noqa: F401
+from lit_domino.runtime.rng import isolated_rng
 
 CACHE_ENV = "LIT_DOMINO_CACHE"
 """Environment variable that overrides the cache root (default ``./artifacts``)."""
@@ -89,25 +91,6 @@ class CorruptArtifact(RuntimeError):
 def cache_root() -> Path:
     """The cache root: ``$LIT_DOMINO_CACHE`` if set, else ``./artifacts`` (relative to the cwd)."""
     return Path(os.environ.get(CACHE_ENV, "artifacts")).expanduser().resolve()
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, paths and tuples → plain JSON types (dict keys sorted later by json.dumps)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def config_hash(obj: Any, length: int = 12) -> str:
-    """A stable short hash of a config (dataclass or dict): same config → same hash, on any machine."""
-    blob = json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
 def artifact_dir(kind: str, config: Any, name: str | None = None, root: Path | None = None) -> Path:
@@ -317,25 +300,6 @@ def check_directory(directory: str | Path, *, full: bool | None = None) -> tuple
     return root, verify(root, full=full, under=rel)
 
 
-def first_nonfinite(named_tensors) -> tuple[str, int] | None:
-    """The first floating tensor of ``(name, tensor)`` pairs holding NaN or inf, with how many it holds.
-
-    A tied tensor is checked once. Each tensor is screened by its sum (NaN and inf propagate through a
-    sum; on CPU it is ~20x faster than ``isfinite().all()``, which would take minutes for an 8B model) and
-    only a non-finite sum is confirmed element-wise (a half-precision sum may overflow on finite values)."""
-    seen = set()
-    for name, t in named_tensors:
-        if not t.is_floating_point() or (t.data_ptr(), t.shape) in seen:
-            continue
-        seen.add((t.data_ptr(), t.shape))
-        if bool(t.sum().isfinite()):
-            continue
-        count = int((~t.isfinite()).sum())
-        if count:
-            return name, count
-    return None
-
-
 def invalidate(path: Path) -> None:
     """Remove the marker of ``path`` (a corrupt artifact): it reads as an interrupted build from then on."""
     with contextlib.suppress(FileNotFoundError):
@@ -519,46 +483,3 @@ def reuse_or_build(path: Path, load: Callable[[Path], T], build: Callable[[Path]
             return load(path)
         except Exception as err:  # noqa: BLE001
             raise CorruptArtifact(path, f"freshly built, still unreadable: {type(err).__name__}: {err}") from err
-
-
-# --------------------------------------------------------------------------- randomness
-
-
-@contextlib.contextmanager
-def isolated_rng(seed: int | None = None) -> Iterator[None]:
-    """Run a block without touching the caller's global random state.
-
-    Python's ``random``, NumPy's and torch's global generators (CPU, and CUDA when
-    initialised), and Lightning's ``PL_GLOBAL_SEED``/``PL_SEED_WORKERS`` variables, are
-    saved and restored; with ``seed`` they are all seeded inside (as ``seed_everything``
-    would). Builders use it so that results never depend on whether the cache was warm.
-    Modules not imported yet cannot be disturbed and are left alone.
-    """
-    if seed is not None:  # seeding: every generator is captured (and restored) first
-        import numpy  # noqa: F401
-        import torch  # noqa: F401
-    env = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
-    py_state = random.getstate()
-    np = sys.modules.get("numpy")
-    np_state = np.random.get_state() if np is not None else None
-    torch = sys.modules.get("torch")
-    stack = contextlib.ExitStack()
-    if torch is not None:
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        stack.enter_context(torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []))
-    try:
-        with stack:
-            if seed is not None:
-                random.seed(seed)
-                np.random.seed(seed % 2**32)
-                torch.manual_seed(seed)
-            yield
-    finally:
-        random.setstate(py_state)
-        if np_state is not None:
-            np.random.set_state(np_state)
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -158,7 +158,7 @@ class JobClock:
         known = any(s.reference > 0 for s in self.stages.values() if s.seconds is None and not s.cached)
         if not known:
             return "job ETA: no reference times for what is left"
-        if not self.measured():  # the calibration alone: 66 % long on a machine 2x the reference's speed
+        if not self.measured():  # the calibration alone overestimates on a faster machine than the reference
             return f"job ETA ~{self.eta_seconds() / 60:.0f} min (provisional: this machine's speed is not measured yet)"
         return f"job ETA {self.eta_seconds() / 60:.1f} min"
 

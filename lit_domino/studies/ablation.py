@@ -19,45 +19,39 @@ Stages (each visible as it runs, each cached):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
-import logging
 import math
-import multiprocessing
-import os
-import signal
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
 from lit_domino.runtime import cache
 from lit_domino.training.configs import (EMBEDDED_PREFIX, ConfigError, check_arguments, check_preset, did_you_mean,
-                                         load_config, parse_override, study_overrides)
+                                         load_config, study_overrides)
 from lit_domino.runtime.paths import project_root
-from lit_domino.runtime.command import CommandParser, run_command
-from lit_domino.runtime.quiet import set_verbose, verbose
-from lit_domino.studies.common import cached_rows, log_metrics
-from lit_domino.decoding.metric_names import COMPILED_AR, MethodKey, drafter_metrics
+from lit_domino.runtime.command import run_command
+from lit_domino.runtime.quiet import set_verbose
+from lit_domino.studies.common import cached_rows
+from lit_domino.decoding.metric_names import COMPILED_AR, MethodKey
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.jsonio import write_json
-from lit_domino.studies.tables import (EXACT_HEAD, EXACT_HEAD_METRICS, STUDY_FILE, aggregate, fmt, load_spec,
-                                       records_from_rows, speedup_metrics, tables_from_rows, write_table)
-from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, run_tags
-from lit_domino.studies.study_runs import StudyRun, plot_study
+from lit_domino.studies.tables import (EXACT_HEAD, STUDY_FILE, aggregate, load_spec, records_from_rows,  # noqa: F401
+                                       speedup_metrics, tables_from_rows, write_table)
+from lit_domino.runtime.tracking import default_tracking_uri
+from lit_domino.studies.study_runs import StudyRun
+# The stages and the command's parser live apart; their names stay importable from here.
+from lit_domino.studies.ablation_command import build_parser, jobs_arg, seed_list  # noqa: F401
+from lit_domino.studies.ablation_mlflow import log_to_mlflow, peer_table  # noqa: F401
+from lit_domino.studies.ablation_train import (INTERRUPTED, STOP_TIMEOUT, _log, _target_state,  # noqa: F401
+                                               data_modules, plan_trainings, train_all, training_jobs,
+                                               training_names)
 
-if TYPE_CHECKING:
-    from lit_domino.training.datamodule import DrafterDataModule
-    from lit_domino.runtime.jobclock import JobClock
-
-# Everything above imports no torch, Lightning or MLflow: ``main`` checks its arguments first (in well under
-# 2 s), and the functions import the heavy modules where they need them.
+# Everything above imports no torch, Lightning or MLflow: ``main`` checks its arguments first (quickly), and the
+# functions import the heavy modules where they need them.
 
 
 
@@ -167,315 +161,6 @@ def _warn_if_replacing(out_dir: Path, plan: dict, t0: float) -> None:
         _log(f"note: {out_dir} holds the results of another run ({was}); this run ({now}) replaces them", t0)
 
 
-def _log(msg: str, t0: float) -> None:
-    print(f"[ablation {time.time() - t0:6.0f}s] {msg}", flush=True)
-
-
-# --------------------------------------------------------------------------- stages 1-2: target, data, trainings
-
-
-def training_jobs(jobs: int | str, configs: list[dict]) -> int:
-    """How many trainings run at once: ``auto`` = one per usable CPU core, at most 2 and at most one per
-    training, when the trainings run on the CPU (a 1-thread training uses a core better than half of a
-    2-thread one: tiny models scale badly across threads); 1 on accelerators. An int is taken as given."""
-    import torch
-
-    from lit_domino.runtime.threads import usable_cpus
-
-    if jobs != "auto":
-        if int(jobs) < 1:
-            raise ValueError(f"jobs must be >= 1 or 'auto', got {jobs!r}")
-        return int(jobs)
-    on_cpu = all(c["trainer"].get("accelerator") == "cpu" or
-                 (c["trainer"].get("accelerator") in ("auto", None) and not torch.cuda.is_available()) for c in configs)
-    return max(1, min(2, usable_cpus(), len(configs))) if on_cpu else 1
-
-
-def _target_state(spec: str) -> str | None:
-    """``"shipped"`` / ``"cached"`` when loading ``spec`` trains nothing (a local or hub model: ``"cached"``),
-    None when the embedded target's recipe trains it here."""
-    if not spec.startswith(EMBEDDED_PREFIX):
-        return "cached"
-    from lit_domino.target.load import embedded_target_state
-    return embedded_target_state(spec[len(EMBEDDED_PREFIX):])
-
-
-def data_modules(configs: list[dict]) -> list[tuple[str, DrafterDataModule]]:
-    """One DataModule per distinct data the trainings read (the seeds and the variants of one feature rule
-    share it), named for the log: regenerating and caching it once, here, before the trainings fan out,
-    keeps the parallel workers from waiting on each other's data locks."""
-    from lit_domino.training.configs import module_class, resolve_feature_rule
-    from lit_domino.training.datamodule import DrafterDataModule, regen_options
-
-    seen, out = set(), []
-    for cfg in configs:
-        data = resolve_feature_rule(dict(cfg["data"]), module_class(cfg),  # an objective may need p's layer
-                                    ((cfg.get("model") or {}).get("init_args") or {}).get("objective"))
-        key = json.dumps({k: v for k, v in data.items() if k not in ("seed", "batch_size", "num_anchors",
-                                                                    "group_by_length", "num_workers")},
-                         sort_keys=True, default=str)
-        if key in seen:
-            continue
-        seen.add(key)
-        dm = DrafterDataModule(**data)
-        dm.regen_options = regen_options(cfg["tracking"].get("variant"), cfg["tracking"].get("preset"),
-                                         cfg.get("seed_everything"))  # named by a missing set's error
-        out.append((f"features {data['feature_rule']} {dm.feature_layers}", dm))
-    return out
-
-
-_STARTED = None
-"""A training worker's view of its parent's shared flags: ``_STARTED[i]`` = 1 once training ``i`` runs."""
-
-
-def _train_worker_init(threads: int, started) -> None:
-    """A training worker: ``threads`` torch threads and only Lightning's warnings (the parent logs the stages).
-    SIGINT and SIGTERM stop its training at the next batch, quietly: the parent prints the one line."""
-    import torch
-
-    from lit_domino.training.experiment import STOP_SIGNALS, install_stop_handlers
-
-    global _STARTED
-    _STARTED = started
-    install_stop_handlers(hint=False)
-    # tqdm's default lock is a named semaphore: a worker killed at the end of an interrupted job (_stop_trainings)
-    # left it to the resource tracker's "leaked semaphore" warning; a thread lock serves one process as well
-    with contextlib.suppress(ImportError):
-        import tqdm
-
-        tqdm.tqdm.set_lock(threading.RLock())
-    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started this process (_signals_blocked)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    torch.set_num_threads(threads)
-    if not verbose():  # the trainings' own output goes to their train.log (runtime/quiet.py)
-        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-        logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-
-
-def _train_in_worker(cfg: dict, experiment: str, index: int, parent_run_id: str | None = None):
-    from lit_domino.training.experiment import train_variant
-
-    _STARTED[index] = 1  # an interrupted parent waits for this training to stop (one not started it need not)
-    return train_variant(cfg, experiment=experiment, progress=False, parent_run_id=parent_run_id)
-
-
-@contextlib.contextmanager
-def _signals_blocked():
-    """SIGINT and SIGTERM held back while the pool starts a worker: the worker inherits the blocked mask and lifts
-    it once its handlers are in place (a Ctrl-C during its imports printed a traceback per worker); here they are
-    delivered when the block ends."""
-    from lit_domino.training.experiment import STOP_SIGNALS
-
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-STOP_TIMEOUT = 30.0
-"""Seconds an interrupted ablation waits for its training workers to stop (they stop at their next batch, well
-under a second on the CPU presets) before it kills them."""
-
-INTERRUPTED = "rerun the same command to resume"
-
-
-def _interrupted(name: str, err: BaseException) -> str:
-    """The log line of a training that stopped at an interrupt."""
-    step = getattr(err, "step", None)
-    return f"stage 2/4 train {name} interrupted{'' if step is None else f' at step {step}'}; the rerun resumes it"
-
-
-def _mark_killed(artifact: Path) -> None:
-    """The MLflow run of a training whose worker had to be killed: KILLED rather than left RUNNING."""
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.training.cli import CHECKPOINT_DIR, RUN_ID_FILE
-
-    try:
-        run_id = (artifact / CHECKPOINT_DIR / RUN_ID_FILE).read_text().strip()
-        client = MlflowClient(default_tracking_uri())
-        if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, "KILLED")
-    except Exception as err:  # noqa: BLE001 (best effort, never masks the interrupt)
-        logging.getLogger(__name__).warning("could not mark the MLflow run of %s KILLED: %s", artifact, err)
-
-
-def _stop_trainings(pool: ProcessPoolExecutor, running: dict, started, configs: list[dict], names: list[str],
-                    t0: float) -> None:
-    """The job was interrupted: pass the stop request to every worker (a signal sent to this process alone does
-    not reach them; one already stopping ignores the repeat) and wait for each started training to end, KILLED
-    and resumable; past :data:`STOP_TIMEOUT` (or at a second Ctrl-C) kill what is left. A worker still starting
-    (importing torch: 30 s and more on a busy machine) has nothing to save and is not waited for."""
-    from lit_domino.training.experiment import drafter_artifact, stop_requested
-
-    signum = stop_requested() or signal.SIGINT
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        with contextlib.suppress(OSError, ValueError):
-            if proc.is_alive():
-                os.kill(proc.pid, signum)
-    pending, deadline = dict(running), time.monotonic() + STOP_TIMEOUT
-    try:
-        while time.monotonic() < deadline:
-            waited = {f: i for f, i in pending.items() if started[i]}
-            if not waited:
-                break
-            done, _ = wait(waited, timeout=min(0.5, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
-            for future in done:
-                name = names[pending.pop(future)][6:]
-                try:
-                    future.result()
-                    _log(f"stage 2/4 train {name} finished before it could stop", t0)
-                except KeyboardInterrupt as err:
-                    _log(_interrupted(name, err), t0)
-                except BaseException as err:  # noqa: BLE001 (the interrupt is what the job ends with)
-                    _log(f"stage 2/4 train {name} failed while stopping: {err!r}", t0)
-    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
-        pass
-    # the workers are idle now (or stuck): end them at once rather than wait for their interpreters to wind down
-    # (torch, Lightning and MLflow took 16 s on a busy 2-core machine)
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        with contextlib.suppress(OSError, ValueError):
-            proc.kill()
-    for i in pending.values():
-        if started[i]:
-            _mark_killed(drafter_artifact(configs[i]))
-            _log(f"stage 2/4 train {names[i][6:]} did not stop: killed; the rerun resumes it", t0)
-        else:
-            _log(f"stage 2/4 train {names[i][6:]} stopped before it started", t0)
-
-
-def training_names(configs: list[dict]) -> list[str]:
-    return [f"train {c['tracking']['variant']} s{c['seed_everything']}" for c in configs]
-
-
-def plan_trainings(configs: list[dict], clock: JobClock, reference: dict) -> list[int]:
-    """Put every training on the clock (before the job's first stage, so that every ETA counts them);
-    returns the indices of those not in the cache."""
-    from lit_domino.training.experiment import drafter_artifact
-
-    todo = [i for i, c in enumerate(configs) if not cache.is_complete(drafter_artifact(c), warn=False)]
-    for i, (name, cfg) in enumerate(zip(training_names(configs), configs)):
-        clock.plan(name, reference.get("train", {}).get(cfg["tracking"]["variant"], 0.0), cached=i not in todo,
-                   parallel=clock.jobs > 1 and len(todo) > 1)
-    return todo
-
-
-def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: dict, progress: bool,
-              parent_run_id: str | None = None) -> list:
-    """Train (or find cached) every config; ``clock.jobs`` at once in worker processes, the longest first
-    (by reference seconds) so the workers finish together. Returns the trained drafters in config order.
-    ``parent_run_id``: the study run the new training runs are nested under.
-
-    A training that fails lets the others running finish (nothing half-trained is lost: they resume from
-    checkpoints anyway), then its error is raised."""
-    from lit_domino.training.cli import CHECKPOINT_DIR, recorded_run
-    from lit_domino.training.distributed import is_distributed
-    from lit_domino.training.experiment import drafter_artifact, interruptible, train_variant
-
-    t0 = clock.t0
-    names = training_names(configs)
-    todo = plan_trainings(configs, clock, reference)
-    if any(is_distributed(c) for c in configs):  # DDP: Lightning's extra ranks re-run the calling script, never this one
-        return _train_distributed(configs, experiment, clock, names, progress, parent_run_id)
-    parallel = clock.jobs > 1 and len(todo) > 1
-    states = {}
-    for i, (name, cfg) in enumerate(zip(names, configs)):
-        path = drafter_artifact(cfg)
-        states[name] = (" (cached)" if i not in todo else
-                        " (resuming from its last checkpoint)" if (path / CHECKPOINT_DIR / "last.ckpt").exists() else
-                        " (restarting its interrupted MLflow run)" if recorded_run(path / CHECKPOINT_DIR)[0]
-                        else "")
-    total = len(configs)
-    results: dict[int, object] = {}
-    with interruptible(hint=False):  # SIGINT/SIGTERM: every training stops KILLED and resumable, then one line
-        for i, (name, cfg) in enumerate(zip(names, configs)):
-            if parallel and i in todo:
-                continue  # trained below, in the workers
-            _log(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
-            clock.start(name)
-            try:
-                results[i] = train_variant(cfg, experiment=experiment, progress=progress, parent_run_id=parent_run_id)
-            except KeyboardInterrupt as err:
-                _log(_interrupted(name[6:], err), t0)
-                raise KeyboardInterrupt(INTERRUPTED) from None
-            clock.finish(name, cached=results[i].from_cache)
-        if len(results) == total:
-            return [results[i] for i in range(total)]
-        _train_in_workers(configs, experiment, clock, todo, states, results, parent_run_id)
-    return [results[i] for i in range(total)]
-
-
-def _train_distributed(configs: list[dict], experiment: str, clock: JobClock, names: list[str], progress: bool,
-                       parent_run_id: str | None) -> list:
-    """Every training in one launch of ``lit_domino.training.distributed`` (all ranks train each config in turn)."""
-    from lit_domino.training.distributed import train_distributed
-
-    strategy = configs[0]["trainer"].get("strategy")
-    _log(f"stage 2/4 train {len(configs)} drafters under trainer.strategy={strategy}, devices="
-         f"{configs[0]['trainer'].get('devices')} (one launch: lit_domino.training.distributed); {clock.eta()}", clock.t0)
-    for name in names:
-        clock.start(name)
-    trained = train_distributed(configs, experiment, parent_run_id=parent_run_id, progress=progress)
-    for name, t in zip(names, trained):
-        clock.finish(name, cached=t.from_cache)
-    return trained
-
-
-def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, todo: list[int], states: dict,
-                      results: dict, parent_run_id: str | None = None) -> None:
-    """The trainings ``todo`` in ``clock.jobs`` spawned worker processes, into ``results``; see :func:`train_all`.
-    An interrupt (here or in a worker) stops every training (:func:`_stop_trainings`), then raises one
-    ``KeyboardInterrupt``."""
-    from lit_domino.runtime.threads import usable_cpus
-
-    t0, names = clock.t0, training_names(configs)
-    order = sorted(todo, key=lambda i: -clock.stages[names[i]].reference)
-    threads = max(1, usable_cpus() // clock.jobs)
-    _log(f"stage 2/4 train {len(todo)} drafters, {clock.jobs} at a time in worker processes ({threads} thread(s) "
-         f"each; progress bars off); {clock.eta()}", t0)
-    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools or locks
-    started = ctx.RawArray("b", len(configs))  # set by the workers: which trainings are underway
-    pool = ProcessPoolExecutor(clock.jobs, mp_context=ctx, initializer=_train_worker_init,
-                               initargs=(threads, started))
-    running, error = {}, None
-    try:
-        pending = list(order)
-        while pending or running:
-            while pending and len(running) < clock.jobs and error is None:
-                i = pending.pop(0)
-                clock.start(names[i])
-                _log(f"stage 2/4 train [{len(todo) - len(pending)}/{len(todo)}] {names[i][6:]}{states[names[i]]} "
-                     f"started; {clock.eta()}", t0)
-                with _signals_blocked():  # the worker this may start inherits the mask (see _train_worker_init)
-                    running[pool.submit(_train_in_worker, configs[i], experiment, i, parent_run_id)] = i
-            if not running:
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                i = running.pop(future)
-                try:
-                    results[i] = future.result()
-                except KeyboardInterrupt as err:  # a worker was interrupted alone: the job stops as a whole
-                    _log(_interrupted(names[i][6:], err), t0)
-                    raise KeyboardInterrupt(INTERRUPTED) from None
-                except BaseException as err:  # noqa: BLE001 (re-raised once the running ones finish)
-                    error = error or err
-                    _log(f"stage 2/4 train {names[i][6:]} failed: {err!r}", t0)
-                    continue
-                seconds = clock.finish(names[i], cached=results[i].from_cache)
-                _log(f"stage 2/4 train {names[i][6:]} done in {seconds / 60:.1f} min; {clock.eta()}", t0)
-        if error is not None:
-            raise error
-    except KeyboardInterrupt:
-        _stop_trainings(pool, running, started, configs, names, t0)
-        raise KeyboardInterrupt(INTERRUPTED) from None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
 
 def load_prompts(plan: dict) -> dict:
     """The plan's benchmarks; ``benchmark_files`` (``{benchmark: local copy in the hub schema}``, paths relative to the
@@ -510,71 +195,6 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
                          pool_sizes=pools, progress=progress, compiled_baseline=bool(plan.get("compiled_baseline")))
 
 
-def peer_table(records: list[dict], domains: list[str]) -> str:
-    """Markdown: our drafters' speedups beside the two HF peers, per domain."""
-    speed = aggregate(records, "speedup")
-    names = sorted({r["variant"] for r in records})
-    lines = ["| method | " + " | ".join(domains + ["avg"]) + " |", "|---|" + "---|" * (len(domains) + 1)]
-    for v in names:
-        lines.append(f"| {v} | " + " | ".join(fmt(speed.get((v, d)), suffix="x") for d in domains + ["avg"]) + " |")
-    return "\n".join(lines)
-
-
-def log_to_mlflow(preset: str, trained: list, records: list[dict], out_dir: Path, main_variants: list[str],
-                  study: StudyRun, domains: list[str]) -> None:
-    """Decoding metrics + plots into each variant's training run (tag ``table``: ``main`` for the
-    ``main_variants``, the plan's ``tables["main"]``, else ``ablations``; tag ``decode_pool_size``: the
-    candidate pool a Domino variant decoded with, absent for the exact head; the exact head's metrics beside a
-    pool: ``exact_head/...``), each run nested under the ``study`` run; into the study run the seed-aggregated
-    metrics, the tables and every plot (``lit_domino.studies.study_runs``).
-
-    A cached drafter whose training run is not in the current store (a deleted ``mlflow.db``, another
-    ``MLFLOW_TRACKING_URI``) gets a run recreated from its report (``tracking.ensure_run``), with a warning."""
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.decoding.plots import plot_position_acceptance, plot_tau_histogram
-
-    uri = default_tracking_uri()
-    client = MlflowClient(uri)
-    plots = []
-    for t in trained:
-        if not t.run_id:
-            continue
-        t.run_id = ensure_run(
-            t.run_id, f"ablation-{preset}", f"{t.variant}-{preset}-s{t.seed}",
-            tags=run_tags(t.variant, preset, t.seed, extra={"drafter_dir": str(t.drafter_dir)}),
-            metrics={f"train/{k}": t.report[k] for k in ("drafter_parameters", "train_seconds", "train_tokens_per_s",
-                                                           "peak_rss_mb") if t.report.get(k) is not None},
-            tracking_uri=uri)
-        study.adopt([t.run_id])
-        mine = [r for r in records if r["variant"] == t.variant and r["seed"] == t.seed and r["temperature"] == 0]
-        if not mine:
-            continue
-        per_domain = {r["domain"]: r for r in mine}
-        log_metrics(client, t.run_id, drafter_metrics(mine))
-        client.set_tag(t.run_id, "table", "main" if t.variant in main_variants else "ablations")
-        pools = {r.get("pool_size") for r in mine} - {None}
-        if pools:
-            client.set_tag(t.run_id, "decode_pool_size", ",".join(map(str, sorted(pools))))
-        exact = [r for r in records if r["variant"] == t.variant + EXACT_HEAD and r["seed"] == t.seed
-                 and r["temperature"] == 0]
-        if exact:  # the same drafter decoded with the exact head, for the pool rows
-            log_metrics(client, t.run_id, {f"{EXACT_HEAD_METRICS}/{k}": v for k, v in drafter_metrics(exact).items()})
-        for name, fig in (("acceptance_per_position.png", plot_position_acceptance(per_domain, t.variant)),
-                          ("tau_histogram.png", plot_tau_histogram(per_domain, t.variant))):
-            path = out_dir / "plots" / f"{t.variant}-s{t.seed}-{name}"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=100)
-            client.log_artifact(t.run_id, str(path), "plots")
-            plots.append(path)
-    greedy = [r for r in records if r["temperature"] == 0]
-    spec = load_spec(STUDY_FILE)
-    path = out_dir / "plots" / "study-tau-speedup.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    plot_study(greedy, spec.variants, spec.labels).savefig(path, dpi=100)
-    study.log(greedy, domains, sorted(out_dir.glob("*.md")) + sorted(out_dir.glob("*.json")), [path, *plots])
-
-
 def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
                  out_dir: Path | None = None, progress: bool = True, overrides: dict | None = None,
                  train_only: bool = False, jobs: int | str = "auto") -> dict:
@@ -607,7 +227,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         plan["overrides"] = dict(overrides)
     out_dir = Path(out_dir or default_out_dir(preset, plan))
     configs, notes = study_configs(preset, plan, overrides)  # a mistyped --set fails here, before anything is built
-    from lit_domino.training.cli import EXPORT_DIR  # Lightning: once the keys are checked (a mistyped one answers in < 2 s)
+    from lit_domino.training.cli import EXPORT_DIR  # Lightning: once the keys are checked (a mistyped one answers before it)
     from lit_domino.training.experiment import drafter_artifact
     from lit_domino.runtime.jobclock import JobClock, StageProgress
     from lit_domino.target.load import load_target
@@ -745,51 +365,6 @@ def _interrupt_not_exit():
         raise KeyboardInterrupt(INTERRUPTED) from None
 
 
-def seed_list(text: str) -> list[int]:
-    """``"0,1"`` → ``[0, 1]``: the argparse type of ``--seeds`` (an error at parse time names the bad item)."""
-    seeds = []
-    for item in (s.strip() for s in text.split(",")):
-        if not item.isdigit():
-            raise argparse.ArgumentTypeError(f"seeds are integers >= 0 separated by commas, got {item!r} in {text!r}")
-        seeds.append(int(item))
-    return seeds
-
-
-def jobs_arg(text: str) -> int | str:
-    """``--jobs``: ``auto`` or an integer >= 1."""
-    if text == "auto":
-        return text
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--jobs is 'auto' or an integer >= 1, got {text!r}")
-    return int(text)
-
-
-def build_parser() -> CommandParser:
-    """``experiments/ablation.py``'s arguments (one-line errors; building it imports nothing heavy)."""
-    parser = CommandParser(prog="ablation", description="Train every drafter variant, decode for real, "
-                           "print the papers' tables (cached under ./artifacts, runs in MLflow).")
-    parser.add_argument("--preset", default="default", help="smoke | default | paper (default: default)")
-    parser.add_argument("--variants", default=None, help="comma-separated subset (default: all of the study)")
-    parser.add_argument("--seeds", default=None, type=seed_list, help="comma-separated seeds >= 0 (default: the preset's)")
-    parser.add_argument("--out", default=None, help="output directory (default: results/ablation-<preset>, with the "
-                        "subset appended for --variants/--seeds/--set runs)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage logs only)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="Lightning's own output of every training (banners, tips, warnings) on the console; "
-                             "by default it goes to each training's train.log in its artifact folder")
-    parser.add_argument("--set", type=parse_override, action="append", default=[], metavar="KEY=VALUE",
-                        help="override a training config key, VALUE in YAML, e.g. "
-                             "--set 'data.train_examples={math: 4000, code: 1000, chat: 1000}' (repeatable); a model "
-                             "key (model.head.rank) reaches the variants whose module takes it, methods.<kind>.<key> "
-                             "(methods.domino.head.rank=16) the preset's section of that drafter method")
-    parser.add_argument("--train-only", action="store_true",
-                        help="train (or find cached) every drafter, then stop; rerun without it to decode and tabulate")
-    parser.add_argument("--jobs", default="auto", type=jobs_arg,
-                        help="trainings at once, in worker processes (default auto: 2 on a CPU machine with 2+ "
-                             "cores, 1 with accelerators)")
-    return parser
-
-
 def _main(argv: list[str]) -> dict:
     args = build_parser().parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
@@ -826,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         return run_command("ablation", _main, argv)
     except SystemExit:
-        gc.freeze()  # the process ends: skip the final collection of torch's heap (7 of 7.5 s on a busy machine)
+        gc.freeze()  # the process ends: skip the final collection of torch's heap (most of the exit's time)
         raise
 
 

@@ -152,9 +152,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: 
     run_id = None
     if mlflow_enabled:
         import mlflow
-        from mlflow.tracking import MlflowClient
-
-        from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
+        from lit_domino.runtime.tracking import mlflow_run, open_client
 
         with mlflow_run(f"acceptance-{preset}", f"calibration-{preset}", tags={"table": "acceptance"}) as run:
             mlflow.log_params({"drafters": ",".join(reports), "label": str(label or "auto"), "prompts": len(prompts)})
@@ -165,7 +163,7 @@ def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: 
                 for r in rep["positions"]:
                     for k in ("auc", "ece_before", "ece_after", "survival_ece_after", "accept"):
                         metrics[f"{tags[name]}.pos{r['position']:02d}.{k}"] = r[k]
-            log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, metrics)
+            log_metrics(open_client(), run.info.run_id, metrics)
             for f in files:
                 mlflow.log_artifact(str(f), "calibration")
             run_id = run.info.run_id

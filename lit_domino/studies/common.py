@@ -107,13 +107,11 @@ def log_command_run(experiment: str, run_name: str, tags: Mapping[str, str], par
     """One MLflow run of a measuring command (bench, serve_bench): its options as params (values cut to
     MLflow's 500 characters), ``metrics`` under MLflow-safe names, ``files`` as artifacts; returns the run id."""
     import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run  # tracking imports MLflow lazily, so here too
+    from lit_domino.runtime.tracking import mlflow_run, open_client  # tracking imports MLflow lazily, so here too
 
     with mlflow_run(experiment, run_name=run_name, tags=dict(tags)) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id,
+        log_metrics(open_client(), run.info.run_id,
                     {mlflow_name(k): v for k, v in metrics.items()})
         for path in files:
             mlflow.log_artifact(str(path))

@@ -48,8 +48,6 @@ from pathlib import Path
 
 import mlflow
 import yaml
-from mlflow.tracking import MlflowClient
-
 from lit_domino.runtime import cache
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.dloop import (GATES, REFERENCE_STAGE_TOKENS, DLoopConfig, check_grid, check_table_gate,
@@ -69,7 +67,7 @@ from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.decoding.metric_names import row_metrics
 from lit_domino.target.load import load_target
-from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
+from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run, open_client
 
 STUDY_FILE = CONFIG_DIR / "loop" / "study.yaml"
 LOOP_CLASS = "lit_domino.lit.loop.LoopModule"
@@ -991,7 +989,7 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
                            "gates": ",".join(dloop_label(c) for c in gate_settings(plan)),
                            "block_sizes": ",".join(map(str, plan.get("block_sizes") or [])) or "trained",
                            "sweep_gates": ",".join(dloop_label(c) for c in figure_gates(plan))})
-        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables))
+        log_metrics(open_client(), run.info.run_id, table_metrics(tables))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
         return run.info.run_id

@@ -39,7 +39,7 @@ space's keys sweeps the same way).
 """
 """The command's description, and ``sweeps/domino.py``'s docstring (tests/test_entry_points.py)."""
 PROG = "sweeps/domino.py"
-# lit_domino.studies.sweep imports Optuna, Lightning and torch (~20 s on a busy machine): it loads after parsing, and
+# lit_domino.studies.sweep imports Optuna, Lightning and torch (seconds): it loads after parsing, and
 # its defaults are shown by --help only (they are filled in from SweepSettings after parsing otherwise)
 SWEEPS_DIR = project_root() / "sweeps"
 SPACE_FILE = SWEEPS_DIR / "space.yaml"

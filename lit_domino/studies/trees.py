@@ -387,9 +387,7 @@ def table_metrics(tables: dict, curve: VerifyCost) -> dict[str, float]:
 def log_to_mlflow(plan: dict, tables: dict, curve: VerifyCost, files: list[Path]) -> str:
     """A ``tables-<preset>`` run in experiment ``trees-<preset>``: every cell a metric, the files as artifacts."""
     import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run
+    from lit_domino.runtime.tracking import mlflow_run, open_client
 
     preset = plan["preset"]
     with mlflow_run(f"trees-{preset}", f"tables-{preset}", tags={"table": "trees", "preset": preset}) as run:
@@ -398,7 +396,7 @@ def log_to_mlflow(plan: dict, tables: dict, curve: VerifyCost, files: list[Path]
                            "top_k": plan["top_k"], "cost_cap": plan["cost_cap"], "repeats": plan["repeats"],
                            "max_new_tokens": plan["max_new_tokens"],
                            "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"]})
-        log_metrics(MlflowClient(default_tracking_uri()), run.info.run_id, table_metrics(tables, curve))
+        log_metrics(open_client(), run.info.run_id, table_metrics(tables, curve))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
         return run.info.run_id

@@ -113,8 +113,8 @@ TARGET_PRESETS: dict[str, TinyTargetConfig] = {
         eval_examples=30,
     ),
     "default": TinyTargetConfig(),
-    # 4.3M params, 77 % greedy math accuracy: shipped built (lit_domino/assets/targets/large/), so it loads in
-    # seconds; the default preset moves onto it once its drafters are retuned for it (docs/results.md).
+    # a larger target (its size and accuracy: docs/results.md), shipped built (lit_domino/assets/targets/large/), so
+    # it loads in seconds; the default preset moves onto it once its drafters are retuned for it (docs/results.md).
     "large": TinyTargetConfig(name="large", hidden_size=192, head_dim=48, intermediate_size=576, batch_size=16,
                               max_steps=2000),
 }

@@ -28,12 +28,13 @@ import torch
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from torch.utils.data import TensorDataset
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from lit_domino.runtime import cache
 from lit_domino.runtime.quiet import quiet_lightning
 from lit_domino.target import embedded as embedded_target
 from lit_domino.data.corpora import build_corpus
+from lit_domino.target.qwen3 import qwen3_config as build_qwen3_config
 from lit_domino.data.regenerate import encode_conversation
 from lit_domino.data.resumable import ResumableLoader, TrackLoaderPosition
 from lit_domino.target.embedded import TinyTargetConfig, preset_config
@@ -89,17 +90,18 @@ def pack_windows(token_lists: list[list[int]], seq_len: int, separator: int) -> 
 
 
 def qwen3_config(cfg: TinyTargetConfig, tokenizer):
-    return Qwen3Config(
+    """The embedded target's ``Qwen3Config`` (:func:`lit_domino.target.qwen3.qwen3_config`)."""
+    return build_qwen3_config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_positions,
+        max_positions=cfg.max_positions,
         rope_theta=cfg.rope_theta,
-        tie_word_embeddings=True,  # as Qwen3's small models: the LM head is the embedding table
+        tie_embeddings=True,  # as Qwen3's small models: the LM head is the embedding table
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -242,7 +244,7 @@ def train_model(cfg: TinyTargetConfig, tokenizer, workdir: Path, progress: bool 
         trainer = L.Trainer(
             max_steps=cfg.max_steps,
             accelerator="cpu",
-            precision="32-true",  # bf16 is ~25x slower on CPUs without AMX
+            precision="32-true",  # bf16 is far slower on CPUs without AMX
             logger=False,
             gradient_clip_val=1.0,
             callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=checkpoint_every,

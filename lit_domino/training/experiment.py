@@ -23,6 +23,7 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 
 from lit_domino.runtime import cache
+from lit_domino.runtime.jobs import STOP_SIGNALS
 from lit_domino.runtime.quiet import quiet_lightning
 from lit_domino.training.cli import CHECKPOINT_DIR, EXPORT_DIR, RUN_ID_FILE, DrafterCLI, check_config, cli_args
 from lit_domino.target.load import target_identity
@@ -58,8 +59,8 @@ def training_key(cfg: dict) -> dict:
 
 # --------------------------------------------------------------------------- Ctrl-C and SIGTERM
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-"""The signals that stop a training: Ctrl-C and a polite kill (systemd, a job scheduler, ``kill``)."""
+# STOP_SIGNALS (runtime.jobs): the signals that stop a training, Ctrl-C and a polite kill (systemd, a job scheduler,
+# ``kill``), the same as stop a job runner's jobs
 
 REPEAT_WINDOW = 1.0
 """Seconds within which a second stop signal is the same request delivered twice (the terminal's signal to the

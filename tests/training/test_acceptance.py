@@ -214,7 +214,7 @@ def test_rounds_labels_and_the_head(target):
 def test_a_shared_memo_generates_the_continuations_once_and_changes_nothing(target, tmp_path, monkeypatch):
     """A study's predictors share one set of target continuations: generated on the first build, reused by the
     next ones, and the predictors equal those built without the memo."""
-    import lit_domino.training.acceptance as ta
+    import lit_domino.training.acceptance_rounds as ta
 
     prompts = [[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41], [1, 2, 3]]
     s = AcceptanceSettings(stages=2, anchors_per_sequence=4, steps=20, max_new_tokens=16)
