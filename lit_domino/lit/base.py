@@ -42,7 +42,7 @@ from lit_domino.models.objectives import (DEFAULT_CHUNK_SIZE, LossSettings, chec
     position_weights)
 from lit_domino.lit import objective as _objective
 # The checkpoint's extras and load_module live apart; their names stay importable from here.
-from lit_domino.lit.checkpoints import _EXTRA_KEY, _rng_states, _set_rng_states, load_module  # noqa: F401
+from lit_domino.lit.checkpoints import EXTRA_KEY, rng_states, set_rng_states, load_module  # noqa: F401
 from lit_domino.target.load import Target, load_target
 
 log = logging.getLogger(__name__)
@@ -451,13 +451,13 @@ class DrafterModule(L.LightningModule):
         cls = type(self)
         extra = {"variant": self.variant, "module": f"{cls.__module__}.{cls.__qualname__}",
                  "drafter_config": self.drafter_config.to_dict() if self.drafter_config is not None else None,
-                 "rng": _rng_states()}
+                 "rng": rng_states()}
         if self._target is not None:
             extra["target_fingerprint"] = self._target.fingerprint()
-        checkpoint[_EXTRA_KEY] = extra
+        checkpoint[EXTRA_KEY] = extra
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        extra = checkpoint.get(_EXTRA_KEY) or {}
+        extra = checkpoint.get(EXTRA_KEY) or {}
         saved = extra.get("target_fingerprint")
         if saved is not None:
             current = self.target.fingerprint()
@@ -468,7 +468,7 @@ class DrafterModule(L.LightningModule):
                     f"resume with the target it was trained on ({self.hparams.target!r})"
                 )
         if extra.get("rng") is not None and self._trainer is not None and self.trainer.state.fn == "fit":
-            _set_rng_states(extra["rng"])  # a resumed fit continues the same random streams
+            set_rng_states(extra["rng"])  # a resumed fit continues the same random streams
 
 
 class ExportDrafter(L.Callback):

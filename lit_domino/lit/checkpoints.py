@@ -1,4 +1,4 @@
-"""What a drafter module's checkpoint holds beyond Lightning's (the RNG states, under :data:`_EXTRA_KEY` with the
+"""What a drafter module's checkpoint holds beyond Lightning's (the RNG states, under :data:`EXTRA_KEY` with the
 drafter config and the target's fingerprint), and the module rebuilt from a checkpoint (its class read from it)."""
 
 from __future__ import annotations
@@ -7,21 +7,20 @@ import importlib
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import lightning as L
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from lit_domino.lit.base import DrafterModule
-
 log = logging.getLogger(__name__)
 
-_EXTRA_KEY = "lit_domino"
+EXTRA_KEY = "lit_domino"
 
 
-def load_module(checkpoint_path: str | Path, map_location: str | torch.device = "cpu", **overrides) -> "DrafterModule":
-    """Rebuild the variant's module from a Lightning checkpoint (its class from the checkpoint itself).
+def load_module(checkpoint_path: str | Path, map_location: str | torch.device = "cpu",
+                **overrides) -> L.LightningModule:
+    """Rebuild the variant's module (a :class:`~lit_domino.lit.base.DrafterModule`) from a Lightning checkpoint (its
+    class from the checkpoint itself).
 
     The target is loaded from the recorded spec (``hparams.target``) unless ``target=`` is given.
     """
@@ -30,7 +29,7 @@ def load_module(checkpoint_path: str | Path, map_location: str | torch.device = 
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     hparams = ckpt.get("hyper_parameters", {})
-    class_path = hparams.get("_class_path") or (ckpt.get(_EXTRA_KEY) or {}).get("module")
+    class_path = hparams.get("_class_path") or (ckpt.get(EXTRA_KEY) or {}).get("module")
     del ckpt
     if not class_path:
         raise ValueError(f"{path} is not a lit_domino training checkpoint (no module class recorded)")
@@ -39,7 +38,7 @@ def load_module(checkpoint_path: str | Path, map_location: str | torch.device = 
     return cls.load_from_checkpoint(path, map_location=map_location, **overrides)
 
 
-def _rng_states() -> dict:
+def rng_states() -> dict:
     """torch / CUDA / numpy / python RNG states as plain types (checkpoints stay ``weights_only``-loadable)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states = {
@@ -53,7 +52,7 @@ def _rng_states() -> dict:
     return states
 
 
-def _set_rng_states(states: dict) -> None:
+def set_rng_states(states: dict) -> None:
     try:
         torch.set_rng_state(states["torch"])
         kind, keys, pos, has_gauss, cached = states["numpy"]

@@ -46,7 +46,7 @@ from lit_domino.studies.study_runs import StudyRun
 # The stages and the command's parser live apart; their names stay importable from here.
 from lit_domino.studies.ablation_command import build_parser, jobs_arg, seed_list  # noqa: F401
 from lit_domino.studies.ablation_mlflow import log_to_mlflow, peer_table  # noqa: F401
-from lit_domino.studies.ablation_train import (INTERRUPTED, STOP_TIMEOUT, _log, _target_state,  # noqa: F401
+from lit_domino.studies.ablation_train import (INTERRUPTED, STOP_TIMEOUT, log_line, target_load_state,  # noqa: F401
                                                data_modules, plan_trainings, train_all, training_jobs,
                                                training_names)
 
@@ -158,7 +158,7 @@ def _warn_if_replacing(out_dir: Path, plan: dict, t0: float) -> None:
     now = {"variants": plan["variants"], "seeds": plan["seeds"], "overrides": plan.get("overrides")}
     was = {k: before.get(k) for k in now}
     if was != now:
-        _log(f"note: {out_dir} holds the results of another run ({was}); this run ({now}) replaces them", t0)
+        log_line(f"note: {out_dir} holds the results of another run ({was}); this run ({now}) replaces them", t0)
 
 
 
@@ -234,7 +234,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
 
     reference = plan.get("reference_seconds") or {}
     spec = configs[0]["data"]["target"]
-    target_state = _target_state(spec)
+    target_state = target_load_state(spec)
     target_cached = target_state is not None
     busy = not target_cached or not all(cache.is_complete(drafter_artifact(c), warn=False) for c in configs)
     clock = JobClock(calibration=reference.get("calibration") if busy else None, jobs=training_jobs(jobs, configs))
@@ -248,17 +248,17 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         clock.plan("decode", reference.get("decode", 0.0))
         clock.plan("tables", reference.get("tables", 0.0))
     for note in notes:  # which variants a method's --set key skipped
-        _log(note, t0)
-    _log(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
+        log_line(note, t0)
+    log_line(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
          f"trainings {clock.jobs} at a time", t0)
 
-    _log(f"stage 1/4 target {spec}{f' ({target_state})' if target_cached else ''}; {clock.eta()}", t0)
+    log_line(f"stage 1/4 target {spec}{f' ({target_state})' if target_cached else ''}; {clock.eta()}", t0)
     clock.start("target")
     if not target_cached and spec.startswith(EMBEDDED_PREFIX):  # built here: its steps revise the ETA
         from lit_domino.target.load import embedded_target_dir
 
         def echo(step, total):
-            _log(f"stage 1/4 target: step {step}/{total}; {clock.eta()}", t0)
+            log_line(f"stage 1/4 target: step {step}/{total}; {clock.eta()}", t0)
 
         embedded_target_dir(spec[len(EMBEDDED_PREFIX):], progress=progress,
                             callbacks=[StageProgress(clock, "target", echo)])
@@ -278,13 +278,13 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         if cache.is_complete(cache.artifact_dir("evals", key, name=eval_name(preset)), warn=False):
             clock.plan("decode", cached=True)
     regen_cached = clock.stages["regenerate data"].cached
-    _log(f"stage 1/4 regenerate the training data{' (cached)' if regen_cached else ''}; {clock.eta()}", t0)
+    log_line(f"stage 1/4 regenerate the training data{' (cached)' if regen_cached else ''}; {clock.eta()}", t0)
     clock.start("regenerate data")
     modules[0][1].regenerate(progress=progress)
     clock.finish("regenerate data", cached=regen_cached)
     for name, dm in modules:  # every feature cache the trainings share, once, before they fan out
         cached = clock.stages[name].cached
-        _log(f"stage 1/4 {name}{' (cached)' if cached else ''}; {clock.eta()}", t0)
+        log_line(f"stage 1/4 {name}{' (cached)' if cached else ''}; {clock.eta()}", t0)
         clock.start(name)
         dm.prepare_data()
         clock.finish(name, cached=cached)
@@ -293,11 +293,11 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
     trained = train_all(configs, f"ablation-{preset}", clock, reference, progress, parent_run_id=study.run_id)
     if train_only:
         write_json(clock.summary(), out_dir / "stage_times.json")
-        _log(f"trained {len(trained)} drafters; stopping before decoding (--train-only)\n{clock.report()}", t0)
+        log_line(f"trained {len(trained)} drafters; stopping before decoding (--train-only)\n{clock.report()}", t0)
         return {"trained": trained, "seconds": time.time() - t0}
 
     def decode() -> list[dict]:
-        _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers); "
+        log_line(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers); "
              f"{clock.eta()}", t0)
         return evaluate(target, trained, plan, progress=progress)
 
@@ -305,7 +305,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
 
     def on_reuse():
         reused.append(True)
-        _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
+        log_line("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
 
     clock.start("decode")
     rows = cached_rows(eval_key(plan, [t.drafter_dir for t in trained], target), eval_name(preset), decode,
@@ -315,7 +315,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
                                                    if plan.get("compiled_baseline") else {}))
     clock.start("tables")
 
-    _log("stage 4/4 tables", t0)
+    log_line("stage 4/4 tables", t0)
     records = records_from_rows(rows)
     domains = list(plan["prompts"])
     tables = tables_from_rows(rows, domains, load_spec(STUDY_FILE))  # the notebook's too (analysis.rebuild_tables)
@@ -347,7 +347,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
     print(f"\n## Speedup beside the Hugging Face peers ({preset})\n")
     print(peers)
     print(f"\nwritten to {out_dir}; MLflow experiment ablation-{preset} at {default_tracking_uri()}")
-    _log(f"done in {seconds / 60:.1f} min\n{clock.report()}", t0)
+    log_line(f"done in {seconds / 60:.1f} min\n{clock.report()}", t0)
     return {"tables": tables, "records": records, "rows": rows, "trained": trained, "seconds": seconds}
 
 

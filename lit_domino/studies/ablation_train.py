@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 INTERRUPTED = "rerun the same command to resume"
 
 
-def _log(msg: str, t0: float) -> None:
+def log_line(msg: str, t0: float) -> None:
     print(f"[ablation {time.time() - t0:6.0f}s] {msg}", flush=True)
 
 
@@ -42,7 +42,7 @@ def training_jobs(jobs: int | str, configs: list[dict]) -> int:
     return max(1, min(2, usable_cpus(), len(configs))) if on_cpu else 1
 
 
-def _target_state(spec: str) -> str | None:
+def target_load_state(spec: str) -> str | None:
     """``"shipped"`` / ``"cached"`` when loading ``spec`` trains nothing (a local or hub model: ``"cached"``),
     None when the embedded target's recipe trains it here."""
     if not spec.startswith(EMBEDDED_PREFIX):
@@ -122,12 +122,12 @@ def train_all(configs: list[dict], experiment: str, clock: JobClock, reference: 
         for i, (name, cfg) in enumerate(zip(names, configs)):
             if parallel and i in todo:
                 continue  # trained below, in the workers
-            _log(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
+            log_line(f"stage 2/4 train [{i + 1}/{total}] {name[6:]}{states[name]}; {clock.eta()}", t0)
             clock.start(name)
             try:
                 results[i] = train_variant(cfg, experiment=experiment, progress=progress, parent_run_id=parent_run_id)
             except KeyboardInterrupt as err:
-                _log(_interrupted(name[6:], err), t0)
+                log_line(_interrupted(name[6:], err), t0)
                 raise KeyboardInterrupt(INTERRUPTED) from None
             clock.finish(name, cached=results[i].from_cache)
         if len(results) == total:
@@ -142,7 +142,7 @@ def _train_distributed(configs: list[dict], experiment: str, clock: JobClock, na
     from lit_domino.training.distributed import train_distributed
 
     strategy = configs[0]["trainer"].get("strategy")
-    _log(f"stage 2/4 train {len(configs)} drafters under trainer.strategy={strategy}, devices="
+    log_line(f"stage 2/4 train {len(configs)} drafters under trainer.strategy={strategy}, devices="
          f"{configs[0]['trainer'].get('devices')} (one launch: lit_domino.training.distributed); {clock.eta()}", clock.t0)
     for name in names:
         clock.start(name)
@@ -202,33 +202,33 @@ class _TrainingLog(JobEvents):
     def start(self, i):
         self.submitted += 1
         self.clock.start(self.names[i])
-        _log(f"stage 2/4 train [{self.submitted}/{len(self.todo)}] {self.name(i)}{self.states[self.names[i]]} "
+        log_line(f"stage 2/4 train [{self.submitted}/{len(self.todo)}] {self.name(i)}{self.states[self.names[i]]} "
              f"started; {self.clock.eta()}", self.t0)
 
     def done(self, i, result):
         seconds = self.clock.finish(self.names[i], cached=result.from_cache)
-        _log(f"stage 2/4 train {self.name(i)} done in {seconds / 60:.1f} min; {self.clock.eta()}", self.t0)
+        log_line(f"stage 2/4 train {self.name(i)} done in {seconds / 60:.1f} min; {self.clock.eta()}", self.t0)
 
     def failed(self, i, err):
-        _log(f"stage 2/4 train {self.name(i)} failed: {err!r}", self.t0)
+        log_line(f"stage 2/4 train {self.name(i)} failed: {err!r}", self.t0)
 
     def interrupted(self, i, err):
-        _log(_interrupted(self.name(i), err), self.t0)
+        log_line(_interrupted(self.name(i), err), self.t0)
 
     def finished_while_stopping(self, i):
-        _log(f"stage 2/4 train {self.name(i)} finished before it could stop", self.t0)
+        log_line(f"stage 2/4 train {self.name(i)} finished before it could stop", self.t0)
 
     def failed_while_stopping(self, i, err):
-        _log(f"stage 2/4 train {self.name(i)} failed while stopping: {err!r}", self.t0)
+        log_line(f"stage 2/4 train {self.name(i)} failed while stopping: {err!r}", self.t0)
 
     def killed(self, i):
         from lit_domino.training.experiment import drafter_artifact
 
         _mark_killed(drafter_artifact(self.configs[i]))
-        _log(f"stage 2/4 train {self.name(i)} did not stop: killed; the rerun resumes it", self.t0)
+        log_line(f"stage 2/4 train {self.name(i)} did not stop: killed; the rerun resumes it", self.t0)
 
     def never_started(self, i):
-        _log(f"stage 2/4 train {self.name(i)} stopped before it started", self.t0)
+        log_line(f"stage 2/4 train {self.name(i)} stopped before it started", self.t0)
 
 
 def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, todo: list[int], states: dict,
@@ -242,7 +242,7 @@ def _train_in_workers(configs: list[dict], experiment: str, clock: JobClock, tod
     names = training_names(configs)
     order = sorted(todo, key=lambda i: -clock.stages[names[i]].reference)
     threads = max(1, usable_cpus() // clock.jobs)
-    _log(f"stage 2/4 train {len(todo)} drafters, {clock.jobs} at a time in worker processes ({threads} thread(s) "
+    log_line(f"stage 2/4 train {len(todo)} drafters, {clock.jobs} at a time in worker processes ({threads} thread(s) "
          f"each; progress bars off); {clock.eta()}", clock.t0)
     try:
         run_in_workers(_train_in_worker, {i: (configs[i], experiment, parent_run_id) for i in todo}, order,

@@ -33,7 +33,7 @@ from mlflow.entities import ViewType
 from lit_domino.runtime.paths import project_root
 # Reading the runs lives apart; its names stay importable from here (the notebook reads them as analysis.*).
 from lit_domino.studies.analysis_runs import (BASE_COLUMNS, SPEC, TAG_COLUMNS, URI_ATTR, VARIANT_ORDER,  # noqa: F401
-                                              _client, _empty, _for_preset, _store_missing, domains,
+                                              runs_client, empty_runs, for_preset, store_missing, domains,
                                               latest_per_seed, load_runs, positions, presets, records,
                                               tracking_uri)
 from lit_domino.studies.tables import ablation_table, main_table, records_from_rows, tables_from_rows
@@ -52,7 +52,7 @@ def rebuild_tables(df: pd.DataFrame, preset: str | None = None, uri: str | None 
     rows = study_rows(uri, preset).get(preset) if preset not in (None, "(none)") else None
     if rows:
         return tables_from_rows(rows)
-    runs = latest_per_seed(_for_preset(df, preset))
+    runs = latest_per_seed(for_preset(df, preset))
     recs = records(runs)
     if not recs:
         return {}
@@ -65,9 +65,9 @@ def study_rows(uri: str | None = None, preset: str | None = None) -> dict[str, l
     FINISHED): the full study's (``study`` tag ``ablation-<preset>``, whose tables are ``results/ablation-<preset>``)
     when there is one, else the latest subset's. Only ``preset`` when given; {} without study runs."""
     uri = tracking_uri(uri)
-    if _store_missing(uri):
+    if store_missing(uri):
         return {}
-    client = _client(uri)
+    client = runs_client(uri)
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     if not exps:
         return {}
@@ -157,7 +157,7 @@ def tau_histograms(uri: str | None = None, preset: str | None = None) -> pd.Data
     empty when no such artifact exists (then plot the per-run τ values instead)."""
     uri = tracking_uri(uri)
     empty = pd.DataFrame(columns=["preset", "variant", "tau", "rounds"])
-    if _store_missing(uri):
+    if store_missing(uri):
         return empty
 
     rows = []
@@ -209,7 +209,7 @@ def _figure(width: float = 7.0, height: float = 4.2, ncols: int = 1):
 
 def plot_acceptance_curves(df: pd.DataFrame, preset: str | None = None, title: str | None = None):
     """Per-position conditional acceptance, one line per variant (± std over seeds); a matplotlib Figure."""
-    curves = acceptance_curves(_for_preset(df, preset))
+    curves = acceptance_curves(for_preset(df, preset))
     fig, (ax,) = _figure()
     for v in _variants(curves) if not curves.empty else []:
         c = curves[curves["variant"] == v].sort_values("position")
@@ -231,9 +231,9 @@ def plot_tau_histograms(df: pd.DataFrame, hist: pd.DataFrame | None = None, pres
     """τ histograms, one panel per variant: the fraction of rounds committing τ tokens (from ``hist``,
     see :func:`tau_histograms`), else the distribution of the runs' per-(seed, benchmark) mean τ."""
 
-    hist = _for_preset(hist, preset) if hist is not None else None
+    hist = for_preset(hist, preset) if hist is not None else None
     per_round = hist is not None and not hist.empty
-    recs = pd.DataFrame(records(latest_per_seed(_for_preset(df, preset)))) if not per_round else None
+    recs = pd.DataFrame(records(latest_per_seed(for_preset(df, preset)))) if not per_round else None
     source = hist if per_round else recs
     names = _variants(source) if source is not None and not source.empty else []
     ncols = min(3, max(1, len(names)))
@@ -274,7 +274,7 @@ def _colors(n: int) -> list:
 
 def plot_speedup_bars(df: pd.DataFrame, preset: str | None = None, metric: str = "speedup"):
     """Grouped bars: ``metric`` per variant for every benchmark and the average, error bars = std over seeds."""
-    recs = pd.DataFrame(records(latest_per_seed(_for_preset(df, preset))))
+    recs = pd.DataFrame(records(latest_per_seed(for_preset(df, preset))))
     fig, (ax,) = _figure(width=9.0)
     if recs.empty or metric not in recs:
         ax.text(0.5, 0.5, f"no {metric} metrics", ha="center", va="center", transform=ax.transAxes)
@@ -307,10 +307,10 @@ def plot_speedup_bars(df: pd.DataFrame, preset: str | None = None, metric: str =
 def sweep_trials(uri: str | None = None, study: str | None = None) -> pd.DataFrame:
     """Finished sweep trials (tag ``sweep``): study, trial number, sampled params (``trial.*``), objective."""
     uri = tracking_uri(uri)
-    if _store_missing(uri):
+    if store_missing(uri):
         return pd.DataFrame()
 
-    client = _client(uri)
+    client = runs_client(uri)
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     if not exps:
         return pd.DataFrame()

@@ -35,7 +35,7 @@ def tracking_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
 
-def _store_missing(uri: str) -> bool:
+def store_missing(uri: str) -> bool:
     """A SQLite store whose file does not exist (opening it would create an empty one)."""
     if uri.startswith("sqlite:///"):
         path = uri[len("sqlite:///"):]
@@ -46,12 +46,12 @@ def _store_missing(uri: str) -> bool:
     return False
 
 
-def _client(uri: str | None):
+def runs_client(uri: str | None):
 
     return MlflowClient(tracking_uri(uri))
 
 
-def _empty() -> pd.DataFrame:
+def empty_runs() -> pd.DataFrame:
     return pd.DataFrame(columns=list(BASE_COLUMNS))
 
 
@@ -65,10 +65,10 @@ def load_runs(uri: str | None = None, *, experiments: Iterable[str] | None = Non
     out unless ``include_sweeps``; ``statuses=None`` keeps runs in any state.
     """
     uri = tracking_uri(uri)
-    if _store_missing(uri):
-        return _empty()
+    if store_missing(uri):
+        return empty_runs()
 
-    client = _client(uri)
+    client = runs_client(uri)
     exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
     if experiments is not None:
         wanted = set(experiments)
@@ -99,7 +99,7 @@ def load_runs(uri: str | None = None, *, experiments: Iterable[str] | None = Non
             if not token:
                 break
     if not rows:
-        return _empty()
+        return empty_runs()
     df = pd.DataFrame(rows)
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").fillna(0).astype(int)
     order = {v: i for i, v in enumerate(VARIANT_ORDER)}
@@ -163,7 +163,7 @@ def presets(df: pd.DataFrame) -> list[str]:
     return [p for p in df["preset"].dropna().unique().tolist()] + (["(none)"] if df["preset"].isna().any() else [])
 
 
-def _for_preset(df: pd.DataFrame, preset: str | None) -> pd.DataFrame:
+def for_preset(df: pd.DataFrame, preset: str | None) -> pd.DataFrame:
     if preset is None or df.empty:
         return df
     if preset == "(none)":

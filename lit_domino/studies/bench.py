@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lit_domino.models.capabilities import capabilities_of
 from lit_domino.runtime.command import CommandParser, UsageError, positive_int, run_command
 from lit_domino.runtime.inputs import check_drafter_config, check_drafter_source, check_positive, check_target_spec
 from lit_domino.runtime.paths import project_root
@@ -231,6 +230,8 @@ def parse_trees(spec: str) -> list:
 
 def check_trees(trees: list, drafters: dict) -> None:
     """Every ``--trees`` builder is built by at least one drafter (a drafter that lacks one skips it)."""
+    from lit_domino.models.capabilities import capabilities_of  # the models package imports torch
+
     for tree in trees:
         if tree is not None and not any(tree.builder in capabilities_of(d).tree_builders for d in drafters.values()):
             raise UsageError(f"--trees {tree.label()}: no drafter in --drafters builds a {tree.builder!r} tree "

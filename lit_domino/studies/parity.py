@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lit_domino.models.capabilities import capabilities_of
 from lit_domino.training.configs import PRESETS, load_config
 from lit_domino.runtime.command import CommandParser, UsageError, run_command
 
@@ -35,6 +34,7 @@ def capture(out: str | Path, preset: str = "smoke", prompts: int = 2, max_new_to
     from lit_domino.decoding import DLoopConfig, generate
     from lit_domino.training.experiment import train_variant
     from lit_domino.interop import load_drafter
+    from lit_domino.models.capabilities import capabilities_of
     from lit_domino.runtime.threads import pinned_threads
     from lit_domino.runtime.jsonio import write_json
     from lit_domino.studies.tables import load_spec

@@ -3,14 +3,10 @@ the prompts, the drafter's rounds drafted at anchors along them, and each drafte
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from lit_domino.decoding.acceptance import stage_inputs
-
-if TYPE_CHECKING:
-    from lit_domino.training.acceptance import AcceptanceSettings
+from lit_domino.training.acceptance_settings import AcceptanceSettings
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ from lit_domino.data.regenerate import RegenConfig, regen_dir, regenerate
 from lit_domino.data.resumable import ResumableLoader
 from lit_domino.target.load import check_layer_ids, load_target
 # The feature cache lives apart; its names stay importable from here.
-from lit_domino.training.feature_cache import _compute_features, build_feature_cache, feature_cache_dir  # noqa: F401
+from lit_domino.training.feature_cache import compute_features, build_feature_cache, feature_cache_dir  # noqa: F401
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):

@@ -42,14 +42,14 @@ def build_feature_cache(target, ds, layer_ids: list[int], max_length: int, root:
 
     def build(p: Path):
         with cache.staging(p) as tmp:
-            _compute_features(target, ds, layer_ids, lengths, offsets, tmp / "features.npy", shape, batch_tokens)
+            compute_features(target, ds, layer_ids, lengths, offsets, tmp / "features.npy", shape, batch_tokens)
             cache.mark_complete(tmp, key)
 
     return cache.reuse_or_build(path, load, build), offsets
 
 
 @torch.no_grad()
-def _compute_features(target, ds, layer_ids, lengths, offsets, file: Path, shape, batch_tokens: int) -> None:
+def compute_features(target, ds, layer_ids, lengths, offsets, file: Path, shape, batch_tokens: int) -> None:
     mm = np.lib.format.open_memmap(file, mode="w+", dtype=np.float16, shape=shape)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])  # similar lengths batch together
     i = 0

@@ -127,7 +127,7 @@ def test_math_solutions_are_correct(split):
 
 def test_every_template_makes_correct_problems():
     assert len(math_corpus.TEMPLATES) >= 15
-    draw = math_corpus._Draw(random.Random(0))
+    draw = math_corpus.Draw(random.Random(0))
     for name, template in math_corpus.TEMPLATES.items():
         made = 0
         for _ in range(300):
@@ -154,7 +154,7 @@ def test_math_eval_arithmetic_is_held_out():
     """Train never repeats an eval problem's template and numbers, only their wording."""
     eval_keys = math_corpus._eval_pool()[1]
     rng = random.Random("math-train-0")
-    draw = math_corpus._Draw(rng)
+    draw = math_corpus.Draw(rng)
     train_questions = {e.prompt for e in build_corpus("math", "train", n=2000)}
     rejected = leaked = 0
     for _ in range(3000):  # replay the start of the train stream: eval problems it draws must be dropped

@@ -346,7 +346,7 @@ def test_pool_size_is_checked_before_decoding(target):
         with pytest.raises(ValueError, match="pool_size"):
             generate(target, dom, prompt, max_new_tokens=4, pool_size=bad)
     backbone = build_drafter(drafter_config("backbone", target, block_size=B), target)
-    with pytest.raises(ValueError, match=r"pool_size=8 needs a drafter whose head corrects its base logits \(domino, dspark\)"):
+    with pytest.raises(ValueError, match=r"pool_size=8 needs a drafter whose head corrects its base logits \(domino, dspark: .*\); this backbone"):
         generate(target, backbone, prompt, max_new_tokens=4, pool_size=8)
     with pytest.raises(ValueError, match="plain decoding"):
         generate(target, None, prompt, max_new_tokens=4, pool_size=8)

@@ -19,7 +19,7 @@ import hashlib
 import random
 from lit_domino.data.corpora import Example, turns_to_messages
 # The templates live apart; their names stay importable from here.
-from lit_domino.data.corpora.math_templates import TEMPLATES, Template, _Draw, eq  # noqa: F401
+from lit_domino.data.corpora.math_templates import TEMPLATES, Template, Draw, eq  # noqa: F401
 
 # Default sizes: 20k train problems are ~1.5M characters/4 tokens, the math share
 # of the tiny target's 2–3M-token budget; 500 eval problems give a greedy
@@ -46,7 +46,7 @@ def _stream(rng_key: str, n: int, exclude: frozenset) -> list[Example]:
     so templates with small number spaces are not exhausted.
     """
     rng = random.Random(rng_key)  # str seeds are hashed with SHA-512: stable across processes
-    draw = _Draw(rng)
+    draw = Draw(rng)
     out, questions = [], set()
     for _ in range(n * _MAX_DRAWS_PER_EXAMPLE):
         if len(out) == n:
@@ -72,7 +72,7 @@ def _stream(rng_key: str, n: int, exclude: frozenset) -> list[Example]:
 def _eval_pool() -> tuple[tuple[Example, ...], frozenset]:
     """The fixed eval problems and their (template, numbers) keys; distinct arithmetic, independent of seed."""
     rng = random.Random("math-eval")
-    draw = _Draw(rng)
+    draw = Draw(rng)
     out, keys = [], set()
     while len(out) < EVAL_SIZE:
         name = _NAMES[rng.randrange(len(_NAMES))]

@@ -54,7 +54,7 @@ def _cap(text: str) -> str:
     return text[0].upper() + text[1:]
 
 
-class _Draw:
+class Draw:
     """Entity and number choices of one problem, from the caller's rng."""
 
     def __init__(self, rng: random.Random):
@@ -73,12 +73,12 @@ class _Draw:
         return self.rng.randint(lo, hi)
 
 
-# A template takes a _Draw and returns (question, solution steps, answer, numbers),
+# A template takes a Draw and returns (question, solution steps, answer, numbers),
 # or None when the drawn numbers break a constraint (the caller draws again).
-Template = Callable[[_Draw], "tuple[str, list[str], int, tuple[int, ...]] | None"]
+Template = Callable[[Draw], "tuple[str, list[str], int, tuple[int, ...]] | None"]
 
 
-def t_buy_give(d: _Draw):
+def t_buy_give(d: Draw):
     n, he, _ = d.person()
     f = d.person(n)[0]
     obj = d.pick(OBJECTS)
@@ -95,7 +95,7 @@ def t_buy_give(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_packs_use(d: _Draw):
+def t_packs_use(d: Draw):
     n, he, _ = d.person()
     obj = d.pick(OBJECTS)
     a, b = d.num(2, 9), d.num(2, 12)
@@ -110,7 +110,7 @@ def t_packs_use(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_share_more(d: _Draw):
+def t_share_more(d: Draw):
     n, _, _ = d.person()
     f = d.person(n)[0]
     obj = d.pick(OBJECTS)
@@ -126,7 +126,7 @@ def t_share_more(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_change(d: _Draw):
+def t_change(d: Draw):
     n, he, _ = d.person()
     item, thing = d.pick(ITEMS), d.pick(["bag", "card", "pen", "snack"])
     a, b, c = d.num(2, 9), d.num(2, 12), d.num(1, 20)
@@ -144,7 +144,7 @@ def t_change(d: _Draw):
     return q, steps, r, (a, b, c, bill)
 
 
-def t_distance(d: _Draw):
+def t_distance(d: Draw):
     veh = d.pick(VEHICLES)
     a, b, c = d.num(10, 60), d.num(2, 6), d.num(5, 60)
     s1, x = eq(a, "*", b)
@@ -159,7 +159,7 @@ def t_distance(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_savings(d: _Draw):
+def t_savings(d: Draw):
     n, he, _ = d.person()
     thing = d.pick(THINGS_TO_BUY)
     a, b = d.num(3, 25), d.num(2, 10)
@@ -174,7 +174,7 @@ def t_savings(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_groups_supplies(d: _Draw):
+def t_groups_supplies(d: Draw):
     sup = d.pick(SUPPLIES)
     g, b, c = d.num(2, 9), d.num(2, 8), d.num(2, 9)
     a = g * b
@@ -188,7 +188,7 @@ def t_groups_supplies(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_lose_two_days(d: _Draw):
+def t_lose_two_days(d: Draw):
     n, he, _ = d.person()
     obj = d.pick(OBJECTS)
     a = d.num(20, 99)
@@ -204,7 +204,7 @@ def t_lose_two_days(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_sell_twice(d: _Draw):
+def t_sell_twice(d: Draw):
     shop, obj = d.pick(SHOPS), d.pick(FOODS)
     b = d.num(2, 30)
     s1, s = eq(b, "*", 2)
@@ -219,7 +219,7 @@ def t_sell_twice(d: _Draw):
     return q, steps, r, (a, b)
 
 
-def t_more_together(d: _Draw):
+def t_more_together(d: Draw):
     n1 = d.person()[0]
     n2 = d.person(n1)[0]
     obj = d.pick(OBJECTS)
@@ -234,7 +234,7 @@ def t_more_together(d: _Draw):
     return q, steps, r, (a, b)
 
 
-def t_times_fewer(d: _Draw):
+def t_times_fewer(d: Draw):
     n1 = d.person()[0]
     n2 = d.person(n1)[0]
     n3 = d.person(n1, n2)[0]
@@ -251,7 +251,7 @@ def t_times_fewer(d: _Draw):
     return q, steps, r, (a, k, c)
 
 
-def t_reading(d: _Draw):
+def t_reading(d: Draw):
     n, he, _ = d.person()
     a, b = d.num(3, 25), d.num(2, 9)
     s1, t = eq(a, "*", b)
@@ -265,7 +265,7 @@ def t_reading(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_weekday_minutes(d: _Draw):
+def t_weekday_minutes(d: Draw):
     n, he, _ = d.person()
     task = d.pick(["homework", "the piano", "reading", "running", "drawing"])
     a, b = d.num(10, 60), d.num(10, 90)
@@ -279,7 +279,7 @@ def t_weekday_minutes(d: _Draw):
     return q, steps, r, (a, b)
 
 
-def t_bake_half(d: _Draw):
+def t_bake_half(d: Draw):
     n, he, _ = d.person()
     f = d.person(n)[0]
     food = d.pick(FOODS)
@@ -297,7 +297,7 @@ def t_bake_half(d: _Draw):
     return q, steps, k, (a, b)
 
 
-def t_garden_rows(d: _Draw):
+def t_garden_rows(d: Draw):
     n, _, _ = d.person()
     plant = d.pick(PLANTS)
     a, b = d.num(2, 12), d.num(2, 15)
@@ -312,7 +312,7 @@ def t_garden_rows(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_buckets(d: _Draw):
+def t_buckets(d: Draw):
     n, he, _ = d.person()
     a, b = d.num(2, 20), d.num(2, 9)
     s1, t = eq(a, "*", b)
@@ -326,7 +326,7 @@ def t_buckets(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_age(d: _Draw):
+def t_age(d: Draw):
     n, _, his = d.person()
     rel = d.pick(["brother", "sister", "cousin", "uncle", "aunt"])
     a, b, c = d.num(5, 40), d.num(2, 15), d.num(2, 20)
@@ -340,7 +340,7 @@ def t_age(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_split_bill(d: _Draw):
+def t_split_bill(d: Draw):
     k, e = d.num(2, 6), d.num(3, 30)
     b, c = d.num(2, 6), d.num(2, 5)
     t = e * k
@@ -359,7 +359,7 @@ def t_split_bill(d: _Draw):
     return q, steps, r, (k, a, b, c)
 
 
-def t_wages(d: _Draw):
+def t_wages(d: Draw):
     n, he, _ = d.person()
     a, b, c = d.num(5, 20), d.num(2, 8), d.num(2, 8)
     s1, h = eq(b, "+", c)
@@ -372,7 +372,7 @@ def t_wages(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_boxes_take(d: _Draw):
+def t_boxes_take(d: Draw):
     n, he, _ = d.person()
     obj = d.pick(OBJECTS)
     per, b = d.num(3, 20), d.num(2, 9)
@@ -388,7 +388,7 @@ def t_boxes_take(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_bus(d: _Draw):
+def t_bus(d: Draw):
     veh = d.pick(["bus", "train", "tram", "ferry"])
     a = d.num(5, 60)
     b = d.num(2, a - 2)
@@ -403,7 +403,7 @@ def t_bus(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_tickets(d: _Draw):
+def t_tickets(d: Draw):
     n, he, _ = d.person()
     place = d.pick(["zoo", "museum", "cinema", "circus", "aquarium"])
     a, b, k = d.num(5, 20), d.num(2, 12), d.num(2, 6)
@@ -418,7 +418,7 @@ def t_tickets(d: _Draw):
     return q, steps, r, (a, b, k)
 
 
-def t_weeks_food(d: _Draw):
+def t_weeks_food(d: Draw):
     animal = d.pick(ANIMALS)
     a, b, c = d.num(2, 12), d.num(2, 8), d.num(2, 5)
     s1, daily = eq(a, "+", b)
@@ -434,7 +434,7 @@ def t_weeks_food(d: _Draw):
     return q, steps, r, (a, b, c)
 
 
-def t_quarter_more(d: _Draw):
+def t_quarter_more(d: Draw):
     n, he, _ = d.person()
     food = d.pick(FOODS)
     a, b = 4 * d.num(3, 24), d.num(1, 30)
@@ -449,7 +449,7 @@ def t_quarter_more(d: _Draw):
     return q, steps, r, (a, b)
 
 
-def t_stamps_pages(d: _Draw):
+def t_stamps_pages(d: Draw):
     n, he, _ = d.person()
     obj = d.pick(["stamps", "photos", "stickers", "cards"])
     a, b, c = d.num(2, 12), d.num(3, 12), d.num(1, 40)
