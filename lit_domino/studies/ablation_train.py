@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +12,7 @@ from lit_domino.runtime import cache
 from lit_domino.runtime.jobs import STOP_TIMEOUT, JobEvents, run_in_workers  # noqa: F401 (STOP_TIMEOUT: re-export)
 from lit_domino.runtime.quiet import verbose
 from lit_domino.training.configs import EMBEDDED_PREFIX
+from lit_domino.studies.common import stage_log
 
 if TYPE_CHECKING:
     from lit_domino.runtime.jobclock import JobClock
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 INTERRUPTED = "rerun the same command to resume"
 
 
-def log_line(msg: str, t0: float) -> None:
-    print(f"[ablation {time.time() - t0:6.0f}s] {msg}", flush=True)
+log_line = stage_log("ablation")
+"""This study's log line: ``[ablation <seconds>s] msg``."""
 
 
 def training_jobs(jobs: int | str, configs: list[dict]) -> int:

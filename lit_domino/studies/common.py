@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import re
+import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -159,3 +160,24 @@ def flat_verify_speedup(row: Mapping[str, Any], verify_ms: float) -> float:
         return float("nan")
     return s * (d + v + o) / (d + verify_ms + o)
 
+
+
+# --------------------------------------------------------------------------- row statistics and logs, shared
+
+
+def finite_mean(values) -> float:
+    """The mean of the finite values (NaN when there is none): a cell some rows could not fill."""
+    vals = [float(v) for v in values if finite(v)]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def fmt(x, digits: int = 2, suffix: str = "") -> str:
+    """``x`` for a table cell: ``digits`` decimals and ``suffix``, or ``–`` when it is not finite."""
+    return f"{x:.{digits}f}{suffix}" if finite(x) else "–"
+
+
+def stage_log(study: str) -> Callable[[str, float], None]:
+    """The study's log line printer: ``[study  <seconds since t0>s] msg``, flushed at once."""
+    def log(msg: str, t0: float) -> None:
+        print(f"[{study} {time.time() - t0:6.0f}s] {msg}", flush=True)
+    return log

@@ -32,14 +32,15 @@ from lit_domino.runtime.command import UsageError
 from lit_domino.runtime.jsonio import write_json
 from lit_domino.runtime.paths import project_root
 from lit_domino.training.configs import CONFIG_DIR, ConfigError, check_preset, compose, did_you_mean, load_config
+from lit_domino.studies.common import stage_log
 
 STUDY_FILE = CONFIG_DIR / "studies" / "objectives.yaml"
 OWN = "own"
 """The row that names no objective: the drafter's own loss (its ablation drafter)."""
 
 
-def _log(msg: str, t0: float) -> None:
-    print(f"[objectives {time.time() - t0:6.0f}s] {msg}", flush=True)
+_log = stage_log("objectives")
+"""This study's log line: ``[objectives <seconds>s] msg``."""
 
 
 def _choose(what: str, given, known: list[str]) -> list[str]:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from lit_domino.runtime.command import CommandParser, UsageError, run_command
+from lit_domino.studies.common import stage_log
 
 COMMAND_DOC = """Rehearse the paper preset end to end on this machine (docs/paper-rehearsal.md).
 
@@ -94,8 +95,8 @@ def _run(argv: list[str]) -> dict:
                          shards=args.shards, eval_prompts=args.eval_prompts, progress=not args.no_progress)
 
 
-def _log(msg: str, t0: float) -> None:
-    print(f"[rehearsal {time.time() - t0:6.0f}s] {msg}", flush=True)
+_log = stage_log("rehearsal")
+"""This study's log line: ``[rehearsal <seconds>s] msg``."""
 
 
 def run_rehearsal(preset: str = "rehearsal", device: str = "cpu", overrides: dict | None = None,

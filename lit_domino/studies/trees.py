@@ -34,7 +34,6 @@ study file, ``configs/studies/trees.yaml``: 8-20 min for the default decode, by 
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from pathlib import Path
 
@@ -50,7 +49,8 @@ from lit_domino.runtime import cache
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.threads import pinned_threads
-from lit_domino.studies.common import cached_rows, check_lossless, flat_verify_speedup, log_metrics, mlflow_name
+from lit_domino.studies.common import (cached_rows, check_lossless, finite_mean, flat_verify_speedup, fmt, log_metrics,
+                                       mlflow_name, stage_log)
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.training.configs import CONFIG_DIR, available_variants, check_preset, compose, load_config, module_class
 
@@ -203,13 +203,6 @@ def split_rows(rows: list[dict]) -> tuple[list[dict], VerifyCost]:
 # --------------------------------------------------------------------------- tables
 
 
-def _mean(values) -> float:
-    vals = [float(v) for v in values if finite(v)]
-    return statistics.fmean(vals) if vals else float("nan")
-
-
-def _f(x, digits=2, suffix="") -> str:
-    return f"{x:.{digits}f}{suffix}" if finite(x) else "–"
 
 
 def projected_speedup(row: dict, curve: VerifyCost) -> float:
@@ -245,7 +238,7 @@ def _avg_rows(recs: list[dict], domains: list[str]) -> list[dict]:
     out = []
     for (drafter, method), rs in groups.items():
         avg = {"drafter": drafter, "method": method, "builder": rs[0]["builder"], "budget": rs[0]["budget"],
-               "cost_aware": rs[0]["cost_aware"], "domain": "avg", **{k: _mean(x.get(k) for x in rs) for k in ROW_KEYS}}
+               "cost_aware": rs[0]["cost_aware"], "domain": "avg", **{k: finite_mean(x.get(k) for x in rs) for k in ROW_KEYS}}
         out.append(avg)
     chains = {a["drafter"]: a for a in out if a["method"] == "chain"}
     for a in out:
@@ -265,10 +258,10 @@ def trees_table(recs: list[dict], plan: dict) -> dict:
     for a in avg:
         cells = [x for x in recs if x["drafter"] == a["drafter"] and x["method"] == a["method"]]
         for rec in sorted(cells, key=lambda x: domains.index(x["domain"])) + [a]:
-            lines.append(f"| {rec['drafter']} | {rec['method']} | {rec['domain']} | {_f(rec['tau'])} | "
-                         f"{_f(rec['speedup'], suffix='x')} | {_f(rec['draft_ms_per_round'])} | "
-                         f"{_f(rec['verify_ms_per_round'])} | {_f(rec['nodes_per_round'], 1)} | "
-                         f"{_f(rec['projected_speedup'], suffix='x')} |")
+            lines.append(f"| {rec['drafter']} | {rec['method']} | {rec['domain']} | {fmt(rec['tau'])} | "
+                         f"{fmt(rec['speedup'], suffix='x')} | {fmt(rec['draft_ms_per_round'])} | "
+                         f"{fmt(rec['verify_ms_per_round'])} | {fmt(rec['nodes_per_round'], 1)} | "
+                         f"{fmt(rec['projected_speedup'], suffix='x')} |")
     return {"name": "trees", "rows": recs, "average": avg, "projection": PROJECTION, "markdown": "\n".join(lines)}
 
 
@@ -277,9 +270,9 @@ def summary_table(avg: list[dict]) -> dict:
     lines = ["| drafter | method | τ | τ vs chain | speedup | speedup vs chain | projected speedup (GPU) | "
              "projected vs chain |", "|---|---|---|---|---|---|---|---|"]
     for a in avg:
-        lines.append(f"| {a['drafter']} | {a['method']} | {_f(a['tau'])} | {_f(a['tau_vs_chain'], suffix='x')} | "
-                     f"{_f(a['speedup'], suffix='x')} | {_f(a['speedup_vs_chain'], suffix='x')} | "
-                     f"{_f(a['projected_speedup'], suffix='x')} | {_f(a['projected_speedup_vs_chain'], suffix='x')} |")
+        lines.append(f"| {a['drafter']} | {a['method']} | {fmt(a['tau'])} | {fmt(a['tau_vs_chain'], suffix='x')} | "
+                     f"{fmt(a['speedup'], suffix='x')} | {fmt(a['speedup_vs_chain'], suffix='x')} | "
+                     f"{fmt(a['projected_speedup'], suffix='x')} | {fmt(a['projected_speedup_vs_chain'], suffix='x')} |")
     return {"name": "summary", "rows": avg, "projection": PROJECTION, "markdown": "\n".join(lines)}
 
 
@@ -312,8 +305,8 @@ def siblings_table(recs: list[dict]) -> dict:
     rows += [{"drafter": d, "builder": b, **rank_fractions(c)} for (d, b), c in per_pair.items()]
     lines = ["| builder | drafter | accepted nodes | rank 0 | rank 1 | rank ≥ 2 |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['builder']} | {r['drafter']} | {r['accepted']} | {_f(r['rank0'], 3)} | "
-                     f"{_f(r['rank1'], 3)} | {_f(r['rank2+'], 3)} |")
+        lines.append(f"| {r['builder']} | {r['drafter']} | {r['accepted']} | {fmt(r['rank0'], 3)} | "
+                     f"{fmt(r['rank1'], 3)} | {fmt(r['rank2+'], 3)} |")
     lines += ["", "An accepted node's rank among its parent's candidates (0 = the drafter's top pick there); "
               "rank ≥ 1 is what a tree adds over the chain."]
     return {"name": "siblings", "rows": rows, "markdown": "\n".join(lines)}
@@ -328,10 +321,10 @@ def cost_table(curve: VerifyCost, recs: list[dict]) -> dict:
     in_decode = []
     for budget in sorted({r["budget"] for r in recs if not r["cost_aware"]}):
         sel = [r for r in recs if r["budget"] == budget and not r["cost_aware"]]
-        in_decode.append({"budget": budget, "nodes_per_round": _mean(r["nodes_per_round"] for r in sel),
-                          "verify_ms_per_round": _mean(r["verify_ms_per_round"] for r in sel)})
+        in_decode.append({"budget": budget, "nodes_per_round": finite_mean(r["nodes_per_round"] for r in sel),
+                          "verify_ms_per_round": finite_mean(r["verify_ms_per_round"] for r in sel)})
     lines += ["", "| budget (0 = chain) | nodes per round | verify ms per round in the decode |", "|---|---|---|"]
-    lines += [f"| {r['budget']} | {_f(r['nodes_per_round'], 1)} | {_f(r['verify_ms_per_round'])} |" for r in in_decode]
+    lines += [f"| {r['budget']} | {fmt(r['nodes_per_round'], 1)} | {fmt(r['verify_ms_per_round'])} |" for r in in_decode]
     lines += ["", f"GPU projection's curve: C_v(n) = C_v(1) = {1e3 * curve.seconds_at(1):.3f} ms for n <= "
                   f"{GPU_FLAT_NODES} ({PROJECTION})."]
     return {"name": "verify_cost", "rows": rows, "in_decode": in_decode, "markdown": "\n".join(lines)}
@@ -434,8 +427,8 @@ def report(rows: list[dict], plan: dict, out_dir: Path, mlflow_enabled: bool = T
 # --------------------------------------------------------------------------- the study
 
 
-def _log(msg: str, t0: float) -> None:
-    print(f"[trees {time.time() - t0:6.0f}s] {msg}", flush=True)
+_log = stage_log("trees")
+"""This study's log line: ``[trees <seconds>s] msg``."""
 
 
 def run_trees_study(preset: str = "smoke", drafters=None, builders=None, budgets=None, top_k=None,
