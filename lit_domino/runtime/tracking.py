@@ -1,15 +1,10 @@
 """MLflow helpers: where runs go, how they are named and tagged, and that a crash reads FAILED.
 
-* Tracking URI: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<project root>/mlflow.db``
-  (absolute, so every entry point from any working directory writes one store).
-  Artifacts of experiments created here go next to the database, ``<root>/mlruns/``.
+* The store (where it is, created once under a lock, experiments, saved views):
+  :mod:`~lit_domino.runtime.tracking_store` (:func:`open_client` is the suite's one way to an ``MlflowClient``);
+  a config as params: :mod:`~lit_domino.runtime.tracking_params`. Their names are importable from here too.
 * :func:`make_mlflow_logger` — Lightning's ``MLFlowLogger`` with the suite's tags
   (``variant``, ``preset``, ``seed``, ``table``).
-* :func:`flatten_config` / :func:`log_config` — the flattened config as params
-  (``model.lr``, ``data.batch_size``, ... — ``init_args`` levels dropped; one name per
-  setting, the run's output folders left out) and the YAML as an artifact.
-* Experiments are created in MLflow's model-training mode (:data:`EXPERIMENT_KIND_TAG`), and
-  :func:`save_runs_view` stores a named view of the runs table (columns, order) in one.
 * :func:`mark_failed_on_error` (context manager) and :class:`MarkFailedOnError`
   (callback) — an exception ends the run as ``FAILED`` (``KILLED`` for Ctrl-C, with a
   one-line hint that rerunning the same command resumes), never leaving it ``RUNNING``.
@@ -17,10 +12,6 @@
   ``fit``, Ctrl-C included; the callback turns that into ``KILLED`` for an interrupt,
   and the context manager covers everything around ``fit`` (building classes,
   exporting, plain ``mlflow.start_run`` runs).
-* :func:`ensure_store` — a SQLite store is created (its schema migrated) once, under a
-  file lock beside the database (:func:`store_lock`), so parallel workers, or commands started
-  together, on a fresh store do not race in MLflow's migrations; every helper here calls it
-  first, and :func:`open_client` is the suite's one way to an ``MlflowClient``.
 * :func:`ensure_run` — a run id that the current store does not know (a deleted
   ``mlflow.db``, another ``MLFLOW_TRACKING_URI``) is replaced by a recreated run, with a
   warning, instead of failing with ``MlflowException: Run ... not found``.
@@ -40,33 +31,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from lit_domino.runtime.paths import project_root  # noqa: F401  (re-exported)
+# The store (where, created once under a lock, experiments, saved views) lives apart; its names stay importable here.
+from lit_domino.runtime.tracking_store import (DEFAULT_EXPERIMENT, EXPERIMENT_KIND_TAG, MODEL_TRAINING,  # noqa: F401
+                                               SAVED_VIEW_PREFIX, TRACKING_ENV, default_artifact_location,
+                                               default_tracking_uri, ensure_experiment, ensure_store, open_client,
+                                               save_runs_view, store_lock)
+from lit_domino.runtime.tracking_params import (MAX_PARAM_CHARS, OUTPUT_KEYS, flatten_config, log_config,  # noqa: F401
+                                                log_params)
 
 log = logging.getLogger(__name__)
 
-TRACKING_ENV = "MLFLOW_TRACKING_URI"
-DEFAULT_EXPERIMENT = "lit_domino"
-MAX_PARAM_CHARS = 500
-
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-"""The experiment tag of MLflow 3 for an experiment's kind: GenAI (traces, evaluations) or model training. MLflow
-3.17's UI takes its mode from its GenAI / Model training switch instead (remembered by the browser; docs/mlflow.md
-says to pick Model training); earlier 3.x UIs and MLflow's own tools read the tag."""
-MODEL_TRAINING = "custom_model_development"
-""":data:`EXPERIMENT_KIND_TAG`'s value for model training (runs, metrics, compare), set on every experiment here."""
-SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
-"""Experiment tags of the runs table's saved views (MLflow 3's "Views" menu): ``<prefix><view id>``."""
-OUTPUT_KEYS = ("trainer.default_root_dir", "checkpoint.dirpath", "export.dirpath")
-"""Config keys that say where a run writes, not how it trains (machine paths): not logged as params (the run's
-``drafter_dir`` tag and ``config.yaml`` artifact hold them)."""
 
 
 @dataclass
@@ -90,122 +70,6 @@ class TrackingConfig:
     preset: Optional[str] = None
     table: Optional[str] = None
     tracking_uri: Optional[str] = None
-
-
-def default_tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project root>/mlflow.db`` (absolute path)."""
-    uri = os.environ.get(TRACKING_ENV)
-    if uri:
-        return uri
-    return f"sqlite:///{project_root() / 'mlflow.db'}"
-
-
-def _sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL (None: another store, or an in-memory one)."""
-    if tracking_uri.startswith("sqlite:///"):
-        path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
-        return Path(path) if path and path != ":memory:" else None
-    return None
-
-
-def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
-    """For a SQLite store, ``<db dir>/mlruns/<experiment>`` (a file URI); otherwise the server's default."""
-    db = _sqlite_path(tracking_uri)
-    if db is None:
-        return None
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", experiment) or "experiment"
-    return (db.resolve().parent / "mlruns" / safe).as_uri()
-
-
-_READY_STORES: set[str] = set()
-
-
-def store_lock(tracking_uri: str):
-    """A file lock beside a SQLite store (``<db>.lock``); a no-op for other stores. Held around what must happen
-    once per store: its creation, an experiment's, a study run's find-or-create."""
-    db = _sqlite_path(tracking_uri)
-    if db is None:
-        return contextlib.nullcontext()
-    from filelock import FileLock
-
-    db = db.expanduser()
-    db.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(db) + ".lock")
-
-
-def ensure_store(tracking_uri: str | None = None) -> str:
-    """Create (migrate) the tracking store once, under a file lock; returns its URI.
-
-    Two processes opening a fresh SQLite store at once both run MLflow's schema
-    migrations and one of them crashes (``alembic ... CommandError``); under the lock the
-    first creates the schema and the others find it made. Call it in a parent before
-    starting parallel workers, or let each worker call it (every helper here does).
-    """
-    uri = tracking_uri or default_tracking_uri()
-    if uri in _READY_STORES:
-        return uri
-    from mlflow.tracking import MlflowClient
-
-    with store_lock(uri):
-        MlflowClient(uri).search_experiments(max_results=1)  # creates or verifies the schema
-    _READY_STORES.add(uri)
-    return uri
-
-
-def open_client(tracking_uri: str | None = None):
-    """An ``MlflowClient`` on the store (None: :func:`default_tracking_uri`), made once the store is
-    (:func:`ensure_store`). Use it rather than ``MlflowClient(uri)``: MLflow builds a SQLite store's schema when its
-    first client opens it, and two processes doing that at once crash one of them."""
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(ensure_store(tracking_uri))
-
-
-def ensure_experiment(name: str = DEFAULT_EXPERIMENT, tracking_uri: str | None = None) -> str:
-    """The id of experiment ``name`` (created, with the default artifact location, if missing).
-
-    Safe with parallel workers: on a SQLite store it is created under the store's lock,
-    elsewhere a concurrent creation is read back."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    tracking_uri = ensure_store(tracking_uri)
-    client = MlflowClient(tracking_uri)
-    with store_lock(tracking_uri):
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            if exp.lifecycle_stage == "deleted":
-                client.restore_experiment(exp.experiment_id)
-            if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag, or by MLflow itself
-                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
-            return exp.experiment_id
-        try:
-            return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri, name),
-                                            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
-        except MlflowException:  # created by another process meanwhile (a server store)
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
-
-
-def save_runs_view(client, experiment_id: str, view_id: str, name: str, state: Mapping[str, Any]) -> bool:
-    """Store a saved view of the runs table in experiment ``experiment_id`` (the UI's "Views" menu, and the link
-    ``#/experiments/<id>/runs?viewStateShareKey=<view_id>``); returns whether it was written.
-
-    ``state``: the UI's search and table state, e.g. ``{"selectedColumns": ["metrics.`tau`"], "columnOrder":
-    [...], "searchFilter": "tags.table = 'main'"}``. A view already there is left alone: a user who overrode it in the
-    UI keeps theirs."""
-    import json
-    import time
-
-    key = SAVED_VIEW_PREFIX + view_id
-    if key in client.get_experiment(experiment_id).tags:
-        return False
-    now = int(time.time() * 1000)
-    client.set_experiment_tag(experiment_id, key, json.dumps(
-        {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(dict(state))}))
-    return True
 
 
 def ensure_run(run_id: str | None, experiment: str = DEFAULT_EXPERIMENT, run_name: str | None = None, *,
@@ -347,53 +211,6 @@ def make_mlflow_logger(
     # and the DataModule's hyper-parameters again under their bare names (``head/rank`` beside ``model.head.rank``)
     logger.log_hyperparams = lambda params: None
     return logger
-
-
-def flatten_config(config: Mapping[str, Any], prefix: str = "", sep: str = ".",
-                   skip: Iterable[str] = OUTPUT_KEYS) -> dict[str, str]:
-    """Nested config → ``{"model.lr": "0.0006", ...}``; ``init_args`` levels dropped, ``class_path`` kept, the keys
-    ``skip`` (the run's output folders, :data:`OUTPUT_KEYS`) left out."""
-    skip = set(skip)
-    flat: dict[str, str] = {}
-    for key, value in config.items():
-        key = str(key)
-        if key == "init_args":
-            name = prefix
-        else:
-            name = f"{prefix}{sep}{key}" if prefix else key
-        if name in skip:
-            continue
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten_config(value, name, sep, skip))
-        else:
-            flat[name] = str(value)[:MAX_PARAM_CHARS]
-    return flat
-
-
-def log_params(client, run_id: str, params: Mapping[str, str]) -> None:
-    """Log params in batches; a value that differs from one already logged (a resumed run) is skipped with a warning."""
-    from mlflow.entities import Param
-
-    items = [Param(k[:250], str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
-    existing = client.get_run(run_id).data.params
-    fresh = [p for p in items if p.key not in existing]
-    changed = [p.key for p in items if p.key in existing and existing[p.key] != p.value]
-    if changed:
-        log.warning("params already logged with other values are kept as they were: %s", changed)
-    for i in range(0, len(fresh), 100):
-        client.log_batch(run_id, params=fresh[i : i + 100])
-
-
-def log_config(logger, config: Mapping[str, Any], yaml_text: str | None = None,
-               artifact_name: str = "config.yaml") -> None:
-    """Flattened ``config`` as params and ``yaml_text`` as an artifact of ``logger``'s run (an ``MLFlowLogger``)."""
-    client, run_id = logger.experiment, logger.run_id
-    log_params(client, run_id, flatten_config(config))
-    if yaml_text is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / artifact_name
-            path.write_text(yaml_text)
-            client.log_artifact(run_id, str(path))
 
 
 # --------------------------------------------------------------------------- failures
