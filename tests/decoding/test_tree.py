@@ -13,6 +13,7 @@ from transformers import DynamicCache, StaticCache
 
 import lit_domino.decoding.engine as engine
 import lit_domino.decoding.tree as tree_mod
+import lit_domino.decoding.tree_build as tree_build
 from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate, measure_verify_cost
 from lit_domino.decoding.kv import compact_cache
 from lit_domino.decoding.tree import DraftTree, TreeError, best_first
@@ -373,7 +374,7 @@ def test_cost_aware_path_tree_grows_only_what_the_rule_can_choose(target, monkey
         rates.append(cfg.cost.best_rate(gains, nodes, draft_s)[1])
         return cfg.cost.best_nodes(gains, nodes, draft_s)
 
-    monkeypatch.setattr(tree_mod, "_cap", rule)
+    monkeypatch.setattr(tree_build, "_cap", rule)
     for seed in range(12):
         curve, draft, pool = random_curve(rng), float(rng.uniform(0.0, 3.0)), [None, 16][seed % 2]
         cfg = TreeConfig("path", budget=40, top_k=3, cost=curve)

@@ -11,7 +11,8 @@ import torch
 import lit_domino.decoding.engine as engine
 import lit_domino.decoding.tree as tree_mod
 from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate
-from lit_domino.decoding.tree import DraftTree, TreeError, _draws, walk, walk_multidraft
+from lit_domino.decoding.tree import DraftTree, TreeError, walk, walk_multidraft
+from lit_domino.decoding.tree_build import _draws
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import (chi_square_target, exact_joint, lively_target, passes_chi_square,
                                 sampled_pairs)
