@@ -38,6 +38,14 @@ class CommandParser(argparse.ArgumentParser):
         """A validation error found after parsing (a path that does not exist, a shard out of range)."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def add_output_flags(self, out: str, experiment: str) -> None:
+        """The measuring commands' output flags: ``--out`` (default ``out``), ``--experiment`` (the MLflow
+        experiment, default ``experiment``), ``--no-mlflow`` and ``--no-progress``."""
+        self.add_argument("--out", default=out, help=f"output directory (default: {out})")
+        self.add_argument("--experiment", default=experiment, help=f"MLflow experiment (default: {experiment})")
+        self.add_argument("--no-mlflow", action="store_true")
+        self.add_argument("--no-progress", action="store_true")
+
 
 def require_file(path: str | os.PathLike, what: str) -> None:
     """Raise :class:`UsageError` unless ``path`` exists (``what`` names it in the message)."""

@@ -462,10 +462,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "cuda, inductor's C++ kernels on cpu; compiled in an untimed "
                         "warm-up over every prompt)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--out", default=str(project_root() / "results"), help="output directory (default: results/)")
-    p.add_argument("--experiment", default="bench", help="MLflow experiment (default: bench)")
-    p.add_argument("--no-mlflow", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_output_flags(str(project_root() / "results"), "bench")
     return p.parse_args(argv)
 
 

@@ -237,10 +237,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     p.add_argument("--warmup", type=int, default=1, help="requests per server before measuring (default 1)")
     p.add_argument("--seed", type=int, default=0, help="benchmark shuffle seed")
-    p.add_argument("--out", default=str(project_root() / "results"), help="output directory (default results/)")
-    p.add_argument("--experiment", default="serve_bench", help="MLflow experiment (default serve_bench)")
-    p.add_argument("--no-mlflow", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_output_flags(str(project_root() / "results"), "serve_bench")
     return p.parse_args(argv)
 
 
