@@ -29,8 +29,7 @@ PROG = "export.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser.from_doc(PROG, COMMAND_DOC)
     p.add_argument("source", help="drafter directory, or a run directory with drafter/")
     p.add_argument("out", help="directory to write (not the source drafter's directory, nor inside it)")
     p.add_argument("--format", required=True, choices=list(FORMAT_KINDS))

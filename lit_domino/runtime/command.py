@@ -31,6 +31,12 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.add_argument(DEBUG_FLAG, action="store_true", help="show tracebacks of expected errors")
 
+    @classmethod
+    def from_doc(cls, prog: str, doc: str) -> "CommandParser":
+        """A command's parser: ``doc``'s first line its description, the rest its epilog, as written."""
+        first, _, rest = doc.partition("\n")
+        return cls(prog=prog, description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 

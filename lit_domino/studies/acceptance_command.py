@@ -29,8 +29,7 @@ PROG = "acceptance.py"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser.from_doc(PROG, COMMAND_DOC)
     parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
     parser.add_argument("--drafters", default="backbone,domino,dspark,dflash2",
                         help="comma-separated parallel drafters (default: backbone,domino,dspark,dflash2)")

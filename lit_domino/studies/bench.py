@@ -414,8 +414,7 @@ PROG = "bench.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser.from_doc(PROG, COMMAND_DOC)
     p.add_argument("--target", default="embedded:default",
                    help="model directory, hub id, embedded:<preset>, or 'random' (default: embedded:default)")
     p.add_argument("--drafters", default="", help="name=path[,name=path...]; path may be random:<kind>")

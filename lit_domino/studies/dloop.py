@@ -289,21 +289,17 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     run_id = log_to_mlflow(plan, tables, files) if mlflow_enabled else None
 
     pool = "the exact head" if plan.get("pool_size") is None else f"a {plan['pool_size']}-token candidate pool"
-    print(f"\n## DLoop table ({preset}; Domino decoded with {pool}; speedup = our AR time per token / speculative, "
-          "prefill excluded)\n")
-    print(tables["dloop"]["markdown"])
-    print(f"\n## The loop's own gain: loop-aware training + loop against the control fine-tune ({preset})\n")
-    print(tables["loop_gain"]["markdown"])
-    print(f"\n## detach_stage_context and the no-loop control ({preset})\n")
-    print(tables["detach"]["markdown"])
-    print(f"\n## Threshold x depth grid ({preset})\n")
-    print(tables["grid"]["markdown"])
-    print(f"\n## Gates ({preset}; sum = the papers' reference; draft/verify ms per round: what a gate costs)\n")
-    print(tables["gates"]["markdown"])
-    print(f"\n## Gate calibration ({preset}; plot: {plot})\n")
-    print(tables["calibration"]["markdown"])
-    print(f"\n## DLoop's gain against the whole-stage acceptance rate ({preset}; figure: {figure})\n")
-    print(tables["gain"]["markdown"])
+    sections = [("dloop", f"DLoop table ({preset}; Domino decoded with {pool}; speedup = our AR time per token / "
+                          "speculative, prefill excluded)"),
+                ("loop_gain", f"The loop's own gain: loop-aware training + loop against the control fine-tune ({preset})"),
+                ("detach", f"detach_stage_context and the no-loop control ({preset})"),
+                ("grid", f"Threshold x depth grid ({preset})"),
+                ("gates", f"Gates ({preset}; sum = the papers' reference; draft/verify ms per round: what a gate costs)"),
+                ("calibration", f"Gate calibration ({preset}; plot: {plot})"),
+                ("gain", f"DLoop's gain against the whole-stage acceptance rate ({preset}; figure: {figure})")]
+    for key, title in sections:
+        print(f"\n## {title}\n")
+        print(tables[key]["markdown"])
     if skipped:
         print(f"\nskipped ({len(skipped)}): " + "; ".join(f"{s['drafter']} {s.get('gate') or s.get('dloop')}"
                                                          + (f" B = {s['block_size']}" if s.get("block_size") else "")

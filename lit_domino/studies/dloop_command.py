@@ -30,8 +30,7 @@ PROG = "dloop.py"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser.from_doc(PROG, COMMAND_DOC)
     parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
     parser.add_argument("--drafters", default=None,
                         help="comma-separated subset of backbone,domino,dspark,dflash2,eagle3 (default: all)")

@@ -227,8 +227,7 @@ PROG = "head_cost.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser.from_doc(PROG, COMMAND_DOC)
     p.add_argument("--sizes", default="128:4096,256:8192,512:16384,1024:32768,2048:65536",
                    help="d:V,... target widths and vocabularies (default: 128:4096 = the embedded default's, "
                         "up to 2048:65536)")

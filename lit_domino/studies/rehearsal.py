@@ -57,8 +57,7 @@ DEVICE_OVERRIDES = {"cpu": {}, "cuda": {"trainer.accelerator": "gpu", "trainer.d
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from lit_domino.training.configs import PRESETS, parse_override
 
-    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser.from_doc(PROG, COMMAND_DOC)
     p.add_argument("--preset", default="rehearsal", choices=PRESETS, help="the preset to rehearse (default rehearsal)")
     p.add_argument("--device", default="cpu", choices=tuple(DEVICE_OVERRIDES), help="cpu (default) or cuda")
     p.add_argument("--set", action="append", type=parse_override, default=[], metavar="KEY=VALUE",

@@ -220,8 +220,7 @@ PROG = "serve_bench.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser.from_doc(PROG, COMMAND_DOC)
     p.add_argument("--url", required=True, help="the (speculative) server, e.g. http://localhost:8000")
     p.add_argument("--model", default=None, help="its served model name (default: its first model)")
     p.add_argument("--baseline", default=None, help="the same target served without speculation")

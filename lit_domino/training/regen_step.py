@@ -218,8 +218,7 @@ PROG = "regenerate.py"
 def parse_args(argv=None) -> argparse.Namespace:
     from lit_domino.training.configs import PRESETS, parse_override  # light: yaml only
 
-    p = CommandParser(prog=PROG, description=COMMAND_DOC.split("\n")[0], epilog=COMMAND_DOC.split("\n", 1)[1],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser.from_doc(PROG, COMMAND_DOC)
     p.add_argument("--variant", default="domino", help="the training variant whose data config to use (default domino)")
     p.add_argument("--preset", default="default", choices=PRESETS)
     p.add_argument("--seed", type=int, default=0, help="seed_everything of the training run (matters at T > 0)")
