@@ -161,7 +161,6 @@ def flat_verify_speedup(row: Mapping[str, Any], verify_ms: float) -> float:
     return s * (d + v + o) / (d + verify_ms + o)
 
 
-
 # --------------------------------------------------------------------------- row statistics and logs, shared
 
 
@@ -178,6 +177,7 @@ def fmt(x, digits: int = 2, suffix: str = "") -> str:
 
 def stage_log(study: str) -> Callable[[str, float], None]:
     """The study's log line printer: ``[study  <seconds since t0>s] msg``, flushed at once."""
+
     def log(msg: str, t0: float) -> None:
         print(f"[{study} {time.time() - t0:6.0f}s] {msg}", flush=True)
     return log

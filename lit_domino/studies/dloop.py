@@ -57,17 +57,15 @@ from lit_domino.target.load import load_target
 from lit_domino.training.experiment import drafter_artifact, train_variant
 from lit_domino.studies.common import (NotLosslessError, cached_rows, check_lossless, log_metrics,  # noqa: F401
                                        stage_log)
-# The study's plan, tables and figures live in their own modules; their names stay importable from here.
-from lit_domino.studies.dloop_figures import (calibration_plot, describe_fit, figure_gates, gain_plot,  # noqa: F401
-                                              gain_points, line_fit, whole_stage_rate)
-from lit_domino.studies.dloop_plan import (GATE_KEYS, LOOP_CLASS, PRESET_OVERRIDES, STUDY_FILE,  # noqa: F401
-                                           base_config, check_block_size, dloop_settings, drafter_settings,
-                                           gate_setting, gate_settings, log_threshold, loop_config, loop_trainable,
-                                           parallel_variant, skip_reason, study_plan, table_gate, unusable)
-from lit_domino.studies.dloop_tables import (CONTROL, PROJECTION, PUBLISHED, REFERENCE, SETTING_CELLS,  # noqa: F401
-                                             SETTINGS, calibration, cell_index, decode_seconds, detach_table,
-                                             dloop_table, fwd_per_token, gates_table, grid_table, loop_gain_table,
-                                             mean_noise, paired_delta, projected, stage_confidence, table_metrics)
+# The study's plan, tables and figures live in their own modules; what the study and its callers use comes in here.
+from lit_domino.studies.dloop_figures import (calibration_plot, figure_gates, gain_plot, gain_points,  # noqa: F401
+                                              line_fit)
+from lit_domino.studies.dloop_plan import (LOOP_CLASS, STUDY_FILE, base_config, dloop_settings,  # noqa: F401
+                                           drafter_settings, gate_settings, log_threshold, loop_config,
+                                           study_plan, table_gate, unusable)
+from lit_domino.studies.dloop_tables import (CONTROL, SETTINGS, calibration, cell_index, detach_table,  # noqa: F401
+                                             dloop_table, fwd_per_token, gates_table, grid_table,
+                                             loop_gain_table, table_metrics)
 
 _log = stage_log("dloop")
 """This study's log line: ``[dloop <seconds>s] msg``."""
