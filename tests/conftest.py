@@ -35,7 +35,7 @@ def _isolated_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smoke_ablation(tmp_path_factory):
+def smoke_ablation(tmp_path_factory, smoke_target_dir):
     """The smoke ablation, run once per session into the session's cache and store: ``--train-only`` first (every
     drafter trained), then the full run (decode, tables, MLflow). ``{"first", "out", "results"}``: the two runs'
     returns and the results folder. The end-to-end test and the browser check share it."""
@@ -48,12 +48,26 @@ def smoke_ablation(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smoke_target_dir(_isolated_cache):
-    """The smoke preset's embedded target (and its tokenizer), built once per worker into the session's cache (the
-    smoke ablation and the GPU check's dry run reuse it there; the interrupt tests copy it into their own cache)."""
+def smoke_target_dir(_isolated_cache, tmp_path_factory):
+    """The smoke preset's embedded target (and its tokenizer) in the session's cache, built from its recipe once per
+    test run: under xdist the first worker to ask builds it in a cache the workers share (the others wait on its
+    build lock, as two users' runs would) and each worker copies it into its own cache. The smoke ablation, the
+    smoke studies and the GPU check's dry run ask for it; a test that loads ``embedded:smoke`` without it still
+    works (it builds its own copy, a minute slower)."""
+    import shutil
+    from pathlib import Path
+
+    from lit_domino.runtime import cache
     from lit_domino.target.recipe import build_tiny_target
 
-    return build_tiny_target("smoke", progress=False)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "shared-cache"  # this run's folder, above the workers'
+        built = build_tiny_target("smoke", root=shared, progress=False)
+        for src in (built, *(p for p in (shared / "tokenizer").iterdir() if p.is_dir())):
+            dst = cache.cache_root() / Path(src).relative_to(shared)
+            if not dst.exists():
+                shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.lock"))
+    return build_tiny_target("smoke", progress=False)  # in the session's cache: found complete, or built here
 
 
 @pytest.fixture(scope="session")
@@ -108,8 +122,8 @@ def _seed():
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, the tests that share the session's smoke ablation run on one worker (``--dist loadgroup``),
-    so the ablation is built once, not once per worker.
+    """Under xdist: the slow tests first, and the tests that share the session's smoke ablation run on one worker
+    (``--dist loadgroup``), so the ablation is built once, not once per worker.
 
     The marks go on before every other implementation runs (xdist's worker reads them in its own
     ``pytest_collection_modifyitems``). After them, the group suffix ``@smoke_ablation`` that loadgroup schedules by
@@ -117,6 +131,10 @@ def pytest_collection_modifyitems(config, items):
     (pytest-xdist#1386), so the group was silently ignored and every worker built the ablation (3-6 min each)."""
     grouped = config.pluginmanager.hasplugin("xdist") and bool(os.environ.get("PYTEST_XDIST_WORKER"))
     if grouped:
+        # the slow tests first (a stable sort: otherwise in collection order), so that no minute-long end-to-end
+        # check starts last and leaves the other workers idle while it runs (xdist hands out work in this order;
+        # without xdist the order stays pytest's, which keeps a module's tests and its fixtures together)
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
         for item in items:
             if "smoke_ablation" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group("smoke_ablation"))
