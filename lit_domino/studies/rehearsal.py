@@ -114,7 +114,7 @@ def run_rehearsal(preset: str = "rehearsal", device: str = "cpu", overrides: dic
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = ablation.study_plan(preset)
     configs, notes = ablation.study_configs(preset, plan, overrides)
-    report = {"preset": preset, "device": device, "overrides": overrides, "variants": plan["variants"],
+    report = {"preset": preset, "device": device, "overrides": overrides, "variants": plan.variants,
               "stages": {}}
     for note in notes:  # which variants an override skipped
         _log(note, t0)
