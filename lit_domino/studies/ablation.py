@@ -27,11 +27,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from lit_domino.runtime import cache
-from lit_domino.training.configs import (EMBEDDED_PREFIX, ConfigError, check_arguments, check_preset, did_you_mean,
-                                         load_config, study_overrides)
+from lit_domino.training.configs import EMBEDDED_PREFIX, ConfigError, check_arguments, load_config, study_overrides
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.command import run_command
 from lit_domino.runtime.quiet import set_verbose
