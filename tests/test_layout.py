@@ -149,7 +149,6 @@ KNOWN_PRIVATE = {
     ("lit_domino.studies.study_runs", "lit_domino.runtime.tracking", "_status_for"),
     ("lit_domino.studies.ablation", "lit_domino.runtime.tracking", "_interrupt_of"),
     ("lit_domino.studies.rehearsal_stages", "lit_domino.training.configs", "_read_yaml"),
-    ("lit_domino.studies.rehearsal", "lit_domino.studies.ablation", "_study"),
 }
 """Private cross-module imports that predate the check (the same rule: none new, these to be made public)."""
 

@@ -269,7 +269,8 @@ def test_the_ablation_decodes_where_its_target_is(monkeypatch, tiny_target):
     monkeypatch.setattr(harness, "benchmark", lambda *a, **k: [])
     monkeypatch.setattr(ablation, "load_prompts", lambda plan: {})
     trained = [TrainedDrafter("backbone", "rehearsal", 0, Path("d"))]
-    assert ablation.evaluate(tiny_target, trained, {"prompts": {}, "max_new_tokens": 4}) == []
+    plan = ablation.AblationPlan(seeds=[0], prompts={}, max_new_tokens=4)
+    assert ablation.evaluate(tiny_target, trained, plan) == []
     assert seen == [tiny_target.device]
     source = Path(ablation.__file__).read_text()
     assert 'load_target(spec, device=configs[0]["data"].get("target_device", "auto"))' in source

@@ -27,15 +27,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from lit_domino.runtime import cache
-from lit_domino.training.configs import (EMBEDDED_PREFIX, ConfigError, check_arguments, check_preset, did_you_mean,
-                                         load_config, study_overrides)
+from lit_domino.training.configs import EMBEDDED_PREFIX, ConfigError, check_arguments, load_config, study_overrides
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.command import run_command
 from lit_domino.runtime.quiet import set_verbose
-from lit_domino.studies.common import cached_rows
+from lit_domino.studies.skeleton import Stages
 from lit_domino.decoding.metric_names import COMPILED_AR, MethodKey
 from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.jsonio import write_json
@@ -43,7 +40,8 @@ from lit_domino.studies.tables import (EXACT_HEAD, STUDY_FILE, aggregate, load_s
                                        speedup_metrics, tables_from_rows, write_table)
 from lit_domino.runtime.tracking import default_tracking_uri
 from lit_domino.studies.study_runs import StudyRun
-# The stages and the command's parser live apart; their names stay importable from here.
+# The plan, the stages and the command's parser live apart; their names stay importable from here.
+from lit_domino.studies.ablation_plan import AblationPlan, study_file_plan, study_plan  # noqa: F401
 from lit_domino.studies.ablation_command import build_parser, jobs_arg, seed_list  # noqa: F401
 from lit_domino.studies.ablation_mlflow import log_to_mlflow, peer_table  # noqa: F401
 from lit_domino.studies.ablation_train import (INTERRUPTED, STOP_TIMEOUT, log_line, target_load_state,  # noqa: F401
@@ -55,62 +53,17 @@ from lit_domino.studies.ablation_train import (INTERRUPTED, STOP_TIMEOUT, log_li
 
 
 
-def _study(preset: str, variants: list[str] | None = None) -> tuple[dict, dict, list[str]]:
-    """The study file, the table membership and the variants to run; :class:`ConfigError` (one line on the
-    command line) for a preset or a variant that the study does not have. YAML only: no heavy import."""
-    check_preset(preset)  # the presets are the config files' (one place); the study plans each of them
-    study = yaml.safe_load(STUDY_FILE.read_text())
-    if preset not in study["presets"]:
-        raise ConfigError(f"the ablation study ({STUDY_FILE.name}) has no plan for preset {preset!r}; add a "
-                          f"presets.{preset} section (it plans {', '.join(study['presets'])})")
-    tables = {name: list(study["variants"][name]) for name in ("main", "ablations")}
-    known = tables["main"] + tables["ablations"]
-    unknown = [v for v in variants or () if v not in known]
-    if unknown:
-        raise ConfigError("unknown variants " + ", ".join(f"{v!r}{did_you_mean(v, known)}" for v in unknown)
-                          + f"; the study has {', '.join(known)}")
-    return study, tables, list(variants or known)
-
-
-def study_plan(preset: str, variants: list[str] | None = None, seeds: list[int] | None = None) -> dict:
-    """Variants, seeds and evaluation settings of the ablation under ``preset``; ``plan["tables"]`` is the
-    study file's table membership ``{"main": [...], "ablations": [...]}`` (the main table's rows in order)."""
-    from lit_domino.models.sessions import check_pool_size
-
-    study, tables, chosen = _study(preset, variants)
-    plan = dict(study["presets"][preset])
-    plan["variants"] = chosen
-    plan["seeds"] = [int(s) for s in (seeds if seeds else plan["seeds"])]
-    plan["tables"] = tables
-    # Domino variants whose inner backbone is decoded alone too: only those an ablation row reports
-    # (``inner_backbone: true``), each extra row costs a full decode of every prompt
-    plan["inner_backbone"] = sorted({v for ab in study.get("ablations") or () if ab.get("inner_backbone")
-                                     for v in (ab["from"], ab["to"]) if v in plan["variants"]})
-    # Domino's candidate pool K at decode (None: the exact full-vocabulary head), checked here, before any
-    # training; the variants an ablation row names as ``<variant>@full`` are decoded with the exact head too
-    plan["pool_size"] = plan.get("pool_size")
-    try:
-        check_pool_size(plan["pool_size"], None)  # V is checked once the target is loaded
-    except ValueError:
-        raise ValueError(f"{STUDY_FILE}: presets.{preset}.pool_size must be null (the full vocabulary) or an "
-                         f"integer >= 1, got {plan['pool_size']!r}") from None
-    named = {v for ab in study.get("ablations") or () for v in (ab["from"], ab["to"])}
-    plan["exact_head"] = [] if plan["pool_size"] is None else sorted(
-        v for v in plan["variants"] if f"{v}{EXACT_HEAD}" in named)
-    return plan
-
-
-def study_configs(preset: str, plan: dict, overrides: dict | None = None) -> tuple[list[dict], list[str]]:
+def study_configs(preset: str, plan: AblationPlan, overrides: dict | None = None) -> tuple[list[dict], list[str]]:
     """Every variant x seed's training config with the overrides that reach it (``configs.study_overrides``:
     ``model.head.rank`` only for the variants whose module takes it, ``methods.<kind>.<key>`` for that method's), and
     the notes naming the variants an override skipped. Each variant's config is parsed by the training parser
     here, so a mistyped key or value fails before any training or cache reuse, naming the variant."""
-    per_variant, notes = study_overrides(plan["variants"], preset, overrides)  # keys and numbers: no Lightning yet
+    per_variant, notes = study_overrides(plan.variants, preset, overrides)  # keys and numbers: no Lightning yet
     from lit_domino.training.cli import check_config
 
     configs = []
-    for variant in plan["variants"]:
-        mine = [load_config(variant, preset, seed, per_variant[variant]) for seed in plan["seeds"]]
+    for variant in plan.variants:
+        mine = [load_config(variant, preset, seed, per_variant[variant]) for seed in plan.seeds]
         try:
             check_config(mine[0])  # the seeds' configs differ in seed_everything alone
         except ConfigError as err:
@@ -124,10 +77,9 @@ ROWS_FORMAT = 2
 in an older layout are measured again instead of misread."""
 
 
-def eval_key(plan: dict, drafter_dirs: list, target) -> dict:
+def eval_key(plan: AblationPlan, drafter_dirs: list, target) -> dict:
     """The measured rows' cache key: every drafter, the evaluation plan (table membership aside) and the target."""
-    return {"rows": ROWS_FORMAT, "drafters": [str(d) for d in drafter_dirs],
-            "plan": {k: v for k, v in plan.items() if k not in ("tables", "reference_seconds")},
+    return {"rows": ROWS_FORMAT, "drafters": [str(d) for d in drafter_dirs], "plan": plan.key_fields(),
             "target": target.fingerprint()}
 
 
@@ -135,46 +87,47 @@ def eval_name(preset: str) -> str:
     return f"ablation-{preset}"
 
 
-def default_out_dir(preset: str, plan: dict) -> Path:
+def default_out_dir(preset: str, plan: AblationPlan) -> Path:
     """``results/ablation-<preset>`` for the whole study; a subset (other variants, seeds or ``--set``
     overrides) gets its own folder beside it, so it never replaces the full study's tables."""
     full = study_plan(preset)
     parts = []
-    if plan["variants"] != full["variants"]:
-        parts.append("+".join(plan["variants"]))
-    if plan["seeds"] != full["seeds"]:
-        parts.append("s" + "-".join(str(s) for s in plan["seeds"]))
-    if plan.get("overrides"):
-        parts.append("set-" + cache.config_hash(plan["overrides"], 8))
+    if plan.variants != full.variants:
+        parts.append("+".join(plan.variants))
+    if plan.seeds != full.seeds:
+        parts.append("s" + "-".join(str(s) for s in plan.seeds))
+    if plan.overrides:
+        parts.append("set-" + cache.config_hash(plan.overrides, 8))
     return project_root() / "results" / "-".join([f"ablation-{preset}", *parts])
 
 
-def _warn_if_replacing(out_dir: Path, plan: dict, t0: float) -> None:
+def _warn_if_replacing(out_dir: Path, plan: AblationPlan, t0: float) -> None:
     """Say so when ``out_dir`` holds the tables of another plan (they are about to be replaced)."""
     try:
         before = json.loads((out_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return
-    now = {"variants": plan["variants"], "seeds": plan["seeds"], "overrides": plan.get("overrides")}
+    now = {"variants": plan.variants, "seeds": plan.seeds, "overrides": plan.overrides}
     was = {k: before.get(k) for k in now}
     if was != now:
         log_line(f"note: {out_dir} holds the results of another run ({was}); this run ({now}) replaces them", t0)
 
 
 
-def load_prompts(plan: dict) -> dict:
+def load_prompts(plan) -> dict:
     """The plan's benchmarks; ``benchmark_files`` (``{benchmark: local copy in the hub schema}``, paths relative to the
     checkout, as the rehearsal's) are read instead of the hub."""
     from lit_domino.data.benchmarks import load_benchmark
     from lit_domino.runtime.paths import project_path
 
-    files = plan.get("benchmark_files") or {}
+    files = plan.benchmark_files or {}
     return {name: load_benchmark(name, n, **({"data_files": str(project_path(files[name]))} if name in files else {}))
-            for name, n in plan["prompts"].items()}
+            for name, n in plan.prompts.items()}
 
 
-def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[dict]:
-    """Decode every drafter (and the peers) on every benchmark in this process → benchmark rows."""
+def evaluate(target, trained: list, plan, progress: bool = True) -> list[dict]:
+    """Decode every drafter (and the peers) on every benchmark in this process → benchmark rows. ``plan``: an
+    :class:`AblationPlan` or a plan with its decode fields (the objectives study's)."""
     from lit_domino.decoding.harness import benchmark
     from lit_domino.interop import load_drafter
 
@@ -183,16 +136,16 @@ def evaluate(target, trained: list, plan: dict, progress: bool = True) -> list[d
         d = load_drafter(t.drafter_dir, target=target, map_location=target.device)
         key = MethodKey(t.variant, t.seed)
         drafters[key] = d
-        pools[key] = [plan.get("pool_size")] + ([None] if t.variant in plan.get("exact_head", ()) else [])
-        inner = d.base_view() if t.variant in plan.get("inner_backbone", ()) else None
+        pools[key] = [plan.pool_size] + ([None] if t.variant in plan.exact_head else [])
+        inner = d.base_view() if t.variant in plan.inner_backbone else None
         if inner is not None:  # Domino's backbone decoded alone: did it collapse without the curriculum?
             drafters[replace(key, view="backbone")] = inner
         assistant = assistant or d.hf_model()  # the small LM is HF assisted generation's assistant
-    peers = [p for p in plan.get("peers", []) if p != "assisted" or assistant is not None]
-    with pinned_threads(plan.get("threads")):
-        return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan["max_new_tokens"]),
-                         temperatures=plan.get("temperatures", [0.0]), peers=peers, assistant_model=assistant,
-                         pool_sizes=pools, progress=progress, compiled_baseline=bool(plan.get("compiled_baseline")))
+    peers = [p for p in plan.peers if p != "assisted" or assistant is not None]
+    with pinned_threads(plan.threads):
+        return benchmark(target, drafters, load_prompts(plan), max_new_tokens=int(plan.max_new_tokens),
+                         temperatures=plan.temperatures, peers=peers, assistant_model=assistant,
+                         pool_sizes=pools, progress=progress, compiled_baseline=bool(plan.compiled_baseline))
 
 
 def run_ablation(preset: str = "default", variants: list[str] | None = None, seeds: list[int] | None = None,
@@ -222,9 +175,7 @@ def run_ablation(preset: str = "default", variants: list[str] | None = None, see
 def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | None, out_dir: Path | None,
                   progress: bool, overrides: dict | None, train_only: bool, jobs: int | str, study: StudyRun) -> dict:
     """:func:`run_ablation` inside its study run (opened once the configs are checked)."""
-    plan = study_plan(preset, variants, seeds)
-    if overrides:
-        plan["overrides"] = dict(overrides)
+    plan = study_plan(preset, variants, seeds, overrides)
     out_dir = Path(out_dir or default_out_dir(preset, plan))
     configs, notes = study_configs(preset, plan, overrides)  # a mistyped --set fails here, before anything is built
     from lit_domino.training.cli import EXPORT_DIR  # Lightning: once the keys are checked (a mistyped one answers before it)
@@ -232,7 +183,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
     from lit_domino.runtime.jobclock import JobClock, StageProgress
     from lit_domino.target.load import load_target
 
-    reference = plan.get("reference_seconds") or {}
+    reference = plan.reference_seconds or {}
     spec = configs[0]["data"]["target"]
     target_state = target_load_state(spec)
     target_cached = target_state is not None
@@ -249,7 +200,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         clock.plan("tables", reference.get("tables", 0.0))
     for note in notes:  # which variants a method's --set key skipped
         log_line(note, t0)
-    log_line(f"preset {preset}: {len(configs)} trainings ({', '.join(plan['variants'])} x seeds {plan['seeds']}); "
+    log_line(f"preset {preset}: {len(configs)} trainings ({', '.join(plan.variants)} x seeds {plan.seeds}); "
          f"trainings {clock.jobs} at a time", t0)
 
     log_line(f"stage 1/4 target {spec}{f' ({target_state})' if target_cached else ''}; {clock.eta()}", t0)
@@ -289,7 +240,7 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         dm.prepare_data()
         clock.finish(name, cached=cached)
 
-    study.open(f"ablation-{preset}", default_out_dir(preset, plan).name, {"preset": preset}, list(plan["prompts"]))
+    study.open(f"ablation-{preset}", default_out_dir(preset, plan).name, {"preset": preset}, list(plan.prompts))
     trained = train_all(configs, f"ablation-{preset}", clock, reference, progress, parent_run_id=study.run_id)
     if train_only:
         write_json(clock.summary(), out_dir / "stage_times.json")
@@ -297,27 +248,21 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
         return {"trained": trained, "seconds": time.time() - t0}
 
     def decode() -> list[dict]:
-        log_line(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} (+ AR baseline, HF generate, peers); "
-             f"{clock.eta()}", t0)
+        log_line(f"stage 3/4 decode {len(trained)} drafters on {plan.prompts} (+ AR baseline, HF generate, peers); "
+                 f"{clock.eta()}", t0)
         return evaluate(target, trained, plan, progress=progress)
 
-    reused = []
-
-    def on_reuse():
-        reused.append(True)
-        log_line("stage 3/4 decode: nothing changed, reusing the measured rows", t0)
-
     clock.start("decode")
-    rows = cached_rows(eval_key(plan, [t.drafter_dir for t in trained], target), eval_name(preset), decode,
-                       on_reuse=on_reuse)
+    stages = Stages("ablation", t0)
+    rows = stages.decode(eval_key(plan, [t.drafter_dir for t in trained], target), eval_name(preset), decode)
     compile_s = sum(r.get("warmup_s", 0.0) for r in rows if r["method"] == COMPILED_AR)
-    clock.finish("decode", cached=bool(reused), **({"compiled_plain_warmup_seconds": round(compile_s, 1)}
-                                                   if plan.get("compiled_baseline") else {}))
+    clock.finish("decode", cached=stages.reused, **({"compiled_plain_warmup_seconds": round(compile_s, 1)}
+                                                   if plan.compiled_baseline else {}))
     clock.start("tables")
 
     log_line("stage 4/4 tables", t0)
     records = records_from_rows(rows)
-    domains = list(plan["prompts"])
+    domains = list(plan.prompts)
     tables = tables_from_rows(rows, domains, load_spec(STUDY_FILE))  # the notebook's too (analysis.rebuild_tables)
     for name, table in tables.items():
         write_table(table, out_dir, name)
@@ -326,8 +271,8 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
     write_json(rows, out_dir / "rows.json")
     write_json([t.report for t in trained], out_dir / "training.json")
     seconds = time.time() - t0
-    summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan["seeds"], "variants": plan["variants"],
-               "overrides": plan.get("overrides"),
+    summary = {"preset": preset, "seconds": round(seconds, 1), "seeds": plan.seeds, "variants": plan.variants,
+               "overrides": plan.overrides,
                # per variant, the mean over seeds of the domains' mean: over the eager plain decoder ("speedup")
                # and, where the decode ran it, over the compiled plain decoder ("speedup_vs_compiled_ar")
                "speedups": {m: {v: round(mean, 4) for (v, d), (mean, _) in aggregate(records, m).items()
@@ -335,10 +280,10 @@ def _run_ablation(preset: str, variants: list[str] | None, seeds: list[int] | No
     write_json(summary, out_dir / "summary.json")
     clock.finish("tables")
     write_json(clock.summary(), out_dir / "stage_times.json")  # before the MLflow upload of out_dir's JSON
-    log_to_mlflow(preset, trained, records, out_dir, plan["tables"]["main"], study, domains)
+    log_to_mlflow(preset, trained, records, out_dir, plan.tables["main"], study, domains)
 
-    pool = ("the exact head" if plan["pool_size"] is None
-            else f"a {plan['pool_size']}-token candidate pool (the {EXACT_HEAD} rows: the exact head)")
+    pool = ("the exact head" if plan.pool_size is None
+            else f"a {plan.pool_size}-token candidate pool (the {EXACT_HEAD} rows: the exact head)")
     print(f"\n## Main table ({preset}; speedup = our plain decoder's time per token (eager; compiled where the "
           f"study runs it) / speculative, prefill excluded; Domino decoded with {pool})\n")
     print(tables["main"]["markdown"])
@@ -370,7 +315,7 @@ def _main(argv: list[str]) -> dict:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     overrides = dict(args.set)
     # what YAML alone can refuse, before torch is imported: the preset, the variants, the --set sections, the target
-    _, _, chosen = _study(args.preset, variants)
+    _, _, chosen = study_file_plan(args.preset, variants)
     check_arguments(args.preset, overrides)
     study_overrides(chosen, args.preset, overrides)  # model keys and numbers, read from the modules' source
     set_verbose(args.verbose)  # the workers inherit it

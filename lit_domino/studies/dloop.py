@@ -55,12 +55,12 @@ from lit_domino.runtime.threads import pinned_threads
 from lit_domino.runtime.tracking import default_tracking_uri, mlflow_run, open_client
 from lit_domino.target.load import load_target
 from lit_domino.training.experiment import drafter_artifact, train_variant
-from lit_domino.studies.common import (NotLosslessError, cached_rows, check_lossless, log_metrics,  # noqa: F401
-                                       stage_log)
+from lit_domino.studies.common import NotLosslessError, check_lossless, log_metrics, stage_log  # noqa: F401
+from lit_domino.studies.skeleton import Stages
 # The study's plan, tables and figures live in their own modules; what the study and its callers use comes in here.
 from lit_domino.studies.dloop_figures import (calibration_plot, figure_gates, gain_plot, gain_points,  # noqa: F401
                                               line_fit)
-from lit_domino.studies.dloop_plan import (LOOP_CLASS, STUDY_FILE, base_config, dloop_settings,  # noqa: F401
+from lit_domino.studies.dloop_plan import (LOOP_CLASS, STUDY_FILE, DLoopPlan, base_config, dloop_settings,  # noqa: F401
                                            drafter_settings, gate_settings, log_threshold, loop_config,
                                            study_plan, table_gate, unusable)
 from lit_domino.studies.dloop_tables import (CONTROL, SETTINGS, calibration, cell_index, detach_table,  # noqa: F401
@@ -71,26 +71,26 @@ _log = stage_log("dloop")
 """This study's log line: ``[dloop <seconds>s] msg``."""
 
 
-def train_all(plan: dict, t0: float, progress: bool = True) -> tuple[dict, dict, dict]:
+def train_all(plan: DLoopPlan, t0: float, progress: bool = True) -> tuple[dict, dict, dict]:
     """Base drafters and their fine-tunes → (names, trained, reports): ``names[kind][variant]`` is the
     benchmark name of each drafter, ``trained[name]`` its TrainedDrafter."""
     names, trained = {}, {}
-    experiment = f"dloop-{plan['preset']}"
-    for i, kind in enumerate(plan["drafters"]):
+    experiment = f"dloop-{plan.preset}"
+    for i, kind in enumerate(plan.drafters):
         cfg = base_config(kind, plan)
         cached = cache.is_complete(drafter_artifact(cfg))
-        _log(f"stage 2/4 [{i + 1}/{len(plan['drafters'])}] {kind}: base drafter{' (cached)' if cached else ''}", t0)
+        _log(f"stage 2/4 [{i + 1}/{len(plan.drafters)}] {kind}: base drafter{' (cached)' if cached else ''}", t0)
         base = train_variant(cfg, experiment=experiment, table="dloop", progress=progress)
         names[kind] = {"plain": f"{kind}/plain"}
         trained[f"{kind}/plain"] = base
-        jobs = [(f"loop {'detach' if d else 'grad'}", d, None) for d in plan["detach_stage_context"]]
-        if plan.get("control"):
-            jobs.append(("control n1", plan["detach_stage_context"][0], 1))
+        jobs = [(f"loop {'detach' if d else 'grad'}", d, None) for d in plan.detach_stage_context]
+        if plan.control:
+            jobs.append(("control n1", plan.detach_stage_context[0], 1))
         for j, (variant, detach, n) in enumerate(jobs):
             lcfg = loop_config(cfg, base.drafter_dir, plan, detach, max_stages=n)
             cached = cache.is_complete(drafter_artifact(lcfg))
             stages = n or lcfg["model"]["init_args"].get("max_stages")
-            _log(f"stage 2/4 [{i + 1}/{len(plan['drafters'])}] {kind}: loop-aware fine-tune {variant} "
+            _log(f"stage 2/4 [{i + 1}/{len(plan.drafters)}] {kind}: loop-aware fine-tune {variant} "
                  f"(up to {stages} stages){' (cached)' if cached else ''}", t0)
             name = f"{kind}/{variant.replace(' ', '-')}"
             trained[name] = train_variant(lcfg, experiment=experiment, table="dloop", progress=progress)
@@ -107,7 +107,7 @@ def skipped_row(name: str, label: str, why: str, block_size=None) -> dict:
     return {"kind": "skipped", "drafter": name, "dloop": label, "block_size": block_size, "why": why}
 
 
-def attach_needed(target, drafters: dict, dloops: dict, plan: dict) -> list[dict]:
+def attach_needed(target, drafters: dict, dloops: dict, plan: DLoopPlan) -> list[dict]:
     """Attach the cached (or newly built) acceptance predictor to every drafter whose gates read one
     (:func:`lit_domino.studies.acceptance.attach_predictors`: DSpark its own head, the others the add-on head);
     a drafter that gets none decodes without those gates (a skipped row each). Edits ``dloops`` in place."""
@@ -119,7 +119,7 @@ def attach_needed(target, drafters: dict, dloops: dict, plan: dict) -> list[dict
     # a plain drafter under its kind's name: the acceptance study's artifact (acceptance/<kind>-<preset>-<key>), so a
     # predictor it built is reused; the fine-tunes under their own names
     alias = {name: name.split("/")[0] if name.endswith("/plain") else name for name in need}
-    built = attach_predictors(target, {alias[n]: d for n, d in need.items()}, plan["preset"])
+    built = attach_predictors(target, {alias[n]: d for n, d in need.items()}, plan.preset)
     attached = {name for name, a in alias.items() if a in built}
     out = []
     for name in need:
@@ -131,26 +131,26 @@ def attach_needed(target, drafters: dict, dloops: dict, plan: dict) -> list[dict
     return out
 
 
-def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = True) -> list[dict]:
+def evaluate(target, trained: dict, names: dict, plan: DLoopPlan, progress: bool = True) -> list[dict]:
     """Decode on the eval prompts: the plain, primary loop-trained and control drafters with every DLoop setting
     each can use (one interleaved benchmark), the other fine-tunes (the other detach setting) with DLoop off and the
     table's gate (a second benchmark with its own AR baseline), then the block-size sweep: each plain drafter at
-    every ``plan["block_sizes"]`` below its trained one with DLoop off and the sweep's gates (a benchmark per
+    every ``plan.block_sizes`` below its trained one with DLoop off and the sweep's gates (a benchmark per
     block size, rows marked ``sweep``). A setting a drafter cannot use leaves a ``skipped`` row with the reason."""
 
-    prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
+    prompts = {name: load_benchmark(name, int(n)) for name, n in plan.prompts.items()}
     kind_of = {name: kind for kind, variants in names.items() for name in variants.values()}
     # the control fine-tune decodes every setting beside the plain and loop-aware drafters (one interleaved
     # benchmark, one AR baseline): each table compares the loop with more training alone
-    grid_names = [names[k][v] for k in plan["drafters"] for v in ("plain", "loop", CONTROL) if v in names[k]]
+    grid_names = [names[k][v] for k in plan.drafters for v in ("plain", "loop", CONTROL) if v in names[k]]
     extra_names = [n for n in trained if n not in grid_names]
-    table = DLoopConfig(**plan["table_dloop"])
-    sweep_cfgs = [None] + [DLoopConfig(**g) for g in plan["sweep_gates"]]
+    table = DLoopConfig(**plan.table_dloop)
+    sweep_cfgs = [None] + [DLoopConfig(**g) for g in plan.sweep_gates]
     rows, loaded = [], {}
-    common = dict(max_new_tokens=int(plan["max_new_tokens"]), pool_sizes=[plan.get("pool_size")],  # Domino's kinds
-                  repeats=plan.get("repeats", 1), hf_baseline=False, progress=progress, seed=int(plan["seed"]),
+    common = dict(max_new_tokens=int(plan.max_new_tokens), pool_sizes=[plan.pool_size],  # Domino's kinds
+                  repeats=plan.repeats, hf_baseline=False, progress=progress, seed=int(plan.seed),
                   record_stages=True)
-    with pinned_threads(plan.get("threads") or None):  # 1: tiny models, and far less timing jitter
+    with pinned_threads(plan.threads or None):  # 1: tiny models, and far less timing jitter
         for group, settings_of in ((grid_names, lambda k: drafter_settings(plan, k)),
                                    (extra_names, lambda k: [c for c in (None, table) if unusable(c, k) is None])):
             if not group:
@@ -163,9 +163,9 @@ def evaluate(target, trained: dict, names: dict, plan: dict, progress: bool = Tr
             t = _timed(f"acceptance predictors of {len(group)} drafters", t)
             rows += benchmark(target, drafters, prompts, dloops=dloops, **common)
             _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings", t)
-        for bs in plan["block_sizes"]:
+        for bs in plan.block_sizes:
             drafters, dloops = {}, {}
-            for kind in plan["drafters"]:
+            for kind in plan.drafters:
                 name = names[kind]["plain"]
                 drafter = loaded.get(name) or load_drafter(trained[name].drafter_dir, target=target)
                 trained_bs = int(drafter.config.block_size)
@@ -200,17 +200,17 @@ def _has_predictor(drafter) -> bool:
     return predictor_of(drafter) is not None
 
 
-def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
+def log_to_mlflow(plan: DLoopPlan, tables: dict, files: list[Path]) -> str:
     """A ``tables-<preset>`` run in experiment ``dloop-<preset>``: every table cell as a metric, files as artifacts."""
-    preset = plan["preset"]
+    preset = plan.preset
     with mlflow_run(f"dloop-{preset}", f"tables-{preset}", tags={"table": "dloop", "preset": preset}) as run:
-        mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan["thresholds"]),
-                           "stages": ",".join(map(str, plan["stages"])), "drafters": ",".join(plan["drafters"]),
-                           "table_dloop": dloop_label(DLoopConfig(**plan["table_dloop"])),
-                           "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"],
-                           "repeats": plan.get("repeats", 1),
+        mlflow.log_params({"thresholds": ",".join(f"{g:g}" for g in plan.thresholds),
+                           "stages": ",".join(map(str, plan.stages)), "drafters": ",".join(plan.drafters),
+                           "table_dloop": dloop_label(DLoopConfig(**plan.table_dloop)),
+                           "pool_size": "full" if plan.pool_size is None else plan.pool_size,
+                           "repeats": plan.repeats,
                            "gates": ",".join(dloop_label(c) for c in gate_settings(plan)),
-                           "block_sizes": ",".join(map(str, plan.get("block_sizes") or [])) or "trained",
+                           "block_sizes": ",".join(map(str, plan.block_sizes)) or "trained",
                            "sweep_gates": ",".join(dloop_label(c) for c in figure_gates(plan))})
         log_metrics(open_client(), run.info.run_id, table_metrics(tables))
         for path in files:
@@ -218,48 +218,48 @@ def log_to_mlflow(plan: dict, tables: dict, files: list[Path]) -> str:
         return run.info.run_id
 
 
+def eval_key(plan: DLoopPlan, trained: dict, target) -> dict:
+    """The decoded rows' cache key: every drafter, everything :func:`evaluate` decodes by, the target and, where a
+    gate reads one, the acceptance predictors' settings."""
+    key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": plan.key_fields(),
+           "target": target.fingerprint()}
+    if any(c.needs_predictor for c in gate_settings(plan) + figure_gates(plan)):
+        from lit_domino.studies.acceptance import predictor_settings
+
+        key["predictors"] = predictor_settings(plan.preset)
+    return key
+
+
 def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stages=None, table_dloop=None,
                     out_dir: Path | None = None, progress: bool = True, mlflow_enabled: bool = True,
                     block_sizes=None) -> dict:
     """The whole study → ``{"tables", "rows", "names", "plan", "seconds"}`` (see the module docstring)."""
 
-    t0 = time.time()
+    study = Stages("dloop")
+    t0 = study.t0
     plan = study_plan(preset, drafters, thresholds, stages, table_dloop, block_sizes=block_sizes)
     out_dir = Path(out_dir or project_root() / "results" / "dloop")
     out_dir.mkdir(parents=True, exist_ok=True)
-    target_spec = base_config(plan["drafters"][0], plan)["data"]["target"]
-    _log(f"preset {preset}: drafters {plan['drafters']}, g {plan['thresholds']}, N {plan['stages']}, "
-         f"table gate {dloop_label(DLoopConfig(**plan['table_dloop']))}, gates "
-         f"{[dloop_label(c) for c in gate_settings(plan)]}, block-size sweep {plan['block_sizes'] or 'none'} with "
+    target_spec = base_config(plan.drafters[0], plan)["data"]["target"]
+    _log(f"preset {preset}: drafters {plan.drafters}, g {plan.thresholds}, N {plan.stages}, "
+         f"table gate {dloop_label(DLoopConfig(**plan.table_dloop))}, gates "
+         f"{[dloop_label(c) for c in gate_settings(plan)]}, block-size sweep {plan.block_sizes or 'none'} with "
          f"{[dloop_label(c) for c in figure_gates(plan)]}", t0)
-    for s in plan["skipped"]:
+    for s in plan.skipped:
         _log(f"{s['drafter']}: gate {s['gate']} skipped: {s['why']}", t0)
     _log(f"stage 1/4 target {target_spec}", t0)
     target = load_target(target_spec)
     names, trained, reports = train_all(plan, t0, progress)
 
-    eval_plan = {k: plan.get(k) for k in ("prompts", "max_new_tokens", "thresholds", "stages", "table_dloop", "gates",
-                                          "pool_size", "repeats", "seed", "threads", "block_sizes", "sweep_gates",
-                                          "control")}
-    eval_key = {"drafters": {n: str(t.drafter_dir) for n, t in trained.items()}, "plan": eval_plan,
-                "target": target.fingerprint()}  # everything evaluate() decodes by
-    if any(c.needs_predictor for c in gate_settings(plan) + figure_gates(plan)):  # and the predictors they read
-        from lit_domino.studies.acceptance import predictor_settings
-
-        eval_key["predictors"] = predictor_settings(preset)
-
     def decode() -> list[dict]:
-        n_grid = sum(1 for k in plan["drafters"] for v in ("plain", "loop", CONTROL) if v in names[k])
+        n_grid = sum(1 for k in plan.drafters for v in ("plain", "loop", CONTROL) if v in names[k])
         _log(f"stage 3/4 decode {n_grid} drafters x up to {len(dloop_settings(plan))} DLoop settings, "
-             f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan['prompts']} x {plan['repeats']} repeats, "
-             f"then the plain drafters at B = {plan['block_sizes'] or 'their trained'}", t0)
-        rows = evaluate(target, trained, names, plan, progress)
-        check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json", "DLoop study")  # before the rows are cached
-        return rows
+             f"{len(trained) - n_grid} more x 2 (off, table gate), on {plan.prompts} x {plan.repeats} repeats, "
+             f"then the plain drafters at B = {plan.block_sizes or 'their trained'}", t0)
+        return evaluate(target, trained, names, plan, progress)
 
-    rows = cached_rows(eval_key, f"dloop-{preset}", decode,
-                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
-    check_lossless(rows, out_dir / f"rows-{preset}-not-lossless.json", "DLoop study")
+    rows = study.decode(eval_key(plan, trained, target), f"dloop-{preset}", decode,
+                         lossless=out_dir / f"rows-{preset}-not-lossless.json", what="DLoop study")
 
     _log("stage 4/4 tables", t0)
     tables = {"grid": grid_table(rows, names, plan), "dloop": dloop_table(rows, names, plan),
@@ -278,15 +278,15 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     figure = gain_plot(tables["gain"], out_dir / f"gain-vs-acceptance-{preset}.png")
     files += [figure] if figure else []
     seconds = time.time() - t0
-    skipped = plan["skipped"] + [r for r in rows if r.get("kind") == "skipped"]
-    summary = {"preset": preset, "seconds": round(seconds, 1), "plan": plan, "names": names,
+    skipped = plan.skipped + [r for r in rows if r.get("kind") == "skipped"]
+    summary = {"preset": preset, "seconds": round(seconds, 1), "plan": plan.as_dict(), "names": names,
                "training": reports, "skipped": skipped, "lossless": True}
     write_json(summary, out_dir / f"summary-{preset}.json")
     write_json(rows, out_dir / f"rows-{preset}.json")
     files += [out_dir / f"summary-{preset}.json"]
     run_id = log_to_mlflow(plan, tables, files) if mlflow_enabled else None
 
-    pool = "the exact head" if plan.get("pool_size") is None else f"a {plan['pool_size']}-token candidate pool"
+    pool = "the exact head" if plan.pool_size is None else f"a {plan.pool_size}-token candidate pool"
     sections = [("dloop", f"DLoop table ({preset}; Domino decoded with {pool}; speedup = our AR time per token / "
                           "speculative, prefill excluded)"),
                 ("loop_gain", f"The loop's own gain: loop-aware training + loop against the control fine-tune ({preset})"),
@@ -305,5 +305,5 @@ def run_dloop_study(preset: str = "smoke", drafters=None, thresholds=None, stage
     print("\nevery row lossless (token identity with the AR baseline at T = 0)")
     where = f"; MLflow experiment dloop-{preset} at {default_tracking_uri()}" if run_id else ""
     print(f"\nwritten to {out_dir}{where}")
-    _log(f"done in {seconds / 60:.1f} min", t0)
+    study.done(seconds)
     return {"tables": tables, "rows": rows, "names": names, "plan": plan, "seconds": seconds, "run_id": run_id}

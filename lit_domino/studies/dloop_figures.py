@@ -10,6 +10,7 @@ from pathlib import Path
 from lit_domino.decoding.dloop import GATES, DLoopConfig, dloop_label
 from lit_domino.runtime.jsonio import finite
 from lit_domino.studies.common import finite_mean, fmt
+from lit_domino.studies.dloop_plan import DLoopPlan
 
 
 def calibration_plot(calib: dict, path: Path, g_table: float) -> Path | None:
@@ -47,12 +48,12 @@ def whole_stage_rate(row: dict) -> float:
     return finite_mean(float(int(r[3]) == int(r[2])) for r in recs) if recs else float("nan")
 
 
-def figure_gates(plan: dict) -> list[DLoopConfig]:
+def figure_gates(plan: DLoopPlan) -> list[DLoopConfig]:
     """The gates of the gain-vs-acceptance figure: the table's gate and the block-size sweep's."""
-    return list(dict.fromkeys([DLoopConfig(**plan["table_dloop"])] + [DLoopConfig(**g) for g in plan["sweep_gates"]]))
+    return list(dict.fromkeys([DLoopConfig(**plan.table_dloop)] + [DLoopConfig(**g) for g in plan.sweep_gates]))
 
 
-def gain_points(rows: list[dict], names: dict, plan: dict) -> dict:
+def gain_points(rows: list[dict], names: dict, plan: DLoopPlan) -> dict:
     """DLoop's gain against the drafter's whole-stage acceptance rate: per plain drafter × domain × block size ×
     figure gate, gain = speedup with the gate / speedup with DLoop off - 1 (the same decode run) and the rate of
     the DLoop-off row (stage 1 of every round). Per gate a least-squares line gain = a + b·rate and the rate at
@@ -64,7 +65,7 @@ def gain_points(rows: list[dict], names: dict, plan: dict) -> dict:
     points = []
     for cfg in figure_gates(plan):
         label = dloop_label(cfg)
-        for kind in plan["drafters"]:
+        for kind in plan.drafters:
             name = names[kind]["plain"]
             for (dname, dl, bench, bs), off in sorted(by.items(), key=lambda kv: (kv[0][3], kv[0][2])):
                 if dname != name or dl != "off" or (name, label, bench, bs) not in by:

@@ -10,7 +10,7 @@ from lit_domino.decoding.metric_names import row_metrics
 from lit_domino.decoding.metrics import paired_change
 from lit_domino.runtime.jsonio import finite
 from lit_domino.studies.common import finite_mean, flat_verify_speedup, fmt, mlflow_name
-from lit_domino.studies.dloop_plan import gate_settings, log_threshold, skip_reason
+from lit_domino.studies.dloop_plan import DLoopPlan, gate_settings, log_threshold, skip_reason
 
 
 PROJECTION = ("GPU projection: the measured τ, stages and draft times, every round verified as fast as the same "
@@ -35,18 +35,18 @@ def cell_index(rows: list[dict]) -> dict:
             if r.get("kind") == "drafter" and float(r.get("temperature", 0.0)) == 0.0 and not r.get("sweep")}
 
 
-def grid_table(rows: list[dict], names: dict, plan: dict) -> dict:
+def grid_table(rows: list[dict], names: dict, plan: DLoopPlan) -> dict:
     """The threshold × depth grid: per drafter (plain / loop-trained) × (g, N), per domain τ, fwd/token, speedup."""
     idx = cell_index(rows)
-    domains = list(plan["prompts"])
+    domains = list(plan.prompts)
     records, lines = [], []
     header = ["drafter", "training", "g", "N"] + [f"{d} τ / fwd·tok⁻¹ / speedup" for d in domains] + ["avg speedup",
                                                                                          "avg stages/verif."]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for kind in plan["drafters"]:
+    for kind in plan.drafters:
         for training, name in (("plain", names[kind]["plain"]), ("loop-aware", names[kind]["loop"])):
-            for n in plan["stages"]:
-                for g in (plan["thresholds"] if n > 1 else [None]):
+            for n in plan.stages:
+                for g in (plan.thresholds if n > 1 else [None]):
                     label = "off" if n == 1 else dloop_label(DLoopConfig(g, n))
                     cells, speeds, loops = [], [], []
                     for d in domains:
@@ -104,8 +104,8 @@ def _pm(delta, se) -> str:
     return "–" if delta is None or not finite(delta) else f"{delta:+.1f} % (±{2 * se:.1f})"
 
 
-def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
-    """Per gate (the table's gate first, then ``plan["gates"]``), each drafter × {plain, loop only, control
+def dloop_table(rows: list[dict], names: dict, plan: DLoopPlan) -> dict:
+    """Per gate (the table's gate first, then ``plan.gates``), each drafter × {plain, loop only, control
     fine-tune, control + loop, loop-aware training only, both} (the control rows where the plan fine-tunes one):
     τ and speedup per domain and on average, the Δ against the plain drafter, the paired Δ (prompt by prompt,
     ± 2 standard errors) against the plain drafter and against the control fine-tune (what the loop-aware rows owe
@@ -113,8 +113,8 @@ def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
     and draft times; every round verified as fast as a one-stage round). A gate the drafter cannot use is a line
     with the reason."""
     idx = cell_index(rows)
-    domains = list(plan["prompts"])
-    table_label = dloop_label(DLoopConfig(**plan["table_dloop"]))
+    domains = list(plan.prompts)
+    table_label = dloop_label(DLoopConfig(**plan.table_dloop))
     cols = domains + ["avg"]
     header = (["drafter", "setting"] + [f"{d} τ" for d in cols] + [f"{d} speedup" for d in cols]
               + ["Δ speedup vs plain", "paired Δ vs plain (±2 SE)", "paired Δ vs control (±2 SE)",
@@ -124,7 +124,7 @@ def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
         gate = dloop_label(cfg)
         lines += [f"### gate {gate}" + (" (the table's gate)" if gate == table_label else ""), "",
                   "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for kind in plan["drafters"]:
+        for kind in plan.drafters:
             recs = {}
             for setting, (variant, gated) in SETTING_CELLS.items():
                 if variant not in names[kind]:
@@ -178,12 +178,12 @@ def dloop_table(rows: list[dict], names: dict, plan: dict) -> dict:
             "markdown": "\n".join(lines)}
 
 
-def loop_gain_table(dloop: dict, rows: list[dict], plan: dict) -> dict:
+def loop_gain_table(dloop: dict, rows: list[dict], plan: DLoopPlan) -> dict:
     """The loop's own gain per drafter, gate and domain: loop-aware training with the loop ("both") against the
     control fine-tune decoded plainly, measured (paired over the domain's prompts, ± 2 SE) and GPU-projected;
     drafters without a control fine-tune are compared with the plain drafter (said in the row)."""
     idx = cell_index(rows)
-    domains = list(plan["prompts"])
+    domains = list(plan.prompts)
     header = (["drafter", "gate", "against"] + [f"{d} Δ (±2 SE)" for d in domains + ["all prompts"]]
               + [f"{d} Δ, GPU projection" for d in domains + ["avg"]])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -191,7 +191,7 @@ def loop_gain_table(dloop: dict, rows: list[dict], plan: dict) -> dict:
     by = {(r["gate"], r["drafter"], r["setting"]): r for r in dloop["gate_rows"]}
     for cfg in gate_settings(plan):
         gate = dloop_label(cfg)
-        for kind in plan["drafters"]:
+        for kind in plan.drafters:
             both = by.get((gate, kind, "both"))
             ref = by.get((gate, kind, "control fine-tune")) or by.get((gate, kind, "plain"))
             if not both or not ref or both.get("skipped"):
@@ -215,17 +215,17 @@ def loop_gain_table(dloop: dict, rows: list[dict], plan: dict) -> dict:
     return {"name": "loop_gain", "rows": out, "markdown": "\n".join(lines)}
 
 
-def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> dict:
+def detach_table(rows: list[dict], names: dict, reports: dict, plan: DLoopPlan) -> dict:
     """``detach_stage_context`` on/off and the no-loop control: validation loss per stage, τ and speedup."""
     idx = cell_index(rows)
-    domains = list(plan["prompts"])
-    gate = dloop_label(DLoopConfig(**plan["table_dloop"]))
-    n = int((plan.get("loop") or {}).get("max_stages", 3))
+    domains = list(plan.prompts)
+    gate = dloop_label(DLoopConfig(**plan.table_dloop))
+    n = int((plan.loop or {}).get("max_stages", 3))
     header = ["drafter", "fine-tune", "val loss stage 1", f"val loss stage {n}", "avg τ (off)", f"avg τ ({gate})",
               "avg speedup (off)", f"avg speedup ({gate})"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out = []
-    for kind in plan["drafters"]:
+    for kind in plan.drafters:
         for variant, name in names[kind].items():
             if variant == "loop":
                 continue  # listed under its own detach label
@@ -241,7 +241,7 @@ def detach_table(rows: list[dict], names: dict, reports: dict, plan: dict) -> di
                                              fmt(rec["tau_gate"]), fmt(rec["speedup_off"], suffix="x"),
                                              fmt(rec["speedup_gate"], suffix="x")]) + " |")
     verdicts = []
-    for kind in plan["drafters"]:
+    for kind in plan.drafters:
         recs = {r["fine_tune"]: r for r in out if r["drafter"] == kind}
         a, b = recs.get("loop detach"), recs.get("loop grad")
         if a and b and finite(a["tau_gate"]) and finite(b["tau_gate"]):
@@ -258,7 +258,7 @@ def stage_confidence(record, gate: str) -> float:
     return {"sum": total, "mean": total / k, "scaled": total * REFERENCE_STAGE_TOKENS / k, "last": last}[gate]
 
 
-def calibration(rows: list[dict], names: dict, plan: dict, bins: int = 8) -> dict:
+def calibration(rows: list[dict], names: dict, plan: DLoopPlan, bins: int = 8) -> dict:
     """DLoop's calibration: per drafter and gate, the stages of the DLoop-off rows (stage 1 of every round: an
     unbiased sample) binned by the gate's confidence (quantile bins) against the fraction whose whole stage the
     target then accepted, and how often each gate would open at the table's threshold and at its own best one.
@@ -269,10 +269,10 @@ def calibration(rows: list[dict], names: dict, plan: dict, bins: int = 8) -> dic
     g_table = log_threshold(plan)
     out, lines = [], ["| drafter | training | gate | stages | P(whole stage accepted) | opens at g = "
                       f"{g_table:g} | P(accepted \| opens) | confidence range |", "|---|---|---|---|---|---|---|---|"]
-    for kind in plan["drafters"]:
+    for kind in plan.drafters:
         for training, variant in (("plain", "plain"), ("loop-aware", "loop")):
             name = names[kind][variant]
-            recs = [rec for d in plan["prompts"] for rec in (idx.get((name, "off", d)) or {}).get("stage_records", [])]
+            recs = [rec for d in plan.prompts for rec in (idx.get((name, "off", d)) or {}).get("stage_records", [])]
             if not recs:
                 continue
             for gate in GATES:
@@ -299,8 +299,8 @@ def calibration(rows: list[dict], names: dict, plan: dict, bins: int = 8) -> dic
     return {"name": "calibration", "records": out, "markdown": "\n".join(lines)}
 
 
-def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
-    """Each drafter (plain / loop-trained) × gate setting (the table's gate first, then ``plan["gates"]``):
+def gates_table(rows: list[dict], names: dict, plan: DLoopPlan) -> dict:
+    """Each drafter (plain / loop-trained) × gate setting (the table's gate first, then ``plan.gates``):
     τ, stages per verification, draft and verify time per round (what the gate costs) and speedup, averaged over
     the domains; a gate the drafter cannot use is listed with the reason. ``noise``: the timing noise of Δ (the
     repeats' spread of both rows' mean speedups, :func:`~lit_domino.decoding.metrics.repeat_noise`, combined), in
@@ -313,12 +313,12 @@ def gates_table(rows: list[dict], names: dict, plan: dict) -> dict:
     the same prompt decoded off), with twice its standard error: the spread of the per-prompt effects, which is
     small where a gate changes little and wide where it helps some prompts and costs others."""
     idx = cell_index(rows)
-    domains = list(plan["prompts"])
+    domains = list(plan.prompts)
     lines = ["| drafter | training | gate | avg τ | avg stages/verif. | draft ms/round | verify ms/round | avg speedup | "
              "Δ vs off | noise of Δ | Δ throughput vs off | paired Δ (±2 SE) | avg speedup, GPU projection |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     out = []
-    for kind in plan["drafters"]:
+    for kind in plan.drafters:
         for training, variant in (("plain", "plain"), ("control", CONTROL), ("loop-aware", "loop")):
             if variant not in names[kind]:
                 continue

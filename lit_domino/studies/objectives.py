@@ -24,7 +24,9 @@ import dataclasses
 import functools
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,15 +34,10 @@ from lit_domino.runtime.command import UsageError
 from lit_domino.runtime.jsonio import write_json
 from lit_domino.runtime.paths import project_root
 from lit_domino.training.configs import CONFIG_DIR, ConfigError, check_preset, compose, did_you_mean, load_config
-from lit_domino.studies.common import stage_log
 
 STUDY_FILE = CONFIG_DIR / "studies" / "objectives.yaml"
 OWN = "own"
 """The row that names no objective: the drafter's own loss (its ablation drafter)."""
-
-
-_log = stage_log("objectives")
-"""This study's log line: ``[objectives <seconds>s] msg``."""
 
 
 def _choose(what: str, given, known: list[str]) -> list[str]:
@@ -52,24 +49,71 @@ def _choose(what: str, given, known: list[str]) -> list[str]:
     return chosen
 
 
-def check_names(preset: str, drafters=None, objectives=None, study_file: Path = STUDY_FILE) -> dict:
+@dataclass(frozen=True)
+class ObjectivesPlan:
+    """What the objectives study trains and decodes under one preset (``configs/studies/objectives.yaml``)."""
+
+    preset: str
+    """The training preset (the config files' ``presets`` section) every drafter is trained with."""
+    drafters: list[str]
+    """The block drafters (variant names) trained under every objective."""
+    objectives: list[str]
+    """The objective rows, ``own`` (the drafter's own loss) first: every Δ is against it."""
+    specs: dict[str, Any]
+    """Each row's objective spec (``model.objective``; None for ``own``), checked by the registry."""
+    seeds: list[int]
+    """The seeds every drafter x objective is trained with (a win must be beyond their spread)."""
+    prompts: dict[str, int]
+    """Prompts decoded per domain, in the tables' column order."""
+    max_new_tokens: int
+    """Tokens generated per prompt."""
+    threads: int | None = None
+    """CPU threads the decode is pinned to (None: torch's default)."""
+    pool_size: int | None = None
+    """Domino's and DSpark's candidate pool at decode: the ablation's (None: the exact head)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Dotted training-config keys every training takes (the ablation's ``--set``; they change the cache keys)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Each row's label in the tables (the row's name otherwise)."""
+    published: dict[str, str] = field(default_factory=dict)
+    """Each row's published delta, shown beside the measured one."""
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    """Decode temperatures: greedy only (lossless is token identity there)."""
+    peers: list[str] = field(default_factory=list)
+    """Hugging Face peers: none (the ablation's decode reads the field)."""
+    exact_head: list[str] = field(default_factory=list)
+    """Variants also decoded with the exact head: none (the ablation's decode reads the field)."""
+    inner_backbone: list[str] = field(default_factory=list)
+    """Inner backbones decoded alone: none (the ablation's decode reads the field)."""
+    compiled_baseline: bool = False
+    """The compiled plain decoder is not timed (the ablation's decode reads the field)."""
+    benchmark_files: dict[str, str] | None = None
+    """Local benchmark copies: none, the embedded prompts (the ablation's decode reads the field)."""
+
+    def key_fields(self) -> dict[str, Any]:
+        """The plan's part of the decoded rows' cache key: the evaluation settings."""
+        return {k: getattr(self, k) for k in ("prompts", "max_new_tokens", "threads", "temperatures", "pool_size")}
+
+
+def check_names(preset: str, drafters=None, objectives=None, study_file: Path = STUDY_FILE) -> tuple[list, list]:
     """The preset, drafters and objective rows named against the study file (YAML only: the command's checks before
-    torch loads) -> the plan's names; :class:`UsageError` (one line, with close matches) otherwise."""
+    torch loads) -> the plan's drafters and objective rows (``own`` first); :class:`UsageError` (one line, with close
+    matches) otherwise."""
     study = yaml.safe_load(Path(study_file).read_text())
     check_preset(preset)
     if preset not in study["presets"]:
         raise UsageError(f"the objectives study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
                          f"presets.{preset} section (it plans {', '.join(study['presets'])})")
     section = study["presets"][preset]
-    plan = {"preset": preset, "drafters": _choose("drafters", drafters, list(study["drafters"]))}
-    plan["objectives"] = _choose("objectives", objectives or section.get("objectives"), list(study["objectives"]))
-    if OWN not in plan["objectives"]:
-        plan["objectives"].insert(0, OWN)  # every Δ is against the drafter's own loss
-    return plan
+    chosen = _choose("drafters", drafters, list(study["drafters"]))
+    rows = _choose("objectives", objectives or section.get("objectives"), list(study["objectives"]))
+    if OWN not in rows:
+        rows.insert(0, OWN)  # every Δ is against the drafter's own loss
+    return chosen, rows
 
 
 def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_file: Path = STUDY_FILE,
-               overrides: dict | None = None) -> dict:
+               overrides: dict | None = None) -> ObjectivesPlan:
     """The study's settings on ``preset`` (arguments over the preset's section over the file's): drafters, the
     objective rows and their specs (each checked by the registry: one line naming the row), seeds, evaluation,
     and ``overrides``: dotted training-config keys every training takes (the ablation's ``--set``; they change
@@ -77,25 +121,23 @@ def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_fi
     from lit_domino.models.objectives import build_objective
     from lit_domino.studies.tables import decode_pool_size
 
-    plan = check_names(preset, drafters, objectives, study_file)
+    chosen, rows = check_names(preset, drafters, objectives, study_file)
     study = yaml.safe_load(Path(study_file).read_text())
     section = copy.deepcopy(study["presets"][preset])
-    plan["specs"] = {row: study["objectives"][row] for row in plan["objectives"]}
-    for row, spec in plan["specs"].items():
+    specs = {row: study["objectives"][row] for row in rows}
+    for row, spec in specs.items():
         try:
             build_objective(spec)
         except ValueError as err:
             raise UsageError(f"{Path(study_file).name}: objectives.{row}: {err}") from None
-    plan["seeds"] = [int(s) for s in (seeds if seeds else section["seeds"])]
-    plan.update(prompts=dict(section["prompts"]), max_new_tokens=int(section["max_new_tokens"]),
-                threads=section.get("threads"), temperatures=[0.0], peers=[], exact_head=[], inner_backbone=[],
-                pool_size=decode_pool_size(preset))
-    plan["overrides"] = dict(overrides or {})
-    if any(key.split(".")[0] == "model" and "objective" in key.split(".")[1:3] for key in plan["overrides"]):
+    overrides = dict(overrides or {})
+    if any(key.split(".")[0] == "model" and "objective" in key.split(".")[1:3] for key in overrides):
         raise UsageError("--set model.objective: the study sets each row's objective (choose rows with --objectives)")
-    plan["labels"] = dict(study.get("labels") or {})
-    plan["published"] = dict(study.get("published") or {})
-    return plan
+    return ObjectivesPlan(preset=preset, drafters=chosen, objectives=rows, specs=specs,
+                          seeds=[int(s) for s in (seeds if seeds else section["seeds"])],
+                          prompts=dict(section["prompts"]), max_new_tokens=int(section["max_new_tokens"]),
+                          threads=section.get("threads"), pool_size=decode_pool_size(preset), overrides=overrides,
+                          labels=dict(study.get("labels") or {}), published=dict(study.get("published") or {}))
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,13 +150,13 @@ def own_is_ce(drafter: str) -> bool:
     return not issubclass(module_class(compose(drafter)).drafter_class, DistilledDrafter)
 
 
-def rows_of(plan: dict, drafter: str) -> list[str]:
+def rows_of(plan: ObjectivesPlan, drafter: str) -> list[str]:
     """The objective rows ``drafter`` trains (``ce`` left out where it is its own loss)."""
     from lit_domino.models.objectives import build_objective
 
     out = []
-    for row in plan["objectives"]:
-        objective = build_objective(plan["specs"][row])
+    for row in plan.objectives:
+        objective = build_objective(plan.specs[row])
         if objective is not None and objective.name == "ce" and own_is_ce(drafter):
             continue
         out.append(row)
@@ -126,18 +168,18 @@ def name_of(drafter: str, row: str) -> str:
     return f"{drafter}/{row}"
 
 
-def study_configs(plan: dict) -> list[tuple[str, str, dict]]:
+def study_configs(plan: ObjectivesPlan) -> list[tuple[str, str, dict]]:
     """``(drafter, row, training config)`` of every drafter x objective x seed, each config parsed by the training
     parser (a bad value fails here, naming the drafter and the row, before anything trains). The ``own`` row's
     config is the ablation's, artifact name included; the others are the variant's with ``model.objective``."""
     from lit_domino.training.cli import check_config
 
     out = []
-    for drafter in plan["drafters"]:
+    for drafter in plan.drafters:
         for row in rows_of(plan, drafter):
-            spec = plan["specs"][row]
-            overrides = {**plan["overrides"], **({} if spec is None else {"model.objective": copy.deepcopy(spec)})}
-            configs = [load_config(drafter, plan["preset"], seed, overrides) for seed in plan["seeds"]]
+            spec = plan.specs[row]
+            overrides = {**plan.overrides, **({} if spec is None else {"model.objective": copy.deepcopy(spec)})}
+            configs = [load_config(drafter, plan.preset, seed, overrides) for seed in plan.seeds]
             for cfg in configs:
                 if spec is not None:
                     cfg["tracking"]["variant"] = f"{drafter}+{row}"  # the artifact's name: its own, beside the ablation's
@@ -149,10 +191,9 @@ def study_configs(plan: dict) -> list[tuple[str, str, dict]]:
     return out
 
 
-def eval_key(plan: dict, trained: list, target) -> dict:
+def eval_key(plan: ObjectivesPlan, trained: list, target) -> dict:
     """The decoded rows' cache key: every drafter, the evaluation settings and the target."""
-    settings = {k: plan[k] for k in ("prompts", "max_new_tokens", "threads", "temperatures", "pool_size")}
-    return {"drafters": [(t.variant, t.seed, str(t.drafter_dir)) for t in trained], "plan": settings,
+    return {"drafters": [(t.variant, t.seed, str(t.drafter_dir)) for t in trained], "plan": plan.key_fields(),
             "target": target.fingerprint()}
 
 
@@ -172,67 +213,64 @@ def run_objectives_study(preset: str = "smoke", drafters=None, objectives=None, 
         return _run(plan, Path(out_dir or default_out_dir(preset)), progress, study, jobs)
 
 
-def _run(plan: dict, out_dir: Path, progress: bool, study, jobs) -> dict:
+def _run(plan: ObjectivesPlan, out_dir: Path, progress: bool, study, jobs) -> dict:
     from lit_domino.runtime.jobclock import JobClock
     from lit_domino.studies import ablation
-    from lit_domino.studies.common import cached_rows, check_lossless
     from lit_domino.studies.objectives_tables import report
+    from lit_domino.studies.skeleton import Stages
     from lit_domino.studies.tables import records_from_rows
     from lit_domino.target.load import load_target
 
-    t0 = time.time()
-    preset = plan["preset"]
+    stages = Stages("objectives")
+    preset = plan.preset
     entries = study_configs(plan)
     configs = [cfg for _, _, cfg in entries]
-    _log(f"preset {preset}: {len(plan['drafters'])} drafters x {len(plan['objectives'])} objectives "
-         f"({', '.join(plan['objectives'])}) x seeds {plan['seeds']}: {len(configs)} trainings", t0)
+    stages.log(f"preset {preset}: {len(plan.drafters)} drafters x {len(plan.objectives)} objectives "
+               f"({', '.join(plan.objectives)}) x seeds {plan.seeds}: {len(configs)} trainings")
     spec = configs[0]["data"]["target"]
-    _log(f"stage 1/4 target {spec} and the training data", t0)
+    stages.log(f"stage 1/4 target {spec} and the training data")
     target = load_target(spec)
     modules = ablation.data_modules(configs)
     modules[0][1].regenerate(progress=progress)
     for name, dm in modules:  # every feature set the trainings read, once, before they fan out
-        _log(f"stage 1/4 {name}", t0)
+        stages.log(f"stage 1/4 {name}")
         dm.prepare_data()
     out_dir.mkdir(parents=True, exist_ok=True)
     parent = None
     if study is not None:
         parent = study.open(f"objectives-{preset}", out_dir.name, {"preset": preset, "table": "objectives"},
-                            list(plan["prompts"]))
+                            list(plan.prompts))
     clock = JobClock(jobs=ablation.training_jobs(jobs, configs))
     trained = ablation.train_all(configs, f"objectives-{preset}", clock, {}, progress, parent_run_id=parent)
     trained = [dataclasses.replace(t, variant=name_of(drafter, row)) for (drafter, row, _), t in zip(entries, trained)]
 
     def decode() -> list[dict]:
-        _log(f"stage 3/4 decode {len(trained)} drafters on {plan['prompts']} x {plan['max_new_tokens']} tokens", t0)
-        rows = ablation.evaluate(target, trained, plan, progress=progress)
-        check_lossless(rows, out_dir / "rows-not-lossless.json", "objectives study")  # before they are cached
-        return rows
+        stages.log(f"stage 3/4 decode {len(trained)} drafters on {plan.prompts} x {plan.max_new_tokens} tokens")
+        return ablation.evaluate(target, trained, plan, progress=progress)
 
-    rows = cached_rows(eval_key(plan, trained, target), f"objectives-{preset}", decode,
-                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
-    check_lossless(rows, out_dir / "rows-not-lossless.json", "objectives study")
-    _log("stage 4/4 tables", t0)
+    rows = stages.decode(eval_key(plan, trained, target), f"objectives-{preset}", decode,
+                         lossless=out_dir / "rows-not-lossless.json", what="objectives study")
+    stages.log("stage 4/4 tables")
     records = [r for r in records_from_rows(rows) if r["kind"] == "drafter"]
     tables, files, plots = report(records, plan, out_dir)
     write_json(rows, out_dir / "rows.json")
     write_json([{"drafter": d, "objective": row, **t.report} for (d, row, _), t in zip(entries, trained)],
                out_dir / "training.json")
-    seconds = time.time() - t0
-    write_json({"preset": preset, "seconds": round(seconds, 1), "drafters": plan["drafters"],
-                "objectives": plan["specs"], "seeds": plan["seeds"], "overrides": plan["overrides"], "lossless": True},
+    seconds = time.time() - stages.t0
+    write_json({"preset": preset, "seconds": round(seconds, 1), "drafters": plan.drafters,
+                "objectives": plan.specs, "seeds": plan.seeds, "overrides": plan.overrides, "lossless": True},
                out_dir / "summary.json")
     files += [out_dir / "rows.json", out_dir / "training.json", out_dir / "summary.json"]
     if study is not None:
         log_to_mlflow(plan, trained, records, study, files, plots)
     print(f"\n{tables['markdown']}\n\nevery row lossless (token identity with the AR baseline at T = 0)\n"
           f"written to {out_dir}" + (f"; MLflow experiment objectives-{preset}" if study is not None else ""))
-    _log(f"done in {seconds / 60:.1f} min", t0)
+    stages.done(seconds)
     return {"tables": tables, "rows": rows, "records": records, "trained": trained, "plan": plan,
             "seconds": seconds, "run_id": getattr(study, "run_id", None)}
 
 
-def log_to_mlflow(plan: dict, trained: list, records: list[dict], study, files: list[Path],
+def log_to_mlflow(plan: ObjectivesPlan, trained: list, records: list[dict], study, files: list[Path],
                   plots: list[Path]) -> None:
     """Each training run: nested under the study run, tagged with its objective, its decoding metrics logged; the
     study run: the seed-aggregated τ and speedup of every drafter x objective, the tables and the figures."""
@@ -240,7 +278,7 @@ def log_to_mlflow(plan: dict, trained: list, records: list[dict], study, files: 
     from lit_domino.runtime.tracking import default_tracking_uri, ensure_run, open_client, run_tags
     from lit_domino.studies.common import log_metrics
 
-    preset, uri = plan["preset"], default_tracking_uri()
+    preset, uri = plan.preset, default_tracking_uri()
     client = open_client(uri)
     for t in trained:
         drafter, row = t.variant.split("/", 1)
@@ -251,15 +289,16 @@ def log_to_mlflow(plan: dict, trained: list, records: list[dict], study, files: 
         mine = [r for r in records if r["variant"] == t.variant and r["seed"] == t.seed]
         if mine:
             log_metrics(client, t.run_id, drafter_metrics(mine))
-    study.log(records, list(plan["prompts"]), files, plots)
+    study.log(records, list(plan.prompts), files, plots)
 
 
-def check_plan(preset: str, drafters=None, objectives=None, seeds=None, overrides: dict | None = None) -> dict:
+def check_plan(preset: str, drafters=None, objectives=None, seeds=None,
+               overrides: dict | None = None) -> ObjectivesPlan:
     """:func:`study_plan` with every training config parsed (the command's checks before anything is built)."""
     plan = study_plan(preset, drafters, objectives, seeds, overrides=overrides)
     study_configs(plan)
     return plan
 
 
-__all__ = ["OWN", "STUDY_FILE", "check_plan", "name_of", "rows_of", "run_objectives_study", "study_configs",
+__all__ = ["OWN", "STUDY_FILE", "ObjectivesPlan", "check_plan", "name_of", "rows_of", "run_objectives_study", "study_configs",
            "study_plan"]

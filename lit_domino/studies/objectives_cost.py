@@ -69,11 +69,11 @@ def step_costs(preset: str = "smoke", drafters=None, objectives=None, repeats: i
     from lit_domino.training.configs import load_config
 
     plan = study_plan(preset, drafters, objectives, seeds=[0])
-    target = _target(load_config(plan["drafters"][0], preset, 0)["data"]["target"])
+    target = _target(load_config(plan.drafters[0], preset, 0)["data"]["target"])
     runs = {}
-    for drafter in plan["drafters"]:
+    for drafter in plan.drafters:
         for row in rows_of(plan, drafter):
-            runs[(drafter, row)] = _module(drafter, preset, plan["specs"][row], target)
+            runs[(drafter, row)] = _module(drafter, preset, plan.specs[row], target)
     times = {key: [] for key in runs}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from lit_domino.runtime.jsonio import write_json
-from lit_domino.studies.objectives import OWN, name_of, rows_of
+from lit_domino.studies.objectives import OWN, ObjectivesPlan, name_of, rows_of
 from lit_domino.studies.tables import aggregate, compare, fmt
 
 MIN_WINS = 2
@@ -31,7 +31,7 @@ def wins(own: dict, mine: dict, domains: list[str]) -> list[str]:
     return out
 
 
-def drafter_table(records: list[dict], plan: dict, drafter: str, domains: list[str]) -> dict:
+def drafter_table(records: list[dict], plan: ObjectivesPlan, drafter: str, domains: list[str]) -> dict:
     """One drafter's rows (see the module docstring) -> ``{"drafter", "columns", "rows", "recommended",
     "markdown"}``."""
     tau, speed = aggregate(records, "tau"), aggregate(records, "speedup")
@@ -43,15 +43,15 @@ def drafter_table(records: list[dict], plan: dict, drafter: str, domains: list[s
         if (name, "avg") not in tau:
             continue
         cells = {d: tau.get((name, d)) for d in cols}
-        entry = {"objective": row, "label": plan["labels"].get(row, row), "spec": plan["specs"][row],
+        entry = {"objective": row, "label": plan.labels.get(row, row), "spec": plan.specs[row],
                  "tau": cells, "speedup": {d: speed.get((name, d)) for d in cols},
-                 "published": plan["published"].get(row, "")}
+                 "published": plan.published.get(row, "")}
         if row != OWN and own["avg"]:
             entry["delta_pct"] = 100.0 * (cells["avg"][0] / own["avg"][0] - 1.0) if own["avg"][0] else float("nan")
             entry["verdict"] = compare(own["avg"], cells["avg"])
             entry["wins"] = wins(own, cells, domains)
         rows.append(entry)
-    seeds = len(plan["seeds"])
+    seeds = len(plan.seeds)
     eligible = [r for r in rows if len(r.get("wins", ())) >= MIN_WINS]
     if seeds < 2:
         recommended = f"n/a: {seeds} seed, no spread to win beyond"
@@ -73,11 +73,11 @@ def drafter_table(records: list[dict], plan: dict, drafter: str, domains: list[s
             "markdown": "\n".join(lines)}
 
 
-def summary_table(tables: list[dict], plan: dict) -> str:
+def summary_table(tables: list[dict], plan: ObjectivesPlan) -> str:
     """Markdown: objective rows x drafters, the change of average τ against each drafter's own loss (domains won)."""
     header = ["objective"] + [t["drafter"] for t in tables]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in plan["objectives"]:
+    for row in plan.objectives:
         if row == OWN:
             continue
         cells = []
@@ -85,11 +85,11 @@ def summary_table(tables: list[dict], plan: dict) -> str:
             found = [r for r in t["rows"] if r["objective"] == row]
             cells.append(f"{found[0]['delta_pct']:+.1f} % ({len(found[0]['wins'])})"
                          if found and "delta_pct" in found[0] else "–")
-        lines.append("| " + " | ".join([plan["labels"].get(row, row), *cells]) + " |")
+        lines.append("| " + " | ".join([plan.labels.get(row, row), *cells]) + " |")
     return "\n".join(lines)
 
 
-def position_curves(records: list[dict], plan: dict, drafter: str) -> dict[str, list[float]]:
+def position_curves(records: list[dict], plan: ObjectivesPlan, drafter: str) -> dict[str, list[float]]:
     """Row -> the per-position acceptance rates P(k accepted | < k accepted), k = 1.., mean over seeds and
     domains."""
     out = {}
@@ -103,18 +103,18 @@ def position_curves(records: list[dict], plan: dict, drafter: str) -> dict[str, 
     return out
 
 
-def acceptance_figure(records: list[dict], plan: dict, path: Path) -> Path:
+def acceptance_figure(records: list[dict], plan: ObjectivesPlan, path: Path) -> Path:
     """Per drafter, the per-position acceptance curve of every objective (the shape each trades): a PNG."""
     from matplotlib.figure import Figure
 
     from matplotlib.ticker import MaxNLocator
 
-    drafters = plan["drafters"]
+    drafters = plan.drafters
     fig = Figure(figsize=(4.2 * len(drafters) + 2.6, 3.8))
     axes = fig.subplots(1, len(drafters), squeeze=False)[0]
     for ax, drafter in zip(axes, drafters):
         for row, rates in position_curves(records, plan, drafter).items():
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", markersize=3, label=plan["labels"].get(row, row),
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", markersize=3, label=plan.labels.get(row, row),
                     linewidth=2.2 if row == OWN else 1.2, color="black" if row == OWN else None)
         ax.set_title(drafter)
         ax.set_xlabel("draft position k")
@@ -123,7 +123,7 @@ def acceptance_figure(records: list[dict], plan: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("P(k accepted | < k accepted)")
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle(f"per-position acceptance by training objective ({plan['preset']}; mean over seeds and domains)",
+    fig.suptitle(f"per-position acceptance by training objective ({plan.preset}; mean over seeds and domains)",
                  fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,14 +131,14 @@ def acceptance_figure(records: list[dict], plan: dict, path: Path) -> Path:
     return path
 
 
-def report(records: list[dict], plan: dict, out_dir: Path) -> tuple[dict, list[Path], list[Path]]:
+def report(records: list[dict], plan: ObjectivesPlan, out_dir: Path) -> tuple[dict, list[Path], list[Path]]:
     """Write the tables (Markdown + JSON) and figures into ``out_dir`` -> (tables, table files, figure files)."""
     from lit_domino.studies.study_runs import plot_study
 
-    preset, domains = plan["preset"], list(plan["prompts"])
-    per = [drafter_table(records, plan, d, domains) for d in plan["drafters"]]
+    preset, domains = plan.preset, list(plan.prompts)
+    per = [drafter_table(records, plan, d, domains) for d in plan.drafters]
     summary = summary_table(per, plan)
-    parts = [f"## Objectives study ({preset}; τ per domain, mean ± spread over seeds {plan['seeds']}; speedup = our "
+    parts = [f"## Objectives study ({preset}; τ per domain, mean ± spread over seeds {plan.seeds}; speedup = our "
              f"AR time per token / speculative, prefill excluded)\n", "### Δ avg τ against each drafter's own loss "
              "(domains won beyond the seed spread)\n", summary]
     for t in per:
@@ -147,11 +147,11 @@ def report(records: list[dict], plan: dict, out_dir: Path) -> tuple[dict, list[P
     md, js = out_dir / f"objectives-{preset}.md", out_dir / f"objectives-{preset}.json"
     md.write_text(markdown + "\n")
     curves = {t["drafter"]: position_curves(records, plan, t["drafter"]) for t in per}
-    write_json({"preset": preset, "seeds": plan["seeds"], "domains": domains, "drafters": per,
+    write_json({"preset": preset, "seeds": plan.seeds, "domains": domains, "drafters": per,
                 "position_acceptance": curves}, js)
     figure = acceptance_figure(records, plan, out_dir / f"acceptance-per-position-{preset}.png")
-    order = [name_of(d, row) for d in plan["drafters"] for row in rows_of(plan, d)]
-    labels = {name_of(d, row): f"{d}: {plan['labels'].get(row, row)}" for d in plan["drafters"]
+    order = [name_of(d, row) for d in plan.drafters for row in rows_of(plan, d)]
+    labels = {name_of(d, row): f"{d}: {plan.labels.get(row, row)}" for d in plan.drafters
               for row in rows_of(plan, d)}
     bars = out_dir / f"study-tau-speedup-{preset}.png"
     plot_study(records, order, labels).savefig(bars, dpi=100)

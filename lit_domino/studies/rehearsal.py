@@ -78,11 +78,11 @@ def _run(argv: list[str]) -> dict:
     args = parse_args(argv)
     if args.shards < 1 or args.eval_prompts < 0:
         raise UsageError("--shards must be >= 1 and --eval-prompts >= 0")
-    from lit_domino.studies.ablation import _study
+    from lit_domino.studies.ablation_plan import study_file_plan
     from lit_domino.training.configs import check_arguments, study_overrides
 
     overrides = {**DEVICE_OVERRIDES[args.device], **dict(args.set)}
-    _, _, variants = _study(args.preset)
+    _, _, variants = study_file_plan(args.preset)
     check_arguments(args.preset, overrides)
     study_overrides(variants, args.preset, overrides)
     if args.device == "cuda":
@@ -114,7 +114,7 @@ def run_rehearsal(preset: str = "rehearsal", device: str = "cpu", overrides: dic
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = ablation.study_plan(preset)
     configs, notes = ablation.study_configs(preset, plan, overrides)
-    report = {"preset": preset, "device": device, "overrides": overrides, "variants": plan["variants"],
+    report = {"preset": preset, "device": device, "overrides": overrides, "variants": plan.variants,
               "stages": {}}
     for note in notes:  # which variants an override skipped
         _log(note, t0)

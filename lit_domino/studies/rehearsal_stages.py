@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 from lit_domino.runtime.tracking import flatten_config
+from lit_domino.studies.ablation_plan import AblationPlan
 
 
 def target_stage(configs: list[dict], device: str) -> dict:
@@ -156,7 +158,7 @@ def _hf_assisted_check(target, directory: Path, prompts: list[list[int]], max_ne
     return {"lossless": all(same), "prompts": len(prompts)}
 
 
-def export_stage(trained: list, target_spec: str, out_dir: Path, device: str, plan: dict,
+def export_stage(trained: list, target_spec: str, out_dir: Path, device: str, plan: AblationPlan,
                  max_new_tokens: int = 8) -> dict:
     """Each drafter written in its field format by ``experiments/export.py``'s command, loaded back with
     ``load_drafter`` (the small LM: by transformers) and decoded against plain greedy decoding (fp32 target)."""
@@ -167,7 +169,7 @@ def export_stage(trained: list, target_spec: str, out_dir: Path, device: str, pl
     from lit_domino.target.load import load_target
 
     target = load_target(target_spec, device=device)
-    benchmarks = load_prompts({**plan, "prompts": {b: 1 for b in list(plan["prompts"])[:1]}})
+    benchmarks = load_prompts(dataclasses.replace(plan, prompts={b: 1 for b in list(plan.prompts)[:1]}))
     prompts = [target.chat_ids([{"role": "user", "content": p.turns[0]}]) for ps in benchmarks.values() for p in ps]
     out = []
     for t in trained:

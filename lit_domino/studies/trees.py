@@ -33,30 +33,24 @@ study file, ``configs/studies/trees.yaml``: 8-20 min for the default decode, by 
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 
-import yaml
-
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.cost import VerifyCost, measure_verify_cost
-from lit_domino.decoding.harness import benchmark, check_repeats
+from lit_domino.decoding.harness import benchmark
 from lit_domino.decoding.metric_names import row_metrics
 from lit_domino.decoding.tree import TreeConfig
-from lit_domino.models.sessions import check_pool_size
 from lit_domino.runtime import cache
 from lit_domino.runtime.jsonio import finite, write_json
 from lit_domino.runtime.paths import project_root
 from lit_domino.runtime.threads import pinned_threads
-from lit_domino.studies.common import (cached_rows, check_lossless, finite_mean, flat_verify_speedup, fmt, log_metrics,
-                                       mlflow_name, stage_log)
-from lit_domino.studies.tables import decode_pool_size
-from lit_domino.training.configs import CONFIG_DIR, available_variants, check_preset, compose, load_config, module_class
+from lit_domino.studies.common import check_lossless, finite_mean, flat_verify_speedup, fmt, log_metrics, mlflow_name
+from lit_domino.studies.skeleton import Stages
+# The plan lives apart; its names stay importable from here.
+from lit_domino.studies.trees_plan import STUDY_FILE, TREE_BUILDERS, TreesPlan, builders_of, study_plan  # noqa: F401
+from lit_domino.training.configs import load_config
 
-STUDY_FILE = CONFIG_DIR / "studies" / "trees.yaml"
-TREE_BUILDERS = ("ddtree", "path", "eagle")
-"""The builders the study compares with the chain (``chain``, the tree of one node per depth, is the tree-off row)."""
 GPU_FLAT_NODES = 64
 """The GPU-shaped verify curve of the projection: C_v(n) = C_v(1) for n up to this many nodes."""
 PROJECTION = (f"projection: the measured rows with the verify cost of a GPU-shaped curve (C_v(n) = C_v(1) for "
@@ -67,73 +61,13 @@ ROW_KEYS = ("tau", "speedup", "draft_ms_per_round", "verify_ms_per_round", "node
 # --------------------------------------------------------------------------- plan
 
 
-def builders_of(kind: str) -> tuple[str, ...]:
-    """The tree builders the drafter a variant trains has (its class's ``tree_builders``, ``chain`` left out)."""
-    return tuple(b for b in module_class(compose(kind)).drafter_class.tree_builders if b != "chain")
-
-
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def study_plan(preset: str, drafters=None, builders=None, budgets=None, top_k=None,
-               study_file: Path = STUDY_FILE) -> dict:
-    """The merged settings of ``preset`` (arguments override the study file); every check before any training."""
-    study = yaml.safe_load(Path(study_file).read_text())
-    check_preset(preset)
-    if preset not in study["presets"]:
-        raise ValueError(f"the tree study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
-                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
-    plan = copy.deepcopy(study["presets"][preset])
-    plan["preset"] = preset
-    names = list(drafters or study["drafters"])
-    unknown = [d for d in names if d not in available_variants()]
-    if unknown or not names:
-        raise ValueError(f"drafters: unknown {unknown or 'none given'}; choose from {available_variants()}")
-    plan["skipped"] = {d: f"{d}: no tree builder (it drafts token by token as a standalone LM): skipped"
-                       for d in names if not builders_of(d)}
-    plan["drafters"] = [d for d in names if builders_of(d)]
-    if not plan["drafters"]:
-        raise ValueError(f"drafters {names}: none has a tree builder (the study needs a parallel or EAGLE-3 drafter)")
-    chosen = list(builders or study["builders"])
-    bad = [b for b in chosen if b not in TREE_BUILDERS]
-    if bad or not chosen:
-        raise ValueError(f"builders: unknown {bad or 'none given'}; choose from {', '.join(TREE_BUILDERS)} (the "
-                         "chain, tree off, is always decoded)")
-    plan["builders"] = {d: [b for b in chosen if b in builders_of(d)] for d in plan["drafters"]}
-    unused = [b for b in chosen if not any(b in bs for bs in plan["builders"].values())]
-    if unused and builders:  # asked for by name (the study file's list serves whichever drafters are chosen)
-        raise ValueError(f"builders {unused}: no drafter of {plan['drafters']} builds them "
-                         f"({', '.join(f'{d}: {builders_of(d)}' for d in plan['drafters'])})")
-    plan["budgets"] = sorted({_positive_int(b, "budgets: a tree budget (nodes per round)")
-                              for b in (budgets if budgets is not None else study["budgets"])})
-    if not plan["budgets"]:
-        raise ValueError("budgets: at least one tree budget")
-    plan["cost_aware"] = bool(study.get("cost_aware", True))
-    plan["cost_cap"] = _positive_int(study.get("cost_cap", max(plan["budgets"])), "cost_cap")
-    plan["top_k"] = _positive_int(top_k if top_k is not None else plan.get("top_k", study.get("top_k", 4)), "top_k")
-    plan["max_new_tokens"] = _positive_int(plan.get("max_new_tokens"), f"presets.{preset}.max_new_tokens")
-    prompts = plan.get("prompts") or {}
-    if not prompts:
-        raise ValueError(f"presets.{preset}.prompts: at least one domain")
-    for name, n in prompts.items():
-        _positive_int(n, f"presets.{preset}.prompts.{name}")
-    plan["repeats"] = check_repeats(plan.get("repeats", 1))
-    plan["pool_size"] = check_pool_size(decode_pool_size(preset), None)  # the ablation's; V checked by the engine
-    plan["seed"] = int(plan.get("seed", 0))
-    plan["curve_repeats"] = _positive_int(study.get("curve_repeats", 3), "curve_repeats")
-    return plan
-
-
-def tree_configs(plan: dict, curve: VerifyCost | None) -> list[TreeConfig | None]:
+def tree_configs(plan: TreesPlan, curve: VerifyCost | None) -> list[TreeConfig | None]:
     """The tree settings decoded: None (the chain), then per builder every budget and (with a curve) cost-aware."""
     out: list[TreeConfig | None] = [None]
-    for b in dict.fromkeys(b for bs in plan["builders"].values() for b in bs):
-        out += [TreeConfig(b, budget=n, top_k=plan["top_k"]) for n in plan["budgets"]]
-        if plan["cost_aware"] and curve is not None:
-            out.append(TreeConfig(b, budget=plan["cost_cap"], top_k=plan["top_k"], cost=curve))
+    for b in dict.fromkeys(b for bs in plan.builders.values() for b in bs):
+        out += [TreeConfig(b, budget=n, top_k=plan.top_k) for n in plan.budgets]
+        if plan.cost_aware and curve is not None:
+            out.append(TreeConfig(b, budget=plan.cost_cap, top_k=plan.top_k, cost=curve))
     return out
 
 
@@ -149,10 +83,10 @@ def method_of(tree_label: str | None) -> dict:
             "name": f"{builder}:cost<={budget}" if cost else f"{builder}:{budget}"}
 
 
-def method_count(plan: dict) -> int:
+def method_count(plan: TreesPlan) -> int:
     """Decodes per prompt: the AR baseline and every drafter × its tree settings."""
-    per = len(plan["budgets"]) + int(plan["cost_aware"])
-    return 1 + sum(1 + per * len(plan["builders"][d]) for d in plan["drafters"])
+    per = len(plan.budgets) + int(plan.cost_aware)
+    return 1 + sum(1 + per * len(plan.builders[d]) for d in plan.drafters)
 
 
 # --------------------------------------------------------------------------- measure
@@ -178,16 +112,16 @@ def check_budgets(target, drafters: dict, trees: list, prompts: dict) -> None:
                            limit=context_limit(target, drafter))
 
 
-def measure(target, drafters: dict, prompts: dict, plan: dict, progress: bool = True) -> list[dict]:
+def measure(target, drafters: dict, prompts: dict, plan: TreesPlan, progress: bool = True) -> list[dict]:
     """The verify-cost curve, then the one interleaved benchmark → its rows plus one ``{"kind": "verify_cost"}``
     record (the curve the cost-aware rows used)."""
-    with pinned_threads(plan.get("threads") or None):  # the curve on the threads the rounds run on
-        check_budgets(target, drafters, tree_configs(plan, None) + [TreeConfig(budget=plan["cost_cap"])], prompts)
-        curve = measure_verify_cost(target, repeats=plan.get("curve_repeats", 3))
+    with pinned_threads(plan.threads or None):  # the curve on the threads the rounds run on
+        check_budgets(target, drafters, tree_configs(plan, None) + [TreeConfig(budget=plan.cost_cap)], prompts)
+        curve = measure_verify_cost(target, repeats=plan.curve_repeats)
         trees = tree_configs(plan, curve)
-        rows = benchmark(target, drafters, prompts, max_new_tokens=int(plan["max_new_tokens"]), trees=trees,
-                         pool_sizes=[plan.get("pool_size")], repeats=plan["repeats"], hf_baseline=False,
-                         progress=progress, seed=int(plan["seed"]))
+        rows = benchmark(target, drafters, prompts, max_new_tokens=int(plan.max_new_tokens), trees=trees,
+                         pool_sizes=[plan.pool_size], repeats=plan.repeats, hf_baseline=False,
+                         progress=progress, seed=int(plan.seed))
     return rows + [{"kind": "verify_cost", "widths": list(curve.widths), "seconds": list(curve.seconds)}]
 
 
@@ -248,10 +182,10 @@ def _avg_rows(recs: list[dict], domains: list[str]) -> list[dict]:
     return out
 
 
-def trees_table(recs: list[dict], plan: dict) -> dict:
+def trees_table(recs: list[dict], plan: TreesPlan) -> dict:
     """Per drafter × method × domain (and the domain mean): τ, speedup, draft / verify ms per round, nodes
     verified per round and the GPU projection's speedup."""
-    domains = list(plan["prompts"])
+    domains = list(plan.prompts)
     avg = _avg_rows(recs, domains)
     lines = ["| drafter | method | domain | τ | speedup vs AR | draft ms/round | verify ms/round | nodes/round | "
              "projected speedup (GPU-shaped C_v) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -377,29 +311,30 @@ def table_metrics(tables: dict, curve: VerifyCost) -> dict[str, float]:
     return {mlflow_name(k): v for k, v in out.items()}
 
 
-def log_to_mlflow(plan: dict, tables: dict, curve: VerifyCost, files: list[Path]) -> str:
+def log_to_mlflow(plan: TreesPlan, tables: dict, curve: VerifyCost, files: list[Path]) -> str:
     """A ``tables-<preset>`` run in experiment ``trees-<preset>``: every cell a metric, the files as artifacts."""
     import mlflow
     from lit_domino.runtime.tracking import mlflow_run, open_client
 
-    preset = plan["preset"]
+    preset = plan.preset
     with mlflow_run(f"trees-{preset}", f"tables-{preset}", tags={"table": "trees", "preset": preset}) as run:
-        mlflow.log_params({"drafters": ",".join(plan["drafters"]), "budgets": ",".join(map(str, plan["budgets"])),
-                           "builders": ";".join(f"{d}:{','.join(b)}" for d, b in plan["builders"].items()),
-                           "top_k": plan["top_k"], "cost_cap": plan["cost_cap"], "repeats": plan["repeats"],
-                           "max_new_tokens": plan["max_new_tokens"],
-                           "pool_size": "full" if plan.get("pool_size") is None else plan["pool_size"]})
+        mlflow.log_params({"drafters": ",".join(plan.drafters), "budgets": ",".join(map(str, plan.budgets)),
+                           "builders": ";".join(f"{d}:{','.join(b)}" for d, b in plan.builders.items()),
+                           "top_k": plan.top_k, "cost_cap": plan.cost_cap, "repeats": plan.repeats,
+                           "max_new_tokens": plan.max_new_tokens,
+                           "pool_size": "full" if plan.pool_size is None else plan.pool_size})
         log_metrics(open_client(), run.info.run_id, table_metrics(tables, curve))
         for path in files:
             mlflow.log_artifact(str(path), "tables")
         return run.info.run_id
 
 
-def report(rows: list[dict], plan: dict, out_dir: Path, mlflow_enabled: bool = True, seconds: float = 0.0) -> dict:
+def report(rows: list[dict], plan: TreesPlan, out_dir: Path, mlflow_enabled: bool = True,
+           seconds: float = 0.0) -> dict:
     """:func:`measure`'s rows → the tables, figure, JSON and MLflow run; raises if any row is not lossless."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    preset = plan["preset"]
+    preset = plan.preset
     bench_rows, curve = split_rows(rows)
     recs = records(bench_rows, curve)
     main = trees_table(recs, plan)
@@ -409,13 +344,14 @@ def report(rows: list[dict], plan: dict, out_dir: Path, mlflow_enabled: bool = T
     check_lossless(bench_rows, out_dir / f"rows-{preset}.json", "tree study")
     md = out_dir / f"trees-{preset}.md"
     sections = [f"# Tree study ({preset})", "", "Speedup = our AR time per token / the method's (prefill excluded), "
-                "T = 0, every row token-identical to AR.", *[f"- {note}" for note in plan["skipped"].values()], "",
+                "T = 0, every row token-identical to AR.", *[f"- {note}" for note in plan.skipped.values()], "",
                 "## Summary (mean over domains)", "", tables["summary"]["markdown"], "",
                 "## Per domain", "", main["markdown"], "", f"Projected speedup: {PROJECTION}.", "",
                 "## Sibling ranks of accepted nodes", "", tables["siblings"]["markdown"], "",
                 "## Verify-cost curve (measured on this machine)", "", tables["verify_cost"]["markdown"], ""]
     md.write_text("\n".join(sections))
-    js = write_json({"preset": preset, "plan": plan, "seconds": round(seconds, 1), "projection": PROJECTION,
+    js = write_json({"preset": preset, "plan": plan.as_dict(), "seconds": round(seconds, 1),
+                     "projection": PROJECTION,
                      **{name: {k: v for k, v in t.items() if k != "markdown"} for name, t in tables.items()}},
                     out_dir / f"trees-{preset}.json")
     png = figure(main["average"], out_dir / f"trees-{preset}.png")
@@ -427,8 +363,10 @@ def report(rows: list[dict], plan: dict, out_dir: Path, mlflow_enabled: bool = T
 # --------------------------------------------------------------------------- the study
 
 
-_log = stage_log("trees")
-"""This study's log line: ``[trees <seconds>s] msg``."""
+def eval_key(plan: TreesPlan, trained: dict, target) -> dict:
+    """The decoded rows' cache key: every drafter, the evaluation settings and the target."""
+    return {"drafters": {k: str(t.drafter_dir) for k, t in trained.items()}, "plan": plan.key_fields(),
+            "target": target.fingerprint()}
 
 
 def run_trees_study(preset: str = "smoke", drafters=None, builders=None, budgets=None, top_k=None,
@@ -438,44 +376,37 @@ def run_trees_study(preset: str = "smoke", drafters=None, builders=None, budgets
     from lit_domino.target.load import load_target
     from lit_domino.training.experiment import drafter_artifact, train_variant
 
-    t0 = time.time()
+    stages = Stages("trees")
     plan = study_plan(preset, drafters, builders, budgets, top_k)
     out_dir = Path(out_dir or project_root() / "results" / "trees")
-    for note in plan["skipped"].values():
-        _log(note, t0)
-    cfgs = {kind: load_config(kind, preset, plan["seed"], {}) for kind in plan["drafters"]}  # the ablation's configs
+    for note in plan.skipped.values():
+        stages.log(note)
+    cfgs = {kind: load_config(kind, preset, plan.seed, {}) for kind in plan.drafters}  # the ablation's configs
     target_spec = next(iter(cfgs.values()))["data"]["target"]
-    _log(f"preset {preset}: drafters {plan['builders']}, budgets {plan['budgets']} + cost-aware <= "
-         f"{plan['cost_cap']}, top-k {plan['top_k']}; {method_count(plan)} decodes per prompt", t0)
-    _log(f"stage 1/4 target {target_spec}", t0)
+    stages.log(f"preset {preset}: drafters {plan.builders}, budgets {plan.budgets} + cost-aware <= "
+               f"{plan.cost_cap}, top-k {plan.top_k}; {method_count(plan)} decodes per prompt")
+    stages.log(f"stage 1/4 target {target_spec}")
     target = load_target(target_spec)
     trained = {}
     for i, (kind, cfg) in enumerate(cfgs.items()):
         cached = cache.is_complete(drafter_artifact(cfg))
-        _log(f"stage 2/4 [{i + 1}/{len(cfgs)}] {kind}: base drafter{' (cached)' if cached else ''}", t0)
+        stages.log(f"stage 2/4 [{i + 1}/{len(cfgs)}] {kind}: base drafter{' (cached)' if cached else ''}")
         trained[kind] = train_variant(cfg, experiment=f"trees-{preset}", table="trees", progress=progress)
-    eval_plan = {k: plan[k] for k in ("prompts", "max_new_tokens", "builders", "budgets", "cost_aware", "cost_cap",
-                                      "top_k", "repeats", "pool_size", "seed", "threads", "curve_repeats") if k in plan}
-    key = {"drafters": {k: str(t.drafter_dir) for k, t in trained.items()}, "plan": eval_plan,
-           "target": target.fingerprint()}
-
     def decode() -> list[dict]:
         t1 = time.time()
-        prompts = {name: load_benchmark(name, int(n)) for name, n in plan["prompts"].items()}
+        prompts = {name: load_benchmark(name, int(n)) for name, n in plan.prompts.items()}
         loaded = {k: load_drafter(t.drafter_dir, target=target) for k, t in trained.items()}
-        _log(f"stage 3/4 verify-cost curve, then decode {method_count(plan)} methods on {plan['prompts']} "
-             f"x {plan['max_new_tokens']} tokens", t0)
+        stages.log(f"stage 3/4 verify-cost curve, then decode {method_count(plan)} methods on {plan.prompts} "
+                   f"x {plan.max_new_tokens} tokens")
         rows = measure(target, loaded, prompts, plan, progress)
-        _log(f"stage 3/4 decode took {time.time() - t1:.0f} s", t0)
+        stages.log(f"stage 3/4 decode took {time.time() - t1:.0f} s")
         return rows
 
-    rows = cached_rows(key, f"trees-{preset}", decode,
-                       on_reuse=lambda: _log("stage 3/4 decode: nothing changed, reusing the measured rows", t0))
-    _log("stage 4/4 tables", t0)
-    out = report(rows, plan, out_dir, mlflow_enabled, seconds=time.time() - t0)
+    rows = stages.decode(eval_key(plan, trained, target), f"trees-{preset}", decode)
+    stages.log("stage 4/4 tables")
+    out = report(rows, plan, out_dir, mlflow_enabled, seconds=time.time() - stages.t0)
     print("\n" + out["markdown"])
     where = f"; MLflow experiment trees-{preset}" if out["run_id"] else ""
     print(f"\nwritten to {out_dir}{where}")
-    seconds = time.time() - t0
-    _log(f"done in {seconds / 60:.1f} min", t0)
+    seconds = stages.done()
     return {**out, "plan": plan, "rows": rows, "seconds": seconds}

@@ -1,5 +1,6 @@
 """The ablation study: plan validation, and the smoke preset end to end (tables, MLflow, cache reuse)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -22,8 +23,8 @@ def test_plan_and_config_errors():
 
 def test_every_study_variant_has_a_config():
     plan = study_plan("default")
-    assert set(plan["variants"]) <= set(available_variants())
-    assert len(plan["seeds"]) >= 2  # the default preset reports mean ± spread over seeds
+    assert set(plan.variants) <= set(available_variants())
+    assert len(plan.seeds) >= 2  # the default preset reports mean ± spread over seeds
 
 
 def test_table_membership_comes_from_the_study_file():
@@ -33,8 +34,8 @@ def test_table_membership_comes_from_the_study_file():
 
     study = yaml.safe_load(STUDY_FILE.read_text())
     plan = study_plan("smoke", variants=["domino"])
-    assert plan["tables"] == {"main": study["variants"]["main"], "ablations": study["variants"]["ablations"]}
-    assert plan["variants"] == ["domino"]  # membership is the study's, whatever subset runs
+    assert plan.tables == {"main": study["variants"]["main"], "ablations": study["variants"]["ablations"]}
+    assert plan.variants == ["domino"]  # membership is the study's, whatever subset runs
 
     class Target:
         def fingerprint(self):
@@ -45,8 +46,8 @@ def test_table_membership_comes_from_the_study_file():
     # reference times; the inner backbone is decoded for the curriculum ablation's variants only
     smoke = {k: v for k, v in study["presets"]["smoke"].items() if k != "reference_seconds"}
     old_plan = {**smoke, "variants": ["domino"], "seeds": [0], "inner_backbone": ["domino"], "exact_head": ["domino"]}
-    assert study_plan("smoke")["inner_backbone"] == ["domino", "domino_nocurriculum"]
-    assert study_plan("smoke", variants=["domino_ttt", "backbone"])["inner_backbone"] == []
+    assert study_plan("smoke").inner_backbone == ["domino", "domino_nocurriculum"]
+    assert study_plan("smoke", variants=["domino_ttt", "backbone"]).inner_backbone == []
     assert key == {"rows": ROWS_FORMAT, "drafters": ["artifacts/drafters/domino-s0-abc"], "plan": old_plan,
                    "target": "fp"}
 
@@ -140,19 +141,19 @@ def test_smoke_ablation_end_to_end(smoke_ablation, tmp_path):
 
     # --train-only trains every drafter and stops; the full run then only decodes (the session's smoke_ablation)
     plan = study_plan("smoke")
-    n_trainings = len(plan["variants"]) * len(plan["seeds"])  # every variant of the study file, once per seed
+    n_trainings = len(plan.variants) * len(plan.seeds)  # every variant of the study file, once per seed
     first, out, results = smoke_ablation["first"], smoke_ablation["out"], smoke_ablation["results"]
     assert "tables" not in first
     assert len(first["trained"]) == n_trainings and not any(t.from_cache for t in first["trained"])
     assert all(t.from_cache for t in out["trained"])
     main = out["tables"]["main"]
-    assert [r["variant"] for r in main["rows"]] == plan["tables"]["main"]  # the study file's rows, in its order
-    assert {"backbone", "domino", "dspark", "dflash2"} <= set(plan["tables"]["main"])
+    assert [r["variant"] for r in main["rows"]] == plan.tables["main"]  # the study file's rows, in its order
+    assert {"backbone", "domino", "dspark", "dflash2"} <= set(plan.tables["main"])
     for row in main["rows"]:  # one seed: each cell is its drafter's decode row (the preset's pool where it has one)
         for metric in ("tau", "speedup"):
             measured = _decode_cells(out["rows"], row["variant"], metric)
-            assert list(measured) == list(plan["prompts"])
-            for col in plan["prompts"]:
+            assert list(measured) == list(plan.prompts)
+            for col in plan.prompts:
                 assert row[f"{col}/{metric}"] == (pytest.approx(measured[col]), 0.0), (row["variant"], col, metric)
             avg = sum(measured.values()) / len(measured)
             assert row[f"avg/{metric}"] == (pytest.approx(avg), 0.0), (row["variant"], metric)
@@ -182,7 +183,7 @@ def test_smoke_ablation_end_to_end(smoke_ablation, tmp_path):
     exp = client.get_experiment_by_name("ablation-smoke")
     runs = client.search_runs([exp.experiment_id])
     variants = {r.data.tags.get("variant") for r in runs if r.info.status == "FINISHED"}
-    assert set(plan["variants"]) <= variants
+    assert set(plan.variants) <= variants
     domino = next(r for r in runs if r.data.tags.get("variant") == "domino")
     assert "tau" in domino.data.metrics and "speedup" in domino.data.metrics
     # the pooled decode is the run's own metrics; the exact head's, beside it, are exact_head/...
@@ -236,7 +237,7 @@ def _check_study_run(client, exp, runs, plan, trained: set) -> None:
         variant = run.data.tags["variant"]
         assert metrics[f"{variant}/tau"] == pytest.approx(run.data.metrics["tau"])
         assert metrics[f"{variant}/tau_spread"] == 0.0 and f"{variant}/speedup" in metrics
-        for domain in plan["prompts"]:
+        for domain in plan.prompts:
             assert f"{variant}/{domain}/tau" in metrics and f"{variant}/{domain}/speedup_spread" in metrics
         params = run.data.params
         assert "rank" not in params and "seed" not in params  # one name per setting (model.head.rank, seed_everything)
@@ -253,13 +254,13 @@ def test_a_subset_run_does_not_replace_the_full_studys_results(tmp_path, monkeyp
     assert ablation.default_out_dir("smoke", full).name == "ablation-smoke"
     subset = study_plan("smoke", variants=["backbone", "domino"], seeds=[1])
     assert ablation.default_out_dir("smoke", subset).name == "ablation-smoke-backbone+domino-s1"
-    tuned = {**full, "overrides": {"model.head.rank": 8}}
+    tuned = dataclasses.replace(full, overrides={"model.head.rank": 8})
     assert ablation.default_out_dir("smoke", tuned).name.startswith("ablation-smoke-set-")
     # an explicit --out that holds another plan's tables is replaced with a note, not silently
     (tmp_path / "summary.json").write_text(json.dumps({"variants": ["domino"], "seeds": [0], "overrides": None}))
     ablation._warn_if_replacing(tmp_path, subset, 0.0)
     assert "replaces them" in capsys.readouterr().out
-    ablation._warn_if_replacing(tmp_path, {"variants": ["domino"], "seeds": [0]}, 0.0)
+    ablation._warn_if_replacing(tmp_path, dataclasses.replace(full, variants=["domino"], seeds=[0]), 0.0)
     assert capsys.readouterr().out == ""
 
 
@@ -269,15 +270,15 @@ def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tm
     from dataclasses import replace
 
     from lit_domino.decoding.metric_names import MethodKey
-    from lit_domino.studies import ablation
+    from lit_domino.studies import ablation, ablation_plan
     from lit_domino.studies.tables import ablation_table
 
     plan = study_plan("smoke")
     pool = yaml.safe_load(ablation.STUDY_FILE.read_text())["presets"]["smoke"]["pool_size"]
     assert isinstance(pool, int)  # the smoke preset decodes with a pool: CI runs the pool rows
-    assert plan["pool_size"] == pool and plan["exact_head"] == ["domino"]  # the pool rows name domino@full
-    assert study_plan("smoke", variants=["backbone", "domino_ttt"])["exact_head"] == []
-    assert study_plan("paper")["pool_size"] is None and study_plan("paper")["exact_head"] == []
+    assert plan.pool_size == pool and plan.exact_head == ["domino"]  # the pool rows name domino@full
+    assert study_plan("smoke", variants=["backbone", "domino_ttt"]).exact_head == []
+    assert study_plan("paper").pool_size is None and study_plan("paper").exact_head == []
 
     def row(key, tau):
         return {"kind": "drafter", "key": key.as_dict(), "drafter": key.base().label(), "method": key.label(),
@@ -302,7 +303,7 @@ def test_domino_is_decoded_with_the_presets_pool_and_once_with_the_exact_head(tm
     study["presets"]["smoke"]["pool_size"] = 0
     bad = tmp_path / "ablation.yaml"
     bad.write_text(yaml.safe_dump(study, allow_unicode=True))
-    monkeypatch.setattr(ablation, "STUDY_FILE", bad)
+    monkeypatch.setattr(ablation_plan, "STUDY_FILE", bad)
     with pytest.raises(ValueError, match="presets.smoke.pool_size must be null"):
         study_plan("smoke")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -13,31 +14,31 @@ from lit_domino.decoding.dloop import DLoopConfig
 
 def test_plan_defaults_and_overrides():
     plan = ds.study_plan("smoke")
-    assert plan["drafters"] == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
-    assert plan["thresholds"] == [-0.5, -1.0] and plan["stages"] == [1, 3]  # the smoke preset's own grid
+    assert plan.drafters == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
+    assert plan.thresholds == [-0.5, -1.0] and plan.stages == [1, 3]  # the smoke preset's own grid
     paper = ds.study_plan("paper")
-    assert paper["thresholds"] == [-0.25, -0.5, -0.75, -1.0, -2.0] and paper["stages"] == [1, 2, 3, 4]  # the file's
-    assert paper["block_sizes"] == [4, 8, 16] and ds.study_plan("default")["block_sizes"] == [4]
+    assert paper.thresholds == [-0.25, -0.5, -0.75, -1.0, -2.0] and paper.stages == [1, 2, 3, 4]  # the file's
+    assert paper.block_sizes == [4, 8, 16] and ds.study_plan("default").block_sizes == [4]
     plan = ds.study_plan("smoke", drafters=["domino"], thresholds=ds.parse_list("-0.5,-1"),
                          stages=ds.parse_list("1,3", int), table_dloop={"threshold": -1, "max_stages": 2})
     settings = ds.dloop_settings(plan)
     assert settings[0] is None  # N = 1 is DLoop off: decoded once, not once per threshold
     assert settings[1:4] == [DLoopConfig(-0.5, 3), DLoopConfig(-1.0, 3), DLoopConfig(-1.0, 2)]  # + the table's gate
-    assert settings[4:7] == [DLoopConfig(**g) for g in plan["gates"]]  # + the gates of study.yaml
+    assert settings[4:7] == [DLoopConfig(**g) for g in plan.gates]  # + the gates of study.yaml
     assert [ds.dloop_label(c) for c in settings[4:]] == ["conf@0.5:3", "cost:3", "trunc@0.3"]  # the sweep's: in
-    assert plan["sweep_gates"] == [{"threshold": -0.5, "max_stages": 3}, {"gate": "conf", "threshold": 0.5,
+    assert plan.sweep_gates == [{"threshold": -0.5, "max_stages": 3}, {"gate": "conf", "threshold": 0.5,
                                                                           "max_stages": 3}]
     for kind in ("dspark", "dflash2"):  # the distilled drafters loop-train too
-        assert ds.study_plan("smoke", drafters=[kind])["drafters"] == [kind]
-    assert ds.study_plan("smoke", block_sizes=[4, 16])["block_sizes"] == [4, 16]
+        assert ds.study_plan("smoke", drafters=[kind]).drafters == [kind]
+    assert ds.study_plan("smoke", block_sizes=[4, 16]).block_sizes == [4, 16]
 
 
 def test_predictor_gates_are_skipped_for_eagle3_with_the_reason():
     """A gate a drafter cannot use is skipped (planned, printed, in the tables), never an error."""
     plan = ds.study_plan("smoke")
-    skipped = {(s["drafter"], s["gate"]) for s in plan["skipped"]}
+    skipped = {(s["drafter"], s["gate"]) for s in plan.skipped}
     assert skipped == {("eagle3", "conf@0.5:3"), ("eagle3", "cost:3"), ("eagle3", "trunc@0.3")}
-    assert all("token by token" in s["why"] for s in plan["skipped"])
+    assert all("token by token" in s["why"] for s in plan.skipped)
     eagle = [ds.dloop_label(c) for c in ds.drafter_settings(plan, "eagle3")]
     assert eagle == ["off", "-0.5:3", "-1:3"]
     assert len(ds.drafter_settings(plan, "dspark")) == len(ds.dloop_settings(plan)) == 6
@@ -51,8 +52,8 @@ def test_domino_decodes_with_the_ablations_candidate_pool(tmp_path):
     from lit_domino.studies.ablation import study_plan as ablation_plan
 
     for preset in ("smoke", "default", "paper"):
-        assert ds.study_plan(preset)["pool_size"] == ablation_plan(preset)["pool_size"]
-    assert ds.study_plan("default")["pool_size"] is not None and ds.study_plan("paper")["pool_size"] is None
+        assert ds.study_plan(preset).pool_size == ablation_plan(preset).pool_size
+    assert ds.study_plan("default").pool_size is not None and ds.study_plan("paper").pool_size is None
     # the pool is set in one place: a pool_size in the DLoop study file is refused, naming where it belongs
     study = tmp_path / "study.yaml"
     study.write_text(ds.STUDY_FILE.read_text().replace("    seed: 0\n", "    seed: 0\n    pool_size: 16\n", 1))
@@ -71,7 +72,7 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
 
     plan = ds.study_plan("smoke", drafters=["domino", "eagle3"], thresholds=[-0.5], stages=[1, 3],
                          block_sizes=[4, 16])
-    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan.drafters}
     names["domino"]["control n1"] = "domino/control-n1"
     trained = {n: type("Trained", (), {"drafter_dir": n})() for v in names.values() for n in v.values()}
     calls, attached, aliases = [], [], []
@@ -86,7 +87,7 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     # the control fine-tune decodes every setting beside the plain and loop-aware drafters (one AR baseline)
     assert [sorted(d) for d, _ in calls] == [["domino/control-n1", "domino/loop-detach", "domino/plain",
                                               "eagle3/loop-detach", "eagle3/plain"], ["domino/plain"]]
-    assert all(kw["pool_sizes"] == [64] and kw["repeats"] == plan["repeats"] == 1 for _, kw in calls)
+    assert all(kw["pool_sizes"] == [64] and kw["repeats"] == plan.repeats == 1 for _, kw in calls)
     assert all(kw["record_stages"] for _, kw in calls)  # the whole-stage rate is read from the stage records
     grid = calls[0][1]["dloops"]
     labels = lambda cfgs: [ds.dloop_label(c) for c in cfgs]
@@ -105,7 +106,7 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     skipped = [(r["drafter"], r["block_size"]) for r in rows if r["kind"] == "skipped"]
     assert skipped == [("domino/plain", 16), ("eagle3/plain", 16)]
     assert "16 > its trained block size 8" in next(r["why"] for r in rows if r["kind"] == "skipped")
-    assert ds.study_plan("default")["repeats"] == 3
+    assert ds.study_plan("default").repeats == 3
     study = tmp_path / "study.yaml"
     study.write_text(ds.STUDY_FILE.read_text().replace("repeats: 3", "repeats: 0", 1))
     with pytest.raises(ValueError, match="repeats must be a positive integer"):
@@ -164,8 +165,8 @@ def test_cli_refuses_bad_input_before_training(capsys):
 def test_predictor_gates_plan_for_parallel_drafters():
     plan = ds.study_plan("smoke", drafters=["backbone", "domino"], table_dloop={"gate": "conf", "threshold": 0.6,
                                                                                "max_stages": 3, "truncate": 0.3})
-    assert plan["table_dloop"] == {"gate": "conf", "threshold": 0.6, "max_stages": 3, "truncate": 0.3}
-    assert ds.dloop_label(ds.DLoopConfig(**plan["table_dloop"])) == "conf@0.6:3+trunc@0.3"
+    assert plan.table_dloop == {"gate": "conf", "threshold": 0.6, "max_stages": 3, "truncate": 0.3}
+    assert ds.dloop_label(ds.DLoopConfig(**plan.table_dloop)) == "conf@0.6:3+trunc@0.3"
     assert ds.study_plan("smoke", drafters=["backbone"], table_dloop={"gate": "cost", "max_stages": 3})
 
 
@@ -198,7 +199,7 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path, monkeypa
     spark = ds.loop_config(ds.base_config("dspark", plan), tmp_path / "spark", plan, detach=True)
     assert spark["data"]["feature_layers"] == [1, 3, 5] and a["data"].get("feature_layers") is None
     # a drafter's own fine-tune length beside the preset's (DSpark's loop steps cost more)
-    plan["loop_trainer_by_drafter"] = {"dspark": {"limit_train_batches": 0.25}}
+    plan = dataclasses.replace(plan, loop_trainer_by_drafter={"dspark": {"limit_train_batches": 0.25}})
     spark = ds.loop_config(ds.base_config("dspark", plan), tmp_path / "spark", plan, detach=True)
     assert spark["trainer"]["limit_train_batches"] == 0.25 and spark["trainer"]["max_epochs"] == 1
     assert "limit_train_batches" not in ds.loop_config(base, tmp_path / "base-a", plan, detach=True)["trainer"]
@@ -222,14 +223,14 @@ def test_loop_config_derives_from_the_base_and_is_keyed_by_it(tmp_path, monkeypa
 def fake_rows(plan, names):
     """Benchmark-shaped rows: τ grows with the gate's depth and with loop-aware training."""
     rows = []
-    for kind in plan["drafters"]:
+    for kind in plan.drafters:
         for variant, name in names[kind].items():
             boost = {"plain": 0.0, ds.CONTROL: 0.1}.get(variant, 0.3)
             for dl in ds.drafter_settings(plan, kind):
                 label = "off" if dl is None else dl.label()
                 extra = 0.0 if dl is None else 0.2 * (dl.max_stages - 1)
                 stages = 1.0 if dl is None else 1.5
-                for d in plan["prompts"]:
+                for d in plan.prompts:
                     tau = 2.0 + boost + extra
                     rows.append({"benchmark": d, "method": f"{name}+{label}", "kind": "drafter", "drafter": name,
                                  "temperature": 0.0, "dloop": label, "tau": tau, "speedup": tau / 2.0,
@@ -245,7 +246,7 @@ def fake_rows(plan, names):
 def test_tables_have_the_papers_shape():
     plan = ds.study_plan("smoke", thresholds=[-0.5, -1.0], stages=[1, 2, 3])
     names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop grad": f"{k}/loop-grad",
-                 ds.CONTROL: f"{k}/control-n1", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+                 ds.CONTROL: f"{k}/control-n1", "loop": f"{k}/loop-detach"} for k in plan.drafters}
     rows = fake_rows(plan, names)
     table = ds.dloop_table(rows, names, plan)
     assert [(r["drafter"], r["setting"]) for r in table["rows"][:6]] == [("backbone", s) for s in ds.SETTINGS]
@@ -281,7 +282,7 @@ def test_tables_have_the_papers_shape():
     assert "| eagle3 | both |" in table["markdown"] and "embedded-code τ" in table["markdown"]
     grid = ds.grid_table(rows, names, plan)
     # 5 drafters x 2 trainings x (off + 2 thresholds x 2 depths) x 3 domains
-    assert len(plan["drafters"]) == 5 and len(grid["records"]) == 5 * 2 * 5 * 3
+    assert len(plan.drafters) == 5 and len(grid["records"]) == 5 * 2 * 5 * 3
     rec = next(r for r in grid["records"] if r["threshold"] == -1.0 and r["max_stages"] == 3)
     assert rec["fwd_per_token"] == pytest.approx(10 / (10 * rec["tau"]))  # rounds / tokens after the first
     reports = {"domino/loop-detach": {"val/loss_stage1": 1.0, "val/loss_stage3": 2.0}}
@@ -294,7 +295,7 @@ def test_tables_have_the_papers_shape():
 def test_table_metrics_names():
     plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
     names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop": f"{k}/loop-detach"}
-             for k in plan["drafters"]}
+             for k in plan.drafters}
     rows = fake_rows(plan, names)
     tables = {"grid": ds.grid_table(rows, names, plan), "dloop": ds.dloop_table(rows, names, plan)}
     metrics = ds.table_metrics(tables)
@@ -304,7 +305,7 @@ def test_table_metrics_names():
     assert metrics["grid.eagle3.loop-aware.g-0.5.N3.embedded-chat.tau"] == pytest.approx(2.7)
     # "loop only"/"both" of the dloop table: gate -0.5:3 is in the grid; every value is finite
     # (tau, speedup and the projected speedup)
-    assert len([k for k in metrics if not k.startswith(("grid.", "gate."))]) == len(plan["drafters"]) * 4 * 4 * 3
+    assert len([k for k in metrics if not k.startswith(("grid.", "gate."))]) == len(plan.drafters) * 4 * 4 * 3
     # the other gates' tables: 4 parallel drafters x 4 settings, EAGLE-3's 2 (no loop rows: skipped), x 4 columns x 3
     assert len([k for k in metrics if k.startswith("gate.")]) == 3 * (4 * 4 + 2) * 4 * 3
     assert metrics["gate.conf_0.5:3.domino.both.avg.tau"] == pytest.approx(2.7)  # "@": not in MLflow's names
@@ -322,7 +323,7 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
 
     plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
     names = {k: {"plain": f"{k}/plain", "loop detach": f"{k}/loop-detach", "loop": f"{k}/loop-detach"}
-             for k in plan["drafters"]}
+             for k in plan.drafters}
 
     class Trained:
         def __init__(self, name):
@@ -351,7 +352,7 @@ def test_study_stages_3_and_4_cache_rows_write_strict_json_and_log(tmp_path, mon
     assert math.isnan(again["rows"][0]["speedup"])
     plan_of = ds.study_plan
     for change in ({"pool_size": None}, {"gates": []}, {"repeats": 3}):  # what evaluate() decodes by: the key
-        monkeypatch.setattr(ds, "study_plan", lambda *a, change=change, **k: {**plan_of(*a, **k), **change})
+        monkeypatch.setattr(ds, "study_plan", lambda *a, change=change, **k: dataclasses.replace(plan_of(*a, **k), **change))
         ds.run_dloop_study("smoke", thresholds=[-0.5], stages=[1, 3], out_dir=tmp_path / "changed", progress=False,
                            mlflow_enabled=False)
     assert decoded == [1, 1, 1, 1]
@@ -372,7 +373,7 @@ def test_calibration_bins_stages_by_each_gate_and_plots(tmp_path):
     """Stage records of the DLoop-off rows -> per gate: P(whole stage accepted) by confidence bin, the gate's
     open rate at the table's threshold; the PNG is written."""
     plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
-    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan.drafters}
     rows = fake_rows(plan, {k: {"plain": v["plain"], "loop detach": v["loop"]} for k, v in names.items()})
     for r in rows:  # confident stages (sum log q near 0) are accepted whole, unconfident ones are not
         if r.get("dloop") == "off" and r["kind"] == "drafter":
@@ -381,7 +382,7 @@ def test_calibration_bins_stages_by_each_gate_and_plots(tmp_path):
     recs = {(r["drafter"], r["training"], r["gate"]): r for r in calib["records"]}
     assert set(g for *_, g in recs) == {"sum", "mean", "scaled", "last"}
     s = recs[("domino", "plain", "sum")]
-    assert s["n_stages"] == 40 * len(plan["prompts"]) and s["whole_stage_rate"] == pytest.approx(0.25)
+    assert s["n_stages"] == 40 * len(plan.prompts) and s["whole_stage_rate"] == pytest.approx(0.25)
     assert [b["accepted"] for b in s["bins"]] == [0.0, 0.0, 0.0, 1.0]  # most confident bin: all accepted
     assert s["open_rate_at_table_g"] == pytest.approx(11 / 40)  # sum >= -0.5: i <= 10
     assert s["accepted_when_open"] == pytest.approx(10 / 11)
@@ -400,7 +401,7 @@ def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
     """A gate that wins on long sequences and loses on short ones: the speedup (mean per-prompt time per token)
     falls, the domains' total decode time falls too; the table says both."""
     plan = ds.study_plan("smoke", thresholds=[-0.5], stages=[1, 3])
-    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan.drafters}
     rows = fake_rows(plan, {k: {"plain": v["plain"], "loop detach": v["loop"]} for k, v in names.items()})
     for r in rows:
         if r.get("drafter") == "domino/plain" and r["dloop"] in ("off", "cost:3"):
@@ -420,7 +421,7 @@ def test_gates_table_gives_the_throughput_beside_the_mean_speedup():
     assert math.isnan(by[("domino", "plain", "-0.5:3")]["throughput_delta_pct"])  # no per-round times: printed –
     header, sep, *lines = table["markdown"].splitlines()
     assert "Δ throughput vs off" in header and header.count("|") == sep.count("|")
-    logs = [math.log(1.1), math.log(1.2), math.log(1.1)] * len(plan["prompts"])  # each domain's prompts, paired
+    logs = [math.log(1.1), math.log(1.2), math.log(1.1)] * len(plan.prompts)  # each domain's prompts, paired
     mean = sum(logs) / len(logs)
     se = math.exp(mean) * statistics.stdev(logs) / len(logs) ** 0.5
     assert cost["paired_delta_pct"] == pytest.approx(100 * math.expm1(mean))
@@ -443,10 +444,10 @@ def gain_rows(plan, names):
     """Benchmark-shaped rows of the plain drafters at B = 8 (the main decode) and B = 4 (the sweep): the more
     stages a drafter's target accepts whole, the more its loop gains."""
     rows = []
-    for i, kind in enumerate(plan["drafters"]):
+    for i, kind in enumerate(plan.drafters):
         for bs, sweep in ((8, None), (4, 4)):
             rate = 0.1 * (i + 1) * (1.5 if bs == 4 else 1.0)
-            for d in plan["prompts"]:
+            for d in plan.prompts:
                 recs = [[-0.1, -0.1, bs - 1, bs - 1 if j < round(100 * rate) else 0] for j in range(100)]
                 for dl, speed in (("off", 1.2), ("-0.5:3", 1.2 * (0.9 + rate)), ("conf@0.5:3", 1.2 * (0.95 + rate))):
                     row = {"benchmark": d, "kind": "drafter", "drafter": names[kind]["plain"], "temperature": 0.0,
@@ -463,7 +464,7 @@ def gain_rows(plan, names):
 
 def test_gain_against_whole_stage_acceptance_points_fit_and_figure(tmp_path):
     plan = ds.study_plan("smoke")
-    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan["drafters"]}
+    names = {k: {"plain": f"{k}/plain", "loop": f"{k}/loop-detach"} for k in plan.drafters}
     rows = gain_rows(plan, names)
     gain = ds.gain_points(rows, names, plan)
     pts = {(p["gate"], p["drafter"], p["domain"], p["block_size"]): p for p in gain["points"]}

@@ -1,6 +1,7 @@
 """The objectives study (experiments/objectives.py): its plan and configs, its tables' verdicts and recommendation
 rule, one-line errors, the per-step cost, and (slow) the smoke study end to end."""
 
+import dataclasses
 import json
 import math
 
@@ -15,11 +16,11 @@ from lit_domino.training.experiment import drafter_artifact
 
 def test_the_plan_names_every_objective_and_checks_it():
     plan = study_plan("default")
-    assert plan["drafters"] == ["backbone", "domino", "dspark", "dflash2"] and plan["seeds"] == [0, 1]
-    assert plan["objectives"][0] == OWN and plan["specs"][OWN] is None and plan["pool_size"] == 64
+    assert plan.drafters == ["backbone", "domino", "dspark", "dflash2"] and plan.seeds == [0, 1]
+    assert plan.objectives[0] == OWN and plan.specs[OWN] is None and plan.pool_size == 64
     assert "ce" not in rows_of(plan, "domino") and "ce" in rows_of(plan, "dspark")  # Domino's own loss is the CE
     smoke = study_plan("smoke", drafters=["domino"], objectives=["kl"], seeds=[3])
-    assert smoke["objectives"] == [OWN, "kl"] and smoke["seeds"] == [3]  # own is always there: every Δ is against it
+    assert smoke.objectives == [OWN, "kl"] and smoke.seeds == [3]  # own is always there: every Δ is against it
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -67,7 +68,7 @@ def test_a_win_is_beyond_the_seed_spread_and_two_domains_make_a_default():
     assert table["recommended"].startswith("kl (wins math, code)")
     assert math.isclose(by["kl"]["delta_pct"], 100 * ((3.6 + 4.6 + 5.2) / 3 / 4.1 - 1))
     assert "worse" in by["auf"]["verdict"] and OWN not in [r for r in by if "wins" in by[r]]
-    one_seed = dict(plan, seeds=[0])
+    one_seed = dataclasses.replace(plan, seeds=[0])
     assert drafter_table(records, one_seed, "domino", ["math"])["recommended"].startswith("n/a: 1 seed")
     assert wins({"a": (1.0, 0.1)}, {"a": (1.2, 0.1)}, ["a"]) == ["a"]
     assert wins({"a": (1.0, 0.1)}, {"a": (1.1, 0.1)}, ["a"]) == []  # 0.1 < hypot(0.1, 0.1)
@@ -76,7 +77,7 @@ def test_a_win_is_beyond_the_seed_spread_and_two_domains_make_a_default():
 def test_the_report_writes_tables_curves_and_figures(tmp_path):
     plan = study_plan("smoke", drafters=["domino"], objectives=["kl"])
     records = _records({OWN: [[3.0, 4.0, 5.0]], "kl": [[3.5, 4.0, 5.0]]},
-                       domains=list(plan["prompts"]))
+                       domains=list(plan.prompts))
     tables, files, plots = report(records, plan, tmp_path)
     assert all(p.is_file() for p in files + plots)
     saved = json.loads((tmp_path / "objectives-smoke.json").read_text())
@@ -119,7 +120,7 @@ def test_the_smoke_study_end_to_end(smoke_target_dir, tmp_path):
     out = run_objectives_study("smoke", drafters=["backbone"], objectives=["kl"], out_dir=tmp_path, progress=False,
                                jobs=1, overrides=lean)
     assert [t.variant for t in out["trained"]] == ["backbone/own", "backbone/kl"]
-    assert {r["domain"] for r in out["records"]} == set(out["plan"]["prompts"])
+    assert {r["domain"] for r in out["records"]} == set(out["plan"].prompts)
     assert all(r["match_baseline"] == 1.0 for r in out["records"])
     (table,) = out["tables"]["drafters"]
     assert [r["objective"] for r in table["rows"]] == [OWN, "kl"]

@@ -3,6 +3,7 @@ random target with random drafters (no training: the real run is ``experiments/t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -24,17 +25,17 @@ VOCAB = 128
 
 def test_plan_defaults_builders_per_drafter_and_the_small_lm_skipped():
     plan = ts.study_plan("smoke")
-    assert plan["drafters"] == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
-    assert plan["builders"] == {"backbone": ["ddtree"], "domino": ["ddtree", "path"], "dspark": ["ddtree", "path"],
+    assert plan.drafters == ["backbone", "domino", "dspark", "dflash2", "eagle3"]
+    assert plan.builders == {"backbone": ["ddtree"], "domino": ["ddtree", "path"], "dspark": ["ddtree", "path"],
                                 "dflash2": ["ddtree", "path"], "eagle3": ["path", "eagle"]}
-    assert plan["budgets"] == [16, 32, 64] and plan["cost_cap"] == 64 and plan["top_k"] == 4
+    assert plan.budgets == [16, 32, 64] and plan.cost_cap == 64 and plan.top_k == 4
     # 1 AR + per drafter its chain and (3 budgets + cost-aware) per builder
     assert ts.method_count(plan) == 1 + (1 + 4) + (1 + 8) + (1 + 8) + (1 + 8) + (1 + 8)
     plan = ts.study_plan("smoke", drafters=["small_lm", "domino"], builders=["path"], budgets=[32, 8, 32], top_k=2)
-    assert plan["drafters"] == ["domino"] and "small_lm" in plan["skipped"]
-    assert plan["builders"] == {"domino": ["path"]} and plan["budgets"] == [8, 32] and plan["top_k"] == 2
+    assert plan.drafters == ["domino"] and "small_lm" in plan.skipped
+    assert plan.builders == {"domino": ["path"]} and plan.budgets == [8, 32] and plan.top_k == 2
     study = yaml.safe_load(ts.STUDY_FILE.read_text())
-    assert ts.study_plan("default")["prompts"] == study["presets"]["default"]["prompts"]  # the file's, per domain
+    assert ts.study_plan("default").prompts == study["presets"]["default"]["prompts"]  # the file's, per domain
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -106,10 +107,11 @@ def measured():
     target = lively_target(VOCAB, max_positions=128)
     drafters = {k: _drafter(target, k, i) for i, k in enumerate(("backbone", "domino", "eagle3"))}
     plan = ts.study_plan("smoke", drafters=list(drafters), budgets=[4, 8])
-    plan.update(prompts={"random-a": 2, "random-b": 1}, max_new_tokens=12, cost_cap=8, pool_size=None)
+    plan = dataclasses.replace(plan, prompts={"random-a": 2, "random-b": 1}, max_new_tokens=12, cost_cap=8,
+                               pool_size=None)
     g = torch.Generator().manual_seed(0)
     prompts = {name: [torch.randint(3, VOCAB - 1, (10,), generator=g).tolist() for _ in range(n)]
-               for name, n in plan["prompts"].items()}
+               for name, n in plan.prompts.items()}
     rows = ts.measure(target, drafters, prompts, plan, progress=False)
     return plan, rows
 
@@ -174,7 +176,7 @@ def test_a_budget_above_the_context_is_refused_before_decoding():
     target = lively_target(VOCAB, max_positions=40)
     drafters = {"backbone": _drafter(target, "backbone", 0)}
     plan = ts.study_plan("smoke", drafters=["backbone"], budgets=[32])
-    plan.update(prompts={"random": 1}, max_new_tokens=4)
+    plan = dataclasses.replace(plan, prompts={"random": 1}, max_new_tokens=4)
     with pytest.raises(UsageError, match="tree budget 32 is above what the context leaves"):
         ts.measure(target, drafters, {"random": [list(range(3, 13))]}, plan, progress=False)
 
