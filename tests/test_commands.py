@@ -4,7 +4,10 @@ fail the test; one subprocess run times a real argument error and checks that to
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
+import pkgutil
 import json
 import os
 import socket
@@ -42,10 +45,23 @@ def refuses(main, argv, capsys, prog: str, *needles: str) -> str:
     return lines[0]
 
 
+@functools.cache
+def import_whole_package() -> None:
+    import lit_domino
+
+    for module in pkgutil.walk_packages(lit_domino.__path__, "lit_domino."):
+        importlib.import_module(module.name)
+
+
 @pytest.fixture(autouse=True)
 def no_models(monkeypatch):
     """Loading a target or drafter, or building the embedded target, fails the test: bad input must be
-    answered before any of them."""
+    answered before any of them.
+
+    Every module of the package is imported first: one that a command imports for the first time while these
+    patches are on would keep the failing stand-in under its own name (``from ... import load_target``) for the
+    rest of the process, and fail an unrelated test that runs later in the same worker."""
+    import_whole_package()
     import lit_domino.interop
     import lit_domino.models.io
     import lit_domino.target.load
