@@ -7,11 +7,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
-from lit_domino.studies.skeleton import plan_dict, section_fields
+from lit_domino.studies.skeleton import plan_dict, read_study_file, section_fields
 from lit_domino.studies.tables import EXACT_HEAD, STUDY_FILE
-from lit_domino.training.configs import ConfigError, check_preset, did_you_mean
+from lit_domino.training.configs import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -69,11 +68,7 @@ class AblationPlan:
 def study_file_plan(preset: str, variants: list[str] | None = None) -> tuple[dict, dict, list[str]]:
     """The study file, the table membership and the variants to run; :class:`ConfigError` (one line on the
     command line) for a preset or a variant that the study does not have. YAML only: no heavy import."""
-    check_preset(preset)  # the presets are the config files' (one place); the study plans each of them
-    study = yaml.safe_load(STUDY_FILE.read_text())
-    if preset not in study["presets"]:
-        raise ConfigError(f"the ablation study ({STUDY_FILE.name}) has no plan for preset {preset!r}; add a "
-                          f"presets.{preset} section (it plans {', '.join(study['presets'])})")
+    study = read_study_file(STUDY_FILE, preset, "ablation study", ConfigError)
     tables = {name: list(study["variants"][name]) for name in ("main", "ablations")}
     known = tables["main"] + tables["ablations"]
     unknown = [v for v in variants or () if v not in known]

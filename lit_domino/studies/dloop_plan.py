@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from lit_domino.decoding.dloop import GATES, DLoopConfig, check_grid, check_table_gate, dloop_label
 from lit_domino.decoding.harness import check_repeats
 from lit_domino.models.sessions import check_pool_size
-from lit_domino.studies.skeleton import plan_dict, section_fields
+from lit_domino.studies.skeleton import plan_dict, read_study_file, section_fields
 from lit_domino.studies.tables import decode_pool_size
-from lit_domino.training.configs import (CONFIG_DIR, available_variants, check_preset, compose, load_config,
+from lit_domino.training.configs import (CONFIG_DIR, available_variants, compose, load_config,
                                          method_feature_rule, module_class, set_dotted)
 
 
@@ -121,11 +120,7 @@ class DLoopPlan:
 def study_plan(preset: str, drafters=None, thresholds=None, stages=None, table_dloop=None,
                study_file: Path = STUDY_FILE, gates=None, block_sizes=None) -> DLoopPlan:
     """The merged study settings of ``preset`` (CLI values override the preset's, which override the file's)."""
-    study = yaml.safe_load(Path(study_file).read_text())
-    check_preset(preset)  # the presets are the config files' (one place)
-    if preset not in study["presets"]:
-        raise ValueError(f"the DLoop study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
-                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
+    study = read_study_file(study_file, preset, "DLoop study")
     section = study["presets"][preset]
     if "pool_size" in section:
         raise ValueError(f"presets.{preset}.pool_size: the DLoop study decodes with the ablation's pool "

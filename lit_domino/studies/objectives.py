@@ -33,7 +33,8 @@ import yaml
 from lit_domino.runtime.command import UsageError
 from lit_domino.runtime.jsonio import write_json
 from lit_domino.runtime.paths import project_root
-from lit_domino.training.configs import CONFIG_DIR, ConfigError, check_preset, compose, did_you_mean, load_config
+from lit_domino.studies.skeleton import read_study_file
+from lit_domino.training.configs import CONFIG_DIR, ConfigError, compose, did_you_mean, load_config
 
 STUDY_FILE = CONFIG_DIR / "studies" / "objectives.yaml"
 OWN = "own"
@@ -99,11 +100,7 @@ def check_names(preset: str, drafters=None, objectives=None, study_file: Path = 
     """The preset, drafters and objective rows named against the study file (YAML only: the command's checks before
     torch loads) -> the plan's drafters and objective rows (``own`` first); :class:`UsageError` (one line, with close
     matches) otherwise."""
-    study = yaml.safe_load(Path(study_file).read_text())
-    check_preset(preset)
-    if preset not in study["presets"]:
-        raise UsageError(f"the objectives study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
-                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
+    study = read_study_file(study_file, preset, "objectives study", UsageError)
     section = study["presets"][preset]
     chosen = _choose("drafters", drafters, list(study["drafters"]))
     rows = _choose("objectives", objectives or section.get("objectives"), list(study["objectives"]))

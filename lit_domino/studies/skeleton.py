@@ -13,10 +13,24 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lit_domino.studies.common import cached_rows, check_lossless, stage_log
+from lit_domino.training.configs import check_preset
 
 REUSED = "stage 3/4 decode: nothing changed, reusing the measured rows"
 """The decode stage's line when the rows come from the cache."""
+
+
+def read_study_file(study_file: Path, preset: str, study: str, error: type[Exception] = ValueError) -> dict:
+    """A study file (YAML only: no heavy import), once ``preset`` is a config preset that the file plans; otherwise
+    ``error`` in one line naming the file and the presets it plans (``study``: the study's name in that line)."""
+    check_preset(preset)  # the presets are the config files' (one place); a study file plans each of them
+    data = yaml.safe_load(Path(study_file).read_text())
+    if preset not in data["presets"]:
+        raise error(f"the {study} ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
+                    f"presets.{preset} section (it plans {', '.join(data['presets'])})")
+    return data
 
 
 def section_fields(cls: type, section: Mapping[str, Any], where: str, error: type[Exception] = ValueError,

@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from lit_domino.decoding.harness import check_repeats
 from lit_domino.models.sessions import check_pool_size
-from lit_domino.studies.skeleton import plan_dict, section_fields
+from lit_domino.studies.skeleton import plan_dict, read_study_file, section_fields
 from lit_domino.studies.tables import decode_pool_size
-from lit_domino.training.configs import CONFIG_DIR, available_variants, check_preset, compose, module_class
+from lit_domino.training.configs import CONFIG_DIR, available_variants, compose, module_class
 
 STUDY_FILE = CONFIG_DIR / "studies" / "trees.yaml"
 TREE_BUILDERS = ("ddtree", "path", "eagle")
@@ -89,11 +88,7 @@ def positive_int(value, what: str) -> int:
 def study_plan(preset: str, drafters=None, builders=None, budgets=None, top_k=None,
                study_file: Path = STUDY_FILE) -> TreesPlan:
     """The merged settings of ``preset`` (arguments override the study file); every check before any training."""
-    study = yaml.safe_load(Path(study_file).read_text())
-    check_preset(preset)
-    if preset not in study["presets"]:
-        raise ValueError(f"the tree study ({Path(study_file).name}) has no plan for preset {preset!r}; add a "
-                         f"presets.{preset} section (it plans {', '.join(study['presets'])})")
+    study = read_study_file(study_file, preset, "tree study")
     section = study["presets"][preset]
     fields = section_fields(TreesPlan, section, f"{Path(study_file).name}: presets.{preset}",
                             fixed=("preset", "skipped", "drafters", "builders", "budgets", "cost_aware", "cost_cap",
