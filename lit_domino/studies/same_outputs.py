@@ -5,8 +5,9 @@ compared file by file and value by value; what a refactor of a study must leave 
     python -m lit_domino.studies.same_outputs results-before results-after --mlflow sqlite:///a.db sqlite:///b.db
 
 Markdown, text and figures must be byte-identical; JSON equal value by value (floats exactly: "to the last
-decimal"), except the keys that time the run itself (:data:`TIMING_KEYS`), which two runs never share. MLflow:
-every study run (tag ``study_role=study``) of one store has a run of the same experiment and name in the other,
+decimal"), except the keys that time the run itself (:data:`TIMING_KEYS`) and the files that only time it
+(:data:`TIMING_FILES`), which two runs never share. MLflow:
+every study run (:func:`study_runs`) of one store has a run of the same experiment and name in the other,
 with equal params and equal final metrics (timing metrics aside). The protocol that makes decoded rows comparable:
 both runs on one artifact cache (decoded rows are cached under the decoding code's hash, which a study's refactor
 leaves alone), so the second reuses the first's drafters and rows, and any difference is the study's own code.
@@ -22,6 +23,9 @@ from pathlib import Path
 TIMING_KEYS = frozenset({"seconds", "wall_seconds", "train_seconds", "decode_seconds", "reference_seconds",
                          "seconds_by_stage", "started", "finished", "elapsed"})
 """JSON keys (at any depth) that time the run that wrote them: left out of the comparison."""
+
+TIMING_FILES = frozenset({"stage_times.json"})
+"""Files that only time the run and describe the machine it ran on (load, speed): compared for presence only."""
 
 BYTE_EXACT = frozenset({".md", ".txt", ".csv", ".png", ".svg", ".pdf", ".yaml"})
 """Suffixes compared byte for byte; ``.json`` is compared as values; other files by bytes as well."""
@@ -61,6 +65,8 @@ def compare_files(before: Path, after: Path) -> list[str]:
     problems = [f"{name}: only {'before' if name in old else 'after'}" for name in sorted(old ^ new)]
     for name in sorted(old & new):
         a, b = before / name, after / name
+        if a.name in TIMING_FILES:
+            continue
         if a.suffix == ".json":
             where = _first_difference(_drop_timings(json.loads(a.read_text())), _drop_timings(json.loads(b.read_text())))
             if where:
@@ -71,13 +77,18 @@ def compare_files(before: Path, after: Path) -> list[str]:
 
 
 def study_runs(uri: str) -> dict[tuple[str, str], dict]:
-    """``(experiment, run name) -> {"params", "metrics"}`` of every study run in the store at ``uri``."""
+    """``(experiment, run name) -> {"params", "metrics"}`` of every study run in the store at ``uri``: the runs that
+    carry a study's tables (tag ``table``: the ablation's and the objectives study's ``study_role=study`` run, the
+    DLoop, tree and acceptance studies' table runs); the trainings' runs (tag ``variant``) are left out."""
     from lit_domino.runtime.tracking import open_client
 
     client = open_client(uri)
     runs = {}
     for exp in client.search_experiments():
-        for run in client.search_runs([exp.experiment_id], "tags.study_role = 'study'"):
+        for run in client.search_runs([exp.experiment_id]):
+            tags = run.data.tags
+            if "variant" in tags or ("table" not in tags and tags.get("study_role") != "study"):
+                continue  # a training's run (tag variant): its metrics include its own timed evaluations
             metrics = {k: v for k, v in run.data.metrics.items() if "seconds" not in k}
             runs[(exp.name, run.info.run_name)] = {"params": dict(run.data.params), "metrics": metrics}
     return runs
@@ -106,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         if not folder.is_dir():
             p.error(f"{folder}: not a folder")
     problems = compare_files(args.before, args.after)
+    what = f"{sum(1 for f in args.before.rglob('*') if f.is_file())} files"
     if args.mlflow:
         problems += compare_mlflow(*args.mlflow)
-    count = sum(1 for p_ in args.before.rglob("*") if p_.is_file())
+        what += f" and {len(study_runs(args.mlflow[0]))} study runs"
     for line in problems:
         print(line)
-    print(f"{count} files{' and the study runs' if args.mlflow else ''}: "
-          f"{'the same' if not problems else f'{len(problems)} difference(s)'}")
+    print(f"{what}: {'the same' if not problems else f'{len(problems)} difference(s)'}")
     return 1 if problems else 0
 
 

@@ -12,13 +12,14 @@ def _write(root, tau=3.25, seconds=12.0, table="| tau |\n|---|\n| 3.25 |\n", png
     (root / "main.md").write_text(table)
     (root / "fig.png").write_bytes(png)
     (root / "summary.json").write_text(json.dumps({"seconds": seconds, "rows": [{"tau": tau, "stages": {"seconds": 1}}]}))
+    (root / "stage_times.json").write_text(json.dumps({"total_seconds": seconds, "machine": {"load": seconds / 10}}))
     return root
 
 
 def test_two_runs_that_differ_only_in_their_timings_are_the_same(tmp_path, capsys):
     a, b = _write(tmp_path / "a"), _write(tmp_path / "b", seconds=99.5)
     assert compare_files(a, b) == []
-    assert main([str(a), str(b)]) == 0 and "3 files: the same" in capsys.readouterr().out
+    assert main([str(a), str(b)]) == 0 and "4 files: the same" in capsys.readouterr().out
 
 
 def test_every_changed_value_byte_or_file_is_named(tmp_path, capsys):
@@ -42,12 +43,16 @@ def test_study_runs_are_matched_by_experiment_and_name(tmp_path, monkeypatch):
     client.log_param(run.info.run_id, "preset", "smoke")
     client.log_metric(run.info.run_id, "backbone/tau", 3.25)
     client.log_metric(run.info.run_id, "study/seconds", 32.5)  # a timing: never compared
-    client.create_run(exp, run_name="backbone-s0")  # a training run: not a study run
+    client.create_run(exp, run_name="backbone-s0", tags={"variant": "backbone", "table": "main"})  # a training's
+    tables = client.create_run(client.create_experiment("trees-smoke"), run_name="trees-smoke", tags={"table": "trees"})
+    client.log_metric(tables.info.run_id, "domino/tau", 4.5)
     runs = same_outputs.study_runs(uri)
     assert runs == {("ablation-smoke", "ablation-smoke"): {"params": {"preset": "smoke"},
-                                                          "metrics": {"backbone/tau": 3.25}}}
+                                                          "metrics": {"backbone/tau": 3.25}},
+                    ("trees-smoke", "trees-smoke"): {"params": {}, "metrics": {"domino/tau": 4.5}}}
     assert compare_mlflow(uri, uri) == []
-    other = {key: {**run, "metrics": {"backbone/tau": 3.5}} for key, run in runs.items()}
+    other = {key: {**run, "metrics": {"backbone/tau": 3.5}} for key, run in runs.items() if key[0] == "ablation-smoke"}
+    other[("trees-smoke", "trees-smoke")] = runs[("trees-smoke", "trees-smoke")]
     other[("dloop-smoke", "dloop-smoke")] = {"params": {}, "metrics": {}}
     monkeypatch.setattr(same_outputs, "study_runs", lambda u: runs if u == uri else other)
     assert compare_mlflow(uri, "other") == ["mlflow dloop-smoke/dloop-smoke: only after",
