@@ -19,17 +19,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (the README's command): one worker more than the cores the process may use (``--maxprocesses`` in
-    pyproject.toml caps it). Many end-to-end checks spend part of their time waiting (on a subprocess's start, a
-    server, a DDP rendezvous, a build lock), so with one worker per core a core idles meanwhile; the extra worker
-    fills it. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides (xdist's own rule reads it)."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
-    return cores + 1
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """One artifact cache + MLflow store for the whole test session, outside the project."""
