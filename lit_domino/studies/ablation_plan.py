@@ -7,7 +7,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from lit_domino.studies.skeleton import plan_dict, read_study_file, section_fields
 from lit_domino.studies.tables import EXACT_HEAD, STUDY_FILE
 from lit_domino.training.configs import ConfigError, did_you_mean

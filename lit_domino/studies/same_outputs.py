@@ -58,10 +58,13 @@ def _first_difference(a, b, path: str = "") -> str | None:
     return None if a == b else f"{path or '.'}: {a!r} vs {b!r}"
 
 
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
 def compare_files(before: Path, after: Path) -> list[str]:
     """One line per difference between two output folders (empty: the same)."""
-    files = lambda root: {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    old, new = files(before), files(after)
+    old, new = _files(before), _files(after)
     problems = [f"{name}: only {'before' if name in old else 'after'}" for name in sorted(old ^ new)]
     for name in sorted(old & new):
         a, b = before / name, after / name
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         if not folder.is_dir():
             p.error(f"{folder}: not a folder")
     problems = compare_files(args.before, args.after)
-    what = f"{sum(1 for f in args.before.rglob('*') if f.is_file())} files"
+    what = f"{len(_files(args.before))} files"
     if args.mlflow:
         problems += compare_mlflow(*args.mlflow)
         what += f" and {len(study_runs(args.mlflow[0]))} study runs"

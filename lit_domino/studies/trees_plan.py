@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from lit_domino.decoding.harness import check_repeats
 from lit_domino.models.sessions import check_pool_size
 from lit_domino.studies.skeleton import plan_dict, read_study_file, section_fields
