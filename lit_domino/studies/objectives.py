@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from lit_domino.runtime.command import UsageError
 from lit_domino.runtime.jsonio import write_json
@@ -100,10 +99,13 @@ def check_names(preset: str, drafters=None, objectives=None, study_file: Path = 
     """The preset, drafters and objective rows named against the study file (YAML only: the command's checks before
     torch loads) -> the plan's drafters and objective rows (``own`` first); :class:`UsageError` (one line, with close
     matches) otherwise."""
-    study = read_study_file(study_file, preset, "objectives study", UsageError)
-    section = study["presets"][preset]
+    return _names(read_study_file(study_file, preset, "objectives study", UsageError), preset, drafters, objectives)
+
+
+def _names(study: dict, preset: str, drafters, objectives) -> tuple[list, list]:
+    """:func:`check_names` on a study file already read."""
     chosen = _choose("drafters", drafters, list(study["drafters"]))
-    rows = _choose("objectives", objectives or section.get("objectives"), list(study["objectives"]))
+    rows = _choose("objectives", objectives or study["presets"][preset].get("objectives"), list(study["objectives"]))
     if OWN not in rows:
         rows.insert(0, OWN)  # every Δ is against the drafter's own loss
     return chosen, rows
@@ -118,8 +120,8 @@ def study_plan(preset: str, drafters=None, objectives=None, seeds=None, study_fi
     from lit_domino.models.objectives import build_objective
     from lit_domino.studies.tables import decode_pool_size
 
-    chosen, rows = check_names(preset, drafters, objectives, study_file)
-    study = yaml.safe_load(Path(study_file).read_text())
+    study = read_study_file(study_file, preset, "objectives study", UsageError)
+    chosen, rows = _names(study, preset, drafters, objectives)
     section = copy.deepcopy(study["presets"][preset])
     specs = {row: study["objectives"][row] for row in rows}
     for row, spec in specs.items():
