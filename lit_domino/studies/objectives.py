@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from lit_domino.runtime.command import UsageError
 from lit_domino.runtime.jsonio import write_json
 from lit_domino.runtime.paths import project_root
