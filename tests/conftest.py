@@ -47,6 +47,18 @@ def smoke_ablation(tmp_path_factory, smoke_target_dir):
     return {"first": first, "out": out, "results": results}
 
 
+def copy_target(target_dir, from_root, to_root) -> None:
+    """A built embedded target and the tokenizers beside it, from the artifact cache ``from_root`` into ``to_root``
+    (what is there already is kept): a fresh cache that must not build the target again."""
+    import shutil
+    from pathlib import Path
+
+    for src in (Path(target_dir), *(p for p in (Path(from_root) / "tokenizer").iterdir() if p.is_dir())):
+        dst = Path(to_root) / src.relative_to(from_root)
+        if not dst.exists():
+            shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.lock"))
+
+
 @pytest.fixture(scope="session")
 def smoke_target_dir(_isolated_cache, tmp_path_factory):
     """The smoke preset's embedded target (and its tokenizer) in the session's cache, built from its recipe once per
@@ -54,20 +66,21 @@ def smoke_target_dir(_isolated_cache, tmp_path_factory):
     build lock, as two users' runs would) and each worker copies it into its own cache. The smoke ablation, the
     smoke studies and the GPU check's dry run ask for it; a test that loads ``embedded:smoke`` without it still
     works (it builds its own copy, a minute slower)."""
-    import shutil
-    from pathlib import Path
-
     from lit_domino.runtime import cache
     from lit_domino.target.recipe import build_tiny_target
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "shared-cache"  # this run's folder, above the workers'
-        built = build_tiny_target("smoke", root=shared, progress=False)
-        for src in (built, *(p for p in (shared / "tokenizer").iterdir() if p.is_dir())):
-            dst = cache.cache_root() / Path(src).relative_to(shared)
-            if not dst.exists():
-                shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.lock"))
+        copy_target(build_tiny_target("smoke", root=shared, progress=False), shared, cache.cache_root())
     return build_tiny_target("smoke", progress=False)  # in the session's cache: found complete, or built here
+
+
+@pytest.fixture(scope="session")
+def copy_smoke_target(smoke_target_dir):
+    """``copy_smoke_target(root)``: the session's smoke target and tokenizer copied into the artifact cache ``root``."""
+    from lit_domino.runtime import cache
+
+    return lambda root: copy_target(smoke_target_dir, cache.cache_root(), root)
 
 
 @pytest.fixture(scope="session")

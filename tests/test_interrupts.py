@@ -167,20 +167,12 @@ def test_single_process_ablation_trainings_stop_with_one_line(tiny_target_dir, t
 
 
 @pytest.fixture
-def smoke_cache(tmp_path_factory, smoke_target_dir):
+def smoke_cache(tmp_path_factory, copy_smoke_target):
     """A fresh artifact cache for each smoke run below, holding only a copy of the session's smoke target (and its
     tokenizer), so the runs train their drafters from scratch but do not each rebuild the target (1-2 min; under
     xdist the two runs land on different workers, so a module-scoped cache never shared it anyway)."""
-    import shutil
-
-    from lit_domino.runtime import cache
-
     root = tmp_path_factory.mktemp("smoke-interrupts")
-    session = cache.cache_root()
-    tokenizers = [p for p in (session / "tokenizer").iterdir() if p.is_dir()]
-    for src in (smoke_target_dir, *tokenizers):
-        shutil.copytree(src, root / Path(src).relative_to(session), symlinks=True,
-                        ignore=shutil.ignore_patterns("*.lock"))
+    copy_smoke_target(root)
     return root
 
 
