@@ -23,7 +23,7 @@ from lit_domino.models.layers import (DecoderLayer, KVCache, RMSNorm, StaticKVCa
                                      init_weights)
 from lit_domino.models.loop import ContextFn, check_stages, stage_blocks
 from lit_domino.models.registry import register
-from lit_domino.models.sessions import DraftSession, StageDraft, Stage, compile_for, pick_tokens
+from lit_domino.models.parallel_session import ParallelSession
 from lit_domino.models.objectives import IGNORE_INDEX, LossSettings, lean_block_ce, uses_own_loss, weighted_block_ce
 from lit_domino.models.objectives.blocks import parallel_objective
 
@@ -95,165 +95,6 @@ def block_flex_mask(anchors: torch.Tensor, anchor_mask: torch.Tensor, T: int, B:
 @dataclass
 class BackboneConfig(DrafterConfig):
     """The DFlash backbone's config: the shared fields (``DrafterConfig``) with the DFlash feature-layer rule."""
-
-
-class ParallelSession(DraftSession):
-    """Backbone session: per-layer context K/V cache (computed from fused features once).
-
-    A round computes only the new context positions and the block. ``stages[i].hidden``
-    holds each stage's block hidden states (after the final norm); for a DLoop stage,
-    the previous stage's ``hidden[k+1]`` stands in as the fused feature at ``start + k``.
-
-    ``static_capacity`` (``generate(..., static_cache=True)``): the caches are :class:`StaticKVCache` buffers
-    of that many positions and every round's block forward has the same shapes: its new context rows padded
-    to ``block_size`` (a longer context, the prompt's, is written ahead of it), every slot past the block
-    masked. ``compile`` (needs ``static_capacity``): that forward runs under ``torch.compile`` (one graph).
-    """
-
-    def __init__(self, drafter, static_capacity: int | None = None, compile: bool = False):
-        super().__init__(drafter)
-        if compile and static_capacity is None:
-            raise ValueError("compile=True needs static_capacity (the compiled block forward has fixed shapes)")
-        self.static_capacity = static_capacity
-        self.caches = ([KVCache() for _ in drafter.layers] if static_capacity is None
-                       else static_caches(drafter, static_capacity, owner=self))
-        self.block_hidden = compiled_block_hidden(drafter) if compile else drafter.block_hidden
-        self._cached = 0  # committed positions whose context K/V are in the caches
-        self._pending: list[torch.Tensor] = []  # raw features of positions _cached .. _len-1
-
-    def _drop_stages(self) -> None:
-        if self.stages:
-            for c in self.caches:
-                c.crop(self._cached)
-            self.stages = []
-
-    @torch.no_grad()
-    def extend(self, tokens, features) -> None:
-        ids, features = self._check_extend(tokens, features, need_features=True)
-        self._drop_stages()
-        if ids.numel():
-            self._pending.append(features)
-            self._len += ids.numel()
-
-    @torch.no_grad()
-    def crop(self, length: int) -> None:
-        length = self._check_crop(length)
-        self._drop_stages()
-        if length < self._cached:
-            for c in self.caches:
-                c.crop(length)
-            self._cached, self._pending = length, []
-        elif self._pending and length < self._len:
-            self._pending = [torch.cat(self._pending)[: length - self._cached]]
-        self._len = length
-
-    @torch.no_grad()
-    def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> StageDraft:
-        hidden, anchor = self.draft_hidden(anchor_token, num_tokens)
-        out = self._pick(hidden, anchor, temperature, generator)  # hidden [K+1, d]
-        self.stages[-1].tokens = out.tokens
-        return out
-
-    @torch.no_grad()
-    def draft_hidden(self, anchor_token, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block forward of a stage without its picks → (hidden [K+1, d] after the final norm, anchor [1]):
-        what :meth:`draft` picks from, and what a tree builder (:mod:`lit_domino.decoding.tree`) expands. The
-        stage is recorded (its tokens unknown: the anchor repeated) so that the next crop/extend drops it."""
-        drafter, dev = self.drafter, self.device
-        if self.stages:  # DLoop: previous stage's hidden states stand in for the unverified features
-            prev = self.stages[-1]
-            k_prev = prev.tokens.numel()
-            start = prev.start + k_prev
-            ctx = prev.hidden[1:][None]  # [1, K_prev, d]
-            ctx_pos = torch.arange(prev.start, start, device=dev)  # [K_prev]
-        else:
-            start = self._len
-            if self._pending:
-                ctx = drafter.fuse(torch.cat(self._pending))[None]  # [1, new, d]
-                ctx_pos = torch.arange(self._cached, self._len, device=dev)
-            else:
-                ctx, ctx_pos = None, None
-        anchor = self._check_draft(anchor_token, num_tokens, start)
-        rows = num_tokens if drafter.anchor_predicts else num_tokens + 1  # query rows of the block
-        ids = torch.full((rows,), self.config.mask_token_id, dtype=torch.long, device=dev)
-        ids[0] = anchor[0]
-        pos = torch.arange(start, start + rows, device=dev)  # [rows]
-        mask = None
-        if self.static_capacity is not None:
-            ctx, ctx_pos, mask = self._static_inputs(ctx, ctx_pos, start + rows)
-        hidden = self.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, mask, self.caches)
-        hidden = drafter.slot_hidden(hidden)[0]  # [K+1, d]: row k predicts the k-th drafted token
-        if not self.stages:
-            self._cached, self._pending = self._len, []
-        self.stages.append(Stage(start, anchor.expand(num_tokens), hidden))
-        return hidden, anchor
-
-    def _static_inputs(self, ctx, ctx_pos, end: int):
-        """The static path's context rows, exactly ``block_size`` of them, and the mask of slots < ``end`` (the
-        block's end). Rows beyond the last ``block_size`` (a prompt) are written to the caches here, ahead of
-        the block; missing rows are zero padding at positions ``end, end+1, ..``: slots past the block, never
-        visible, overwritten by later rounds (so the buffers hold ``end + block_size`` slots at most)."""
-        width, capacity = self.config.block_size, self.static_capacity
-        if _static_state(self.drafter).get("owner") is not self:
-            raise RuntimeError("a newer static session of this drafter now owns its static K/V buffers (one "
-                               "static session per drafter at a time): start this sequence again")
-        if end + width > capacity:
-            raise ValueError(f"the static draft cache holds {capacity} positions; a block ending at {end} needs "
-                             f"{end + width} (its padded context included): give a larger static_capacity")
-        n = 0 if ctx is None else ctx.shape[1]
-        if n > width:  # the prompt's context: written ahead, outside the fixed-shape forward
-            for layer, cache in zip(self.drafter.layers, self.caches):
-                cache.write(*layer.self_attn.project_kv(ctx[:, : n - width], ctx_pos[: n - width]),
-                            ctx_pos[: n - width])
-            ctx, ctx_pos, n = ctx[0, n - width:][None], ctx_pos[n - width:], width  # [1, width, d], one stride
-        dev = self.device
-        pad = torch.arange(end, end + width - n, device=dev)
-        if n == 0:
-            ctx, ctx_pos = torch.zeros(1, width, self.config.hidden_size, dtype=self.drafter.dtype, device=dev), pad
-        elif n < width:
-            ctx = torch.cat([ctx, ctx.new_zeros(1, width - n, ctx.shape[-1])], dim=1)
-            ctx_pos = torch.cat([ctx_pos, pad])
-        return ctx, ctx_pos, StaticKVCache.visible(torch.tensor(end, device=dev), capacity)
-
-    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
-        logits = self.drafter.compute_logits(hidden[1:])  # [K, V]
-        tokens, logprobs, probs = pick_tokens(logits, temperature, generator)
-        return StageDraft(tokens, logprobs, probs, logits)
-
-
-def _static_state(drafter) -> dict:
-    """The drafter's decode-time static state (buffers, owner, compiled forward). A deep copy (Domino's
-    ``base_view``) carries the original's state along; the id check gives the copy its own."""
-    state = drafter.__dict__.get("_static_state")
-    if state is None or state["drafter"] != id(drafter):
-        state = drafter.__dict__["_static_state"] = {"drafter": id(drafter)}
-    return state
-
-
-def static_caches(drafter, capacity: int, owner) -> list[StaticKVCache]:
-    """The drafter's static K/V buffers of ``capacity`` positions, one per layer, made once per drafter and
-    capacity and shared by its sessions: a compiled block forward (a CUDA graph) keeps reading the same
-    buffers, so a new sequence needs no new graph. ``owner``, the newest static session, is the only one
-    allowed to draft with them (an older one refuses instead of reading overwritten slots)."""
-    state = _static_state(drafter)
-    state["owner"] = owner
-    key = (int(capacity), drafter.dtype, next(drafter.parameters()).device)
-    pools = state.setdefault("caches", {})
-    if key not in pools:
-        pools[key] = [StaticKVCache(capacity, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, *key[1:])
-                      for layer in drafter.layers]
-    return pools[key]
-
-
-def compiled_block_hidden(drafter):
-    """``drafter.block_hidden`` under ``torch.compile`` (:func:`compile_for`), once per drafter, dtype and device
-    (its graphs do not guard the drafter's own weights)."""
-    device = next(drafter.parameters()).device
-    compiled = _static_state(drafter).setdefault("compiled", {})
-    if (drafter.dtype, device) not in compiled:
-        compiled[drafter.dtype, device] = compile_for(drafter.block_hidden, device)
-    return compiled[drafter.dtype, device]
 
 
 def parallel_loop_forward(
@@ -375,6 +216,27 @@ class ParallelDrafter(Drafter):
             h = call_layer(layer, h, block_pos, ctx, ctx_pos, mask, caches[i] if caches is not None else None,
                            recompute=recompute)
         return self.norm(h)
+
+    def block_step(self, anchor: torch.Tensor, where: torch.Tensor, ctx: torch.Tensor, caches: list[StaticKVCache],
+                   rows: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One stage's draft on the static decode path, in one call (compiled: one graph per ``rows`` and ``fused``)
+        → (hidden [K+1, d] in the label layout, the LM head's logits [K, V]).
+
+        ``where`` = [start, first, n]: the anchor ``anchor`` [1] sits at position start and the block's ``rows``
+        query rows ``[anchor, MASK ...]`` at start .. end-1; ``ctx`` [1, W, ·] holds the n new context rows at
+        positions first .. first+n-1 (raw target features, fused here, or with ``fused`` a DLoop stage's hidden
+        states); its other W - n rows go to slots end .. end+W-n-1, past the block, where the mask hides them.
+        Positions are tensors, so one graph serves every round."""
+        start, first, n = where.unbind()
+        dev = ctx.device
+        end, i = start + rows, torch.arange(ctx.shape[1], device=dev)
+        ctx_pos = torch.where(i < n, first + i, end + i - n)  # [W]
+        ids = torch.cat([anchor, anchor.new_full((rows - 1,), self.config.mask_token_id)])  # [rows]
+        pos = start + torch.arange(rows, device=dev)  # [rows]
+        hidden = self.block_hidden(self.embed_tokens(ids)[None], pos, ctx if fused else self.fuse(ctx), ctx_pos,
+                                   StaticKVCache.visible(end, caches[0].capacity), caches)
+        hidden = self.slot_hidden(hidden)[0]  # [K+1, d]: row k predicts the k-th drafted token
+        return hidden, self.compute_logits(hidden[1:])
 
     # ------------------------------------------------------------------ training
 

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, and_masks
 
-from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelSession
+from lit_domino.models.backbone import BackboneConfig, BlockOutput
+from lit_domino.models.parallel_session import ParallelSession
 from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import DecoderLayer, StaticKVCache, call_layer, flex_block_mask, init_weights
 from lit_domino.models.registry import register
@@ -307,9 +308,8 @@ class DFlash2Session(ParallelSession):
         """The selector over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
         return SelectorPathHead(self.drafter, hidden, anchor)
 
-    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
-        drafter = self.drafter
-        unary = drafter.compute_logits(hidden[1:])  # [K, V]
+    def _pick(self, hidden, anchor, unary, temperature, generator) -> StageDraft:
+        drafter = self.drafter  # unary [K, V]: the backbone's logits
         tokens, picks, cand, scores = drafter.selector.draft(hidden[1:], unary, anchor, temperature, generator)
         return pool_stage(tokens, picks, scores, cand, temperature, unary.shape[-1])
 

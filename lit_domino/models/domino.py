@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter, ParallelSession
+from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelDrafter
+from lit_domino.models.parallel_session import ParallelSession
 from lit_domino.models.layers import init_weights, memo_on_weights
 from lit_domino.models.registry import register
 from lit_domino.models.sessions import StageDraft, check_pool_size, is_greedy, pool_stage
@@ -294,10 +295,9 @@ class DominoSession(ParallelSession):
         session's candidate pool (``pool_size``)."""
         return DominoPathHead(self.drafter, hidden, anchor, self.pool_size)
 
-    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
+    def _pick(self, hidden, anchor, base, temperature, generator) -> StageDraft:
         drafter = self.drafter
-        H = hidden[1:]  # [K, d]
-        base = drafter.compute_logits(H)  # [K, V] backbone logits
+        H = hidden[1:]  # [K, d]; base [K, V]: the backbone's logits
         out = drafter.head.draft(H, base, anchor, drafter.embed.weight, self.pool_size, temperature, generator,
                                  self.head_loop)
         return pool_stage(out.tokens, out.picks, out.logits, out.ids, temperature, base.shape[-1])

@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_domino.models.backbone import BackboneConfig, BlockOutput, ParallelSession
+from lit_domino.models.backbone import BackboneConfig, BlockOutput
+from lit_domino.models.parallel_session import ParallelSession
 from lit_domino.models.distill import DistilledDrafter, previous_tokens
 from lit_domino.models.layers import init_weights, memo_on_weights
 from lit_domino.models.registry import register
@@ -326,9 +327,8 @@ class DSparkSession(ParallelSession):
         the session's candidate pool (``pool_size``)."""
         return MarkovPathHead(self.drafter, hidden, anchor, self.pool_size)
 
-    def _pick(self, hidden, anchor, temperature, generator) -> StageDraft:
-        drafter = self.drafter
-        base = drafter.compute_logits(hidden[1:])  # [K, V]
+    def _pick(self, hidden, anchor, base, temperature, generator) -> StageDraft:
+        drafter = self.drafter  # base [K, V]: the backbone's logits
         tokens, picks, logits, ids = drafter.head.draft(hidden, base, anchor, temperature, generator,
                                                         anchor_slot=not drafter.anchor_predicts,
                                                         block_fn=self.head_loop, pool_size=self.pool_size)

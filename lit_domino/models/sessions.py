@@ -19,6 +19,7 @@ Shapes: K drafted tokens, V vocabulary, d width.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -136,7 +137,12 @@ def compile_decode_step(fn: Callable, device) -> Callable:
     guards ran on every call and cost a sixth of the default target's compiled verify on a CPU (0.5-0.8 ms of
     3.4-5.3 ms, measured), the same host time in front of every CUDA-graph replay. Sound because a decode step's
     modules are frozen while it decodes, and every caller keys its compiled step by the module's identity, dtype
-    and device, so a cast or moved model compiles anew (new weights in the same tensors are read at each call)."""
+    and device, so a cast or moved model compiles anew (new weights in the same tensors are read at each call).
+
+    A bound method (a model's ``forward``, a drafter's step) is compiled for its object alone (:func:`own_code`):
+    dynamo keeps its graphs per code object, and without the module guards two models of one class (another
+    drafter's layer count, ``anchor_predicts`` or mask id) would replay each other's graphs."""
+    fn = own_code(fn)
     options = {**torch._inductor.list_mode_options(compile_mode(device)),
                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     if torch.device(device).type == "cpu":
@@ -146,6 +152,17 @@ def compile_decode_step(fn: Callable, device) -> Callable:
         # 405 to 320 us); a CUDA graph's replay has no wrapper to pay
         options["cpp_wrapper"] = True
     return torch.compile(fn, dynamic=False, options=options)
+
+
+def own_code(fn: Callable) -> Callable:
+    """A bound method ``fn`` as the same method of the same object with a code object of its own (what dynamo
+    keys its compiled graphs on); any other callable unchanged."""
+    if not isinstance(fn, types.MethodType):
+        return fn
+    f = fn.__func__
+    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    copy.__kwdefaults__, copy.__wrapped__ = f.__kwdefaults__, f
+    return types.MethodType(copy, fn.__self__)
 
 
 def compile_for(fn: Callable, device) -> Callable:

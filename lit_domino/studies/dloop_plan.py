@@ -190,7 +190,7 @@ def check_block_size(b) -> int:
 @functools.lru_cache(maxsize=None)  # composing a variant reads its YAML chain: the plan asks per gate
 def parallel_variant(variant: str) -> bool:
     """Whether ``variant`` trains a parallel drafter (its sessions keep block hidden states: a predictor applies)."""
-    from lit_domino.models.backbone import ParallelSession
+    from lit_domino.models.parallel_session import ParallelSession
 
     cls = module_class(compose(variant)).drafter_class.session_class
     return isinstance(cls, type) and issubclass(cls, ParallelSession)

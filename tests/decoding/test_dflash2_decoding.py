@@ -7,7 +7,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.engine import cpp_compiler
-from lit_domino.models.backbone import _static_state
+from lit_domino.models.parallel_session import static_state
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_dflash2_, lively_target,
                                 passes_chi_square, sampled_pairs)
@@ -78,4 +78,4 @@ def test_compiled_dflash2_decodes_what_the_eager_one_does(target):
     eager, compiled = (generate(target, d, torch.tensor([p]), max_new_tokens=12, temperature=0.8, seed=1, compile=c)
                        for c in (False, True))
     assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
-    assert "compiled" in _static_state(d)
+    assert "compiled" in static_state(d)

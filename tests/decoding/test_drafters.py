@@ -8,7 +8,7 @@ import torch
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.dloop import GATES
 from lit_domino.decoding.engine import cpp_compiler
-from lit_domino.models.backbone import _static_state
+from lit_domino.models.parallel_session import static_state
 from lit_domino.models import build_drafter, drafter_config, kinds
 from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target,
                                 passes_chi_square, random_target, sampled_pairs)
@@ -107,7 +107,7 @@ def test_compiled_parallel_drafters_decode_what_the_eager_ones_do(targets):
             eager, compiled = (generate(target, drafter, torch.tensor([p]), max_new_tokens=16, temperature=0.8,
                                         seed=i, dloop=dloop, compile=c) for c in (False, True))
             assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
-        assert "compiled" in _static_state(drafter)  # the drafter's compiled block forward ran
+        assert "compiled" in static_state(drafter)  # the drafter's compiled block forward ran
 
 
 def test_mismatched_real_drafter_is_rejected(targets):

@@ -7,7 +7,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.engine import cpp_compiler
-from lit_domino.models.backbone import _static_state
+from lit_domino.models.parallel_session import static_state
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.dspark import HEAD_TYPES
 from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square,
@@ -104,7 +104,7 @@ def test_compiled_dspark_decodes_what_the_eager_one_does(target):
             eager, compiled = (generate(target, d, torch.tensor([p]), max_new_tokens=16, temperature=0.8, seed=i,
                                         dloop=dloop, compile=c) for c in (False, True))
             assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
-        assert "compiled" in _static_state(d)
+        assert "compiled" in static_state(d)
     from lit_domino.models import dspark
     assert dspark._COMPILED_MARKOV_BLOCK  # the head's compiled loop was made (and ran: the sessions call it)
 
@@ -112,7 +112,7 @@ def test_compiled_dspark_decodes_what_the_eager_one_does(target):
 def test_compile_hands_the_session_the_compiled_head_loop(target, monkeypatch):
     """``compile=True`` drafts through ``compiled_markov_block`` (``torch.compile`` stubbed by a recording
     wrapper, the block forward left eager): the same tokens as the eager session, every block through it."""
-    from lit_domino.models import backbone, dspark
+    from lit_domino.models import dspark, parallel_session
 
     calls = []
 
@@ -123,7 +123,7 @@ def test_compile_hands_the_session_the_compiled_head_loop(target, monkeypatch):
         return loop
 
     monkeypatch.setattr(dspark, "compiled_markov_block", recording)
-    monkeypatch.setattr(backbone, "compiled_block_hidden", lambda drafter: drafter.block_hidden)
+    monkeypatch.setattr(parallel_session, "compiled_block_step", lambda drafter: drafter.block_step)
     d = _drafter(target, "rnn", scale=2.0)
     ids = torch.tensor([5, 6, 7, 8])
     feats = target.forward_features(ids[None], d.config.feature_layers)[0]

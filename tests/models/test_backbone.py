@@ -177,9 +177,13 @@ def test_static_session_drafts_what_the_dynamic_one_does(drafter):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
     # padding rows sit past the block (an index_copy_ with repeated slots has no defined winner on a GPU)
     s = drafter.new_session(static_capacity=64)
-    ctx, ctx_pos, mask = s._static_inputs(torch.ones(1, 2, drafter.config.hidden_size), torch.tensor([8, 9]), 15)
-    assert ctx.shape[1] == B and ctx_pos.tolist() == [8, 9, 15, 16, 17] and ctx[0, 2:].abs().sum() == 0
-    assert mask[0, 0, 0].nonzero().flatten().tolist() == list(range(15))  # slots < the block's end
+    for cache in s.caches:
+        cache._k.zero_()
+    ctx = torch.ones(1, B, drafter.config.num_features * drafter.config.hidden_size)
+    with torch.no_grad():
+        drafter.block_step(torch.tensor([3]), torch.tensor([10, 8, 2]), ctx, s.caches, B, False)  # 2 rows at 8, 9
+    written = s.caches[0]._k[0, 0].abs().sum(-1).nonzero().flatten().tolist()
+    assert written == list(range(8, 18))  # context 8, 9; the block 10..14; its 3 padding rows at 15, 16, 17
     s = drafter.new_session(static_capacity=20)
     s.extend(ids[0, :14], feats[0, :14])
     with pytest.raises(ValueError, match="static draft cache holds 20 positions; a block ending at 19 needs 24"):
@@ -225,10 +229,10 @@ def test_gradients_reach_drafter_not_target(target, drafter):
 def test_a_deep_copy_gets_its_own_static_buffers(drafter):
     import copy
 
-    from lit_domino.models.backbone import _static_state
+    from lit_domino.models.parallel_session import static_state
 
     s = drafter.new_session(static_capacity=32)
     twin = copy.deepcopy(drafter)
     t = twin.new_session(static_capacity=32)
     assert all(a._k is not b._k for a, b in zip(s.caches, t.caches))
-    assert _static_state(drafter)["owner"] is s and _static_state(twin)["owner"] is t
+    assert static_state(drafter)["owner"] is s and static_state(twin)["owner"] is t
