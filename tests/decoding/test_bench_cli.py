@@ -96,7 +96,7 @@ def saved_predictor(directory: Path, key: str | None = None) -> Path:
     from lit_domino.studies.bench import load_drafters, load_target_spec
 
     target = load_target_spec("random", "cpu", "float32")
-    d = load_drafters("dom=random:domino", target, "cpu")["dom"]
+    d = load_drafters("dom=random:domino", target, "cpu")[0]["dom"]
     head = AcceptanceHead(d.config.hidden_size, d.causal_state_size, "gru")
     with torch.no_grad():
         torch.nn.init.normal_(head.proj.weight, std=0.3)
