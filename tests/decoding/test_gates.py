@@ -557,6 +557,26 @@ def test_a_predictor_the_drafter_cannot_read_or_without_a_drafter_is_refused(tar
         generate(target, dspark, ids, max_new_tokens=4, predictor="dspark.json")
 
 
+def test_benchmark_passes_each_drafter_its_predictor_and_refuses_a_wrong_one(target, monkeypatch):
+    from lit_domino.decoding.harness import benchmark
+
+    d, pred = with_predictor(target, "backbone")
+    other, other_pred = with_predictor(target, "domino")
+    prompts, conf = {"p": [[9, 3, 4, 2]]}, DLoopConfig.parse("conf@0.2:3+trunc@0.4")
+    rows = benchmark(target, {"bb": d, "dom": other}, prompts, max_new_tokens=12, dloops=[None, conf],
+                     predictors={"bb": pred, "dom": other_pred}, hf_baseline=False, progress=False, warmup=False)
+    gated = {r["method"]: r for r in rows if r.get("dloop") == conf.label()}  # neither has a head of its own
+    assert set(gated) == {"bb+dloop(conf@0.2:3+trunc@0.4)", "dom+dloop(conf@0.2:3+trunc@0.4)"}
+    assert all(r["match_baseline"] == 1.0 for r in rows)
+    no_decoding(monkeypatch)
+    with pytest.raises(ValueError, match=r"predictors names drafters \['x'\] that are not in drafters \['bb'\]"):
+        benchmark(target, {"bb": d}, prompts, max_new_tokens=4, predictors={"x": pred}, hf_baseline=False,
+                  progress=False)
+    with pytest.raises(NoAcceptancePredictor, match="built for another drafter"):
+        benchmark(target, {"bb": d}, prompts, max_new_tokens=4, predictors={"bb": other_pred}, hf_baseline=False,
+                  progress=False)
+
+
 def test_decoding_with_a_predictor_leaves_the_drafter_as_it_was(target):
     """The predictor is passed, never kept: the drafter gains no attribute, and a later decode without it has none
     (the predictor gates are refused) while one with it decodes the same tokens and rounds again."""
