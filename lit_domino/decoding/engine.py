@@ -83,13 +83,13 @@ def generate(
     is also an EOS or BOS id, :func:`padding_token`) is refused as padding; ragged lists are refused.
     ``block_size`` defaults to the drafter's
     trained block size (2 <= block_size <= it); ``dloop`` enables multi-stage drafting.
-    ``predictor`` (an :class:`~lit_domino.decoding.acceptance.AcceptancePredictor`): the acceptance predictor
-    the gates that read one (``conf``, ``cost``, ``+trunc``) read; None: the drafter's own confidence head,
-    uncalibrated, where it declares one (DSpark's), else none (those gates are then refused,
+    ``predictor`` (an :class:`~lit_domino.decoding.acceptance.AcceptancePredictor`): what the gates that read
+    one (``conf``, ``cost``, truncation ``trunc``) read; None: the drafter's own confidence head, uncalibrated,
+    where it declares one (DSpark's), else none (those gates are then refused,
     :class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`). One given is checked against the drafter
-    before decoding (built for it: its ``drafter_key``; a head it can read) and is ignored by a decode whose gate
-    reads none (DLoop off, the log-probability gates), so one predictor per drafter serves every setting; it is
-    never kept on the drafter.
+    before decoding (built for it: its ``drafter_key``; a head it can read; refused without a drafter) and is
+    ignored by a decode whose gate reads none (DLoop off, the log-probability gates), so one predictor per drafter
+    serves every setting; it is never kept on the drafter.
     At ``temperature`` 0 (or below ``sampling.GREEDY_BELOW`` = 1e-5: the same path, token for token) the output
     equals target greedy decoding; at T > 0 it is a
     sample of the target's softmax(logits / T), drawn from a ``torch.Generator`` seeded
