@@ -24,7 +24,8 @@ map fitted on the same rounds (:attr:`Calibration.survival_maps`: the c_j's erro
 ``mean_confidence[j]`` (the mean calibrated c_j on the held-out rounds that reached j) is the cost gate's forecast
 of a stage not drafted yet.
 
-A predictor travels with its drafter (:func:`attach`, :func:`predictor_of`) and is saved as its own artifact
+A predictor is passed to ``generate`` (``predictor=``; None: the drafter's own head's, :func:`predictor_of`), never
+kept on the drafter, checked against it there (:func:`check_predictor`), and saved as its own artifact
 (:meth:`AcceptancePredictor.save`, :func:`load_predictor`), keyed by the drafter's weights (:func:`drafter_key`).
 """
 
@@ -314,7 +315,8 @@ class AcceptancePredictor:
     """A drafter's acceptance predictor: its own head or an add-on one, and a calibration."""
 
     drafter_key: str
-    """:func:`drafter_key` of the drafter it was built for (checked by :func:`attach`)."""
+    """:func:`drafter_key` of the drafter it was built for (checked by :func:`check_predictor`); "" for the drafter's
+    own head read uncalibrated (:func:`own_predictor`), which fits any drafter with a head of its own."""
     head: AcceptanceHead | None = None
     """The add-on head; None = the drafter's own (``own_confidence_logits``)."""
     calibration: Calibration | None = None
@@ -437,55 +439,65 @@ def load_predictor(directory: str | Path) -> AcceptancePredictor:
                          "delete it to rebuild") from err
 
 
-# --------------------------------------------------------------------------- attaching to a drafter
-
-_ATTR = "_acceptance_predictor"
+# --------------------------------------------------------------------------- the predictor a decode reads
 
 
-def attach(drafter, predictor: AcceptancePredictor, check: bool = True):
-    """Give ``drafter`` its predictor (kept outside its parameters and state dict: never saved with it); with
-    ``check``, refuse one built for another drafter. Returns the drafter."""
-    if check and predictor.drafter_key != drafter_key(drafter):
+def check_predictor(drafter, predictor: AcceptancePredictor) -> AcceptancePredictor:
+    """``predictor`` if ``drafter`` can read it, else :class:`NoAcceptancePredictor` (one line): one built for
+    another drafter (its :attr:`~AcceptancePredictor.drafter_key`), the drafter's own head on one without such a
+    head, an add-on head on a drafter without block hidden states, or a head on Domino's GRU state on one whose
+    state is missing or of another width. ``generate`` checks a predictor it is given so, before decoding."""
+    kind = capabilities_of(drafter).kind
+    generic = predictor.drafter_key == "" and predictor.head is None and predictor.calibration is None
+    if not generic and predictor.drafter_key != drafter_key(drafter):
         raise NoAcceptancePredictor(
-            f"this acceptance predictor was built for another drafter (key {predictor.drafter_key}, this "
-            f"{drafter.kind} drafter's is {drafter_key(drafter)}): retrain it on this drafter")
-    if predictor.head is not None and not supports_predictor(drafter):
+            f"this acceptance predictor was built for another drafter (key {predictor.drafter_key or 'none'}, this "
+            f"{kind} drafter's is {drafter_key(drafter)}): retrain it on this drafter")
+    if predictor.head is None:
+        if not capabilities_of(drafter).confidence_head:
+            raise NoAcceptancePredictor(f"this acceptance predictor reads the drafter's own confidence head, and the "
+                                        f"{kind} drafter has none")
+        return predictor
+    if not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"an add-on acceptance head needs a parallel drafter's block hidden states; "
-                                    f"the {drafter.kind} drafter drafts token by token")
-    if predictor.head is not None and "gru" in predictor.head.input_kind:
+                                    f"the {kind} drafter drafts token by token")
+    if "gru" in predictor.head.input_kind:
         require_causal_state(drafter, "this acceptance predictor")
         width = input_width(drafter, predictor.head.input_kind)
         if width != predictor.head.embed_size:
             raise NoAcceptancePredictor(f"this acceptance predictor (inputs {predictor.head.input_kind!r}) reads "
-                                        f"{predictor.head.embed_size} features besides H_j, the {drafter.kind} "
+                                        f"{predictor.head.embed_size} features besides H_j, the {kind} "
                                         f"drafter has {width}")
-    drafter.__dict__[_ATTR] = predictor
-    return drafter
+    return predictor
 
 
 def own_predictor(drafter) -> AcceptancePredictor | None:
-    """An uncalibrated predictor from the drafter's own head (DSpark), None when it has none."""
+    """An uncalibrated predictor from the drafter's own head (DSpark), None when it has none. Its key is empty:
+    nothing in it is fitted to one drafter (:func:`check_predictor` lets it read any drafter with a head of its own)."""
     if not capabilities_of(drafter).confidence_head:
         return None
     return AcceptancePredictor(drafter_key="", head=None, calibration=None, meta={"source": "own head"})
 
 
-def predictor_of(drafter) -> AcceptancePredictor | None:
-    """The drafter's attached predictor, else its own head's (uncalibrated), else None."""
+def predictor_of(drafter, predictor: AcceptancePredictor | None = None) -> AcceptancePredictor | None:
+    """The predictor a gate reads on ``drafter``: ``predictor`` when one is given, else the drafter's own head's
+    (uncalibrated, :func:`own_predictor`), else None (as ``generate(predictor=None)``)."""
     if drafter is None:
         return None
-    return getattr(drafter, _ATTR, None) or own_predictor(drafter)
+    return predictor if predictor is not None else own_predictor(drafter)
 
 
-def require_predictor(drafter, why: str, calibrated: bool = False) -> AcceptancePredictor:
-    """The predictor a gate needs (``why`` names the gate), or :class:`NoAcceptancePredictor` before decoding."""
-    pred = predictor_of(drafter)
+def require_predictor(drafter, predictor: AcceptancePredictor | None, why: str,
+                      calibrated: bool = False) -> AcceptancePredictor:
+    """The predictor a gate needs (``why`` names the gate; ``predictor`` the one given, None: the drafter's own
+    head's, :func:`predictor_of`), or :class:`NoAcceptancePredictor` before decoding."""
+    pred = predictor_of(drafter, predictor)
     kind = capabilities_of(drafter).kind
     if pred is None:
         raise NoAcceptancePredictor(
             f"{why} needs acceptance probabilities, and this {kind} drafter has no confidence head: train an add-on "
-            "head on it (lit_domino.training.acceptance.acceptance_predictor) and attach it "
-            "(lit_domino.decoding.acceptance.attach), or use a log-probability gate (sum, mean, scaled, last)")
+            "head on it (lit_domino.training.acceptance.acceptance_predictor) and pass it (generate's predictor=), "
+            "or use a log-probability gate (sum, mean, scaled, last)")
     if pred.head is None and not supports_predictor(drafter):
         raise NoAcceptancePredictor(f"{why}: the {kind} drafter's sessions keep no block hidden states")
     if calibrated and pred.calibration is None:

@@ -9,10 +9,11 @@
   linear between the measured widths, from the last two beyond them);
 * ``draft_first`` / ``draft_next``: a first stage (the committed tokens' features fused, the block drafted) and a
   DLoop stage (drafted on the previous stage's hidden states) of ``block_size - 1`` tokens, each with the gate's
-  read of the drafter's acceptance predictor when it has one (what a predictor gate pays at every stage);
+  read of the acceptance predictor the gate is given (or the drafter's own head's; what a predictor gate pays at
+  every stage);
 * ``other``: the round's rollback and bookkeeping (the target cache's crop and the session's extend).
 
-Measured once per target, dtype, device and drafter (:func:`resolve`), cached under the artifact root
+Measured once per target, dtype, device, drafter and predictor read (:func:`resolve`), cached under the artifact root
 (``cost_models/``) as JSON with the key it was measured under, printed when measured. A cache whose key
 differs from the running setup (another target, dtype, device, drafter, thread count) is re-measured; an
 explicit file measured elsewhere is refused; a file of an older format is re-measured. Shared by every gate or
@@ -141,14 +142,15 @@ def device_name(device: torch.device) -> str:
     return f"{device.type}:{torch.get_num_threads()}threads"
 
 
-def cost_key(target, drafter, block_size: int) -> dict:
+def cost_key(target, drafter, block_size: int, predictor=None) -> dict:
     """What a cost model depends on: the target (fingerprint, dtype), the device (its name, the thread count on
     a CPU), the drafter (:func:`~lit_domino.decoding.acceptance.drafter_key`), the block size and the predictor a
-    stage reads (none, the drafter's own head, or an add-on head and its inputs)."""
+    stage reads (none, the drafter's own head, or an add-on head and its inputs): ``predictor``, None for the
+    drafter's own head's where it has one (:func:`~lit_domino.decoding.acceptance.predictor_of`, as ``generate``)."""
     from lit_domino.decoding.acceptance import drafter_key, predictor_of
 
     fp = target.fingerprint()
-    pred = predictor_of(drafter)
+    pred = predictor_of(drafter, predictor)
     reads = "none" if pred is None else "own" if pred.head is None else f"addon:{pred.head.input_kind}"
     return {"target": str(getattr(target, "name", "?")), "target_fingerprint": cache.config_hash(fp),
             "dtype": str(target.model.dtype).replace("torch.", ""), "device": str(torch.device(target.device).type),
@@ -181,13 +183,14 @@ def _median_excess(times: dict[str, list[float]], part: str, base: str) -> float
 
 @torch.inference_mode()
 def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int = 15, context: int = 96,
-            seed: int = 0) -> CostModel:
+            seed: int = 0, predictor=None) -> CostModel:
     """Measure a :class:`CostModel` on this machine with the real target and drafter (eager, dynamic cache):
     a ``context``-token random prompt (about the embedded prompts' length plus half of a 128-token answer), the
     parts timed ``repeats`` times interleaved (:func:`_interleaved`; medians, a round's rollback as a paired
-    difference, a DLoop stage timed alone after an untimed first stage); a stage includes the predictor's read when the drafter has a predictor
-    (:func:`~lit_domino.decoding.acceptance.predictor_of`). Measured one part after another, a load spike during
-    one part skewed it alone: a default-preset model read a rollback of 3 ms (0.2 ms when quiet)."""
+    difference, a DLoop stage timed alone after an untimed first stage); a stage includes the read of ``predictor``
+    (None: the drafter's own head's where it has one, :func:`~lit_domino.decoding.acceptance.predictor_of`).
+    Measured one part after another, a load spike during one part skewed it alone: a default-preset model read a
+    rollback of 3 ms (0.2 ms when quiet)."""
     from lit_domino.decoding.acceptance import predictor_of
     from lit_domino.decoding.round import TargetRunner, feature_layers
     from lit_domino.target.load import select_features
@@ -213,7 +216,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
         session.extend(prompt[:-1], None if feats is None else feats[:-1])
         anchor = prompt[-1:]
         last = (prompt[-1:], None if feats is None else feats[-1:])
-        predictor = predictor_of(drafter)
+        predictor = predictor_of(drafter, predictor)
         read = None if predictor is None else predictor.survival_reader(drafter)
 
         def stage(stage_anchor, offset):  # one stage as a predictor gate drafts it: the block, then its survivals
@@ -260,7 +263,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
     finally:
         drafter.train(was)
     return CostModel(curve, statistics.median(times["first"]), statistics.median(times["next"]),
-                     _median_excess(times, "other", "verify"), cost_key(target, drafter, block_size),
+                     _median_excess(times, "other", "verify"), cost_key(target, drafter, block_size, predictor),
                      statistics.median(times["read"]))
 
 
@@ -273,11 +276,12 @@ def cache_path(key: dict, root: Path | None = None) -> Path:
 
 
 def resolve(target, drafter, block_size: int, source: str | None = None, max_stages: int = 4,
-            root: Path | None = None, log=None) -> CostModel:
-    """The cost model for this target, drafter, dtype and device: ``source`` None = this process's, else the
-    artifact cache's, else measured now (cached and printed); ``"cached"`` = the cache only; a path = that file,
-    refused when measured for another setup (:class:`CostModelError`)."""
-    key = cost_key(target, drafter, block_size)
+            root: Path | None = None, log=None, predictor=None) -> CostModel:
+    """The cost model for this target, drafter (with the read of ``predictor``, :func:`cost_key`), dtype and device:
+    ``source`` None = this process's, else the artifact cache's, else measured now (cached and printed);
+    ``"cached"`` = the cache only; a path = that file, refused when measured for another setup
+    (:class:`CostModelError`)."""
+    key = cost_key(target, drafter, block_size, predictor)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if source not in (None, "cached"):
         path = Path(source).expanduser()
@@ -309,7 +313,7 @@ def resolve(target, drafter, block_size: int, source: str | None = None, max_sta
             raise CostModelError(f"no cost model was measured for this setup ({key['target']}, {key['dtype']}, "
                                  f"{key['device_name']}, drafter {key['drafter']}, B = {block_size}) and "
                                  "cost_model='cached' forbids measuring one: run once without it")
-        model = measure(target, drafter, block_size, max_stages=max_stages)
+        model = measure(target, drafter, block_size, max_stages=max_stages, predictor=predictor)
         model.save(path)
         log(f"measured {model.describe()} -> {path}")
     _MEMO[tag] = model

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from lit_domino.decoding.acceptance import AcceptancePredictor
 from lit_domino.decoding.chain import ChainProposer
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.gates import round_policy
@@ -70,6 +71,7 @@ def generate(
     threads: int | None = None,
     attention_mask=None,
     tree=None,
+    predictor: AcceptancePredictor | None = None,
 ) -> GenerationResult | list[GenerationResult]:
     """Speculative decoding of ``target`` with ``drafter`` (None: plain autoregressive decoding).
 
@@ -81,6 +83,13 @@ def generate(
     is also an EOS or BOS id, :func:`padding_token`) is refused as padding; ragged lists are refused.
     ``block_size`` defaults to the drafter's
     trained block size (2 <= block_size <= it); ``dloop`` enables multi-stage drafting.
+    ``predictor`` (an :class:`~lit_domino.decoding.acceptance.AcceptancePredictor`): what the gates that read
+    one (``conf``, ``cost``, truncation ``trunc``) read; None: the drafter's own confidence head, uncalibrated,
+    where it declares one (DSpark's), else none (those gates are then refused,
+    :class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`). One given is checked against the drafter
+    before decoding (built for it: its ``drafter_key``; a head it can read; refused without a drafter) and is
+    ignored by a decode whose gate reads none (DLoop off, the log-probability gates), so one predictor per drafter
+    serves every setting; it is never kept on the drafter.
     At ``temperature`` 0 (or below ``sampling.GREEDY_BELOW`` = 1e-5: the same path, token for token) the output
     equals target greedy decoding; at T > 0 it is a
     sample of the target's softmax(logits / T), drawn from a ``torch.Generator`` seeded
@@ -112,7 +121,8 @@ def generate(
     pool_size, threads = as_int(pool_size), as_int(threads)
     prompts, max_new_tokens, block_size, dloop = validate(
         target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature, block_size=block_size,
-        dloop=dloop, pool_size=pool_size, attention_mask=attention_mask, seed=seed, compile=compile, tree=tree)
+        dloop=dloop, pool_size=pool_size, attention_mask=attention_mask, seed=seed, compile=compile, tree=tree,
+        predictor=predictor)
     static_cache = bool(static_cache or compile)
     temperature = effective_temperature(temperature)  # below GREEDY_BELOW: exactly the T = 0 path
     device, limit = target.device, context_limit(target, drafter)
@@ -125,7 +135,8 @@ def generate(
         budget = (budget - block_size + 1 if dloop else 0) + max(tree.budget, block_size - 1)
     results = []
     with eval_mode(target.model, drafter), bounded_threads(threads):
-        policy = round_policy(dloop, target, drafter, block_size) if tree is None else None  # None: no gate
+        # None: no gate (a tree round's chain stages read the log-probability gates only)
+        policy = round_policy(dloop, target, drafter, block_size, predictor) if tree is None else None
         for row in prompts:
             row = row.to(device)
             capacity = row.shape[0] + max_new_tokens + budget + 1

@@ -321,19 +321,23 @@ class RoundPolicy:
             stages.append(session.draft(stage_anchor, room(m), temperature, generator))
 
 
-def round_policy(dloop: DLoopConfig | None, target, drafter, block_size: int) -> RoundPolicy | None:
+def round_policy(dloop: DLoopConfig | None, target, drafter, block_size: int,
+                 predictor: AcceptancePredictor | None = None) -> RoundPolicy | None:
     """The policy of ``dloop`` for ``drafter`` on ``target`` (None without DLoop: a plain round has no gate): the
-    acceptance predictor a predictor gate needs (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`
-    when the drafter has none) and the cost gate's cost model (:func:`~lit_domino.decoding.cost_model.resolve`:
-    cached, or measured here), before decoding."""
+    acceptance predictor a predictor gate reads (``predictor``, else the drafter's own head's,
+    :func:`~lit_domino.decoding.acceptance.require_predictor`; when there is none,
+    :class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`) and the cost gate's cost model
+    (:func:`~lit_domino.decoding.cost_model.resolve`: cached, or measured here with that predictor's read), before
+    decoding. A gate that reads no predictor ignores ``predictor``."""
     if dloop is None or drafter is None:
         return None
     eos = frozenset(int(t) for t in (getattr(target, "eos_token_ids", None) or ()))
     if not dloop.needs_predictor:
         return RoundPolicy(dloop, drafter, eos=eos)
     why = f"the DLoop gate {dloop.label()!r}"
-    predictor = require_predictor(drafter, why, calibrated=dloop.gate == "cost")
+    predictor = require_predictor(drafter, predictor, why, calibrated=dloop.gate == "cost")
     cost = None
     if dloop.gate == "cost":
-        cost = resolve(target, drafter, block_size, dloop.cost_model, max_stages=max(dloop.max_stages, 2))
+        cost = resolve(target, drafter, block_size, dloop.cost_model, max_stages=max(dloop.max_stages, 2),
+                       predictor=predictor)
     return RoundPolicy(dloop, drafter, predictor, cost, eos)

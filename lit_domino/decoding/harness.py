@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lit_domino.decoding import hf_peers
+from lit_domino.decoding.acceptance import check_predictor
 from lit_domino.decoding.dloop import DLoopConfig, dloop_label
 from lit_domino.decoding.engine import GenerationResult, check_compile, generate
 from lit_domino.decoding.metric_names import COMPILED_AR, MethodKey
@@ -107,6 +108,7 @@ def benchmark(
     external: Mapping[str, Callable] | None = None,
     repeats: int = 1,
     trees: Sequence = (None,),
+    predictors: Mapping[str | MethodKey, object] | None = None,
 ) -> list[dict]:
     """Decode every prompt set with our AR baseline, every drafter x temperature x DLoop, and peers.
 
@@ -141,6 +143,9 @@ def benchmark(
     per seed).
     ``trees``: the tree settings each drafter decodes with (:class:`lit_domino.decoding.tree.TreeConfig`; None: the
     chain engine), rows ``<drafter>+tree(<label>)``; a tree whose builder a drafter lacks is skipped for it.
+    ``predictors``: drafter name -> its acceptance predictor (:func:`generate`'s ``predictor``, passed to each of
+    its decodes; read by the conf, cost and trunc gates); a name it lacks: the drafter's own head's, if any. A
+    name not in ``drafters`` is refused, and each predictor is checked against its drafter before any decoding.
     """
     check_repeats(repeats)
     unknown = set(peers) - {"prompt_lookup", "assisted"}
@@ -155,6 +160,15 @@ def benchmark(
     for P in {P for pools in pools_of.values() for P in pools}:
         check_pool_size(P, target.vocab_size)
     dloops_of = _per_drafter(dloops, drafters, "dloops")  # the gates a drafter can use; a name it lacks: DLoop off
+    predictors = dict(predictors or {})
+    unknown = sorted(MethodKey.of(k).label() for k in set(predictors) - set(drafters))
+    if unknown:
+        raise ValueError(f"predictors names drafters {unknown} that are not in drafters "
+                         f"{sorted(MethodKey.of(k).label() for k in drafters)}")
+    for name, pred in predictors.items():  # another drafter's predictor: refused before the first decode
+        if pred is not None and drafters[name] is not None:
+            drafters[name].bind_target(target)  # its key is the bound drafter's (generate binds it too)
+            check_predictor(drafters[name], pred)
     budget = 0
     for name, d in drafters.items():
         if d is None:
@@ -164,12 +178,13 @@ def benchmark(
     trees = list(trees) or [None]
     budget += max([0] + [t.budget for t in trees if t is not None])  # room for DLoop's stages and a tree
 
-    def ours(drafter, temperature, dloop, i, pool_size=None, tree=None):
+    def ours(drafter, temperature, dloop, i, pool_size=None, tree=None, predictor=None):
         return lambda ids, n: generate(target, drafter, ids, max_new_tokens=n, temperature=temperature,
                                        block_size=block_size if drafter is not None else None,
                                        dloop=dloop if drafter is not None else None, seed=seed + i,
                                        pool_size=pool_size, static_cache=static_cache, compile=compile,
-                                       record_stages=record_stages and drafter is not None, tree=tree)
+                                       record_stages=record_stages and drafter is not None, tree=tree,
+                                       predictor=predictor)
 
     def peer(fn, temperature, i, **kw):
         return lambda ids, n: fn(target, ids, max_new_tokens=n, temperature=temperature, seed=seed + i, **kw)
@@ -198,8 +213,8 @@ def benchmark(
                         label = key.label()
                         keys[label] = key
                         methods.append((label, "drafter", name, temperature, dloop,
-                                        lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size, tr=tree:
-                                        ours(d, t, dl, i, P, tr)))
+                                        lambda i, d=drafter, t=temperature, dl=dloop, P=pool_size, tr=tree,
+                                        pr=predictors.get(name): ours(d, t, dl, i, P, tr, pr)))
         for label, fn in (external or {}).items():
             methods.append((label, "peer", None, temperature, None,
                             lambda i, f=fn, t=temperature: (lambda ids, n: f(ids, n, t, seed + i))))

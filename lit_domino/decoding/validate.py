@@ -1,8 +1,9 @@
 """Everything ``generate`` is given, checked before any decoding (ValueError with the reason, one line).
 
 Prompts (:func:`prompts_of`: a tensor, an array or lists of ids, an attention mask's padding), the token budget,
-the temperature, DLoop, the block size and pool size a drafter allows, its feature layers, the context's positions
-(:func:`context_limit`) and ``compile`` (:func:`check_compile`). Integer arguments may be numpy integers.
+the temperature, DLoop, the block size and pool size a drafter allows, its feature layers, the acceptance predictor
+(:func:`~lit_domino.decoding.acceptance.check_predictor`: built for this drafter, one it can read), the context's
+positions (:func:`context_limit`) and ``compile`` (:func:`check_compile`). Integer arguments may be numpy integers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import operator
 import numpy as np
 import torch
 
+from lit_domino.decoding.acceptance import AcceptancePredictor, check_predictor
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.decoding.round import feature_layers
 from lit_domino.decoding.sampling import GREEDY_BELOW
@@ -167,7 +169,7 @@ def context_limit(target, drafter) -> int | None:
 
 
 def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_size, dloop, pool_size=None,
-             attention_mask=None, seed=None, compile: bool = False, tree=None):
+             attention_mask=None, seed=None, compile: bool = False, tree=None, predictor=None):
     """Check everything before decoding; returns ``(prompts [T_i] per row, max_new_tokens, block_size, dloop)``
     (integer arguments as Python ints: numpy's ``np.int64`` is accepted)."""
     prompts = prompts_of(target, input_ids, attention_mask)
@@ -187,6 +189,10 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
         raise ValueError(f"dloop must be a DLoopConfig or None, got {type(dloop).__name__}")
     if drafter is None and pool_size is not None:
         raise ValueError(f"pool_size={pool_size!r} is a drafter option; plain decoding (drafter=None) has no draft")
+    if predictor is not None and not isinstance(predictor, AcceptancePredictor):
+        raise ValueError(f"predictor must be an AcceptancePredictor or None, got {type(predictor).__name__}")
+    if drafter is None and predictor is not None:
+        raise ValueError("predictor is a drafter's acceptance predictor; plain decoding (drafter=None) has no draft")
     if drafter is not None:
         drafter.bind_target(target)  # raises when the drafter was trained for another target
         trained = drafter_block_size(drafter)
@@ -203,6 +209,8 @@ def validate(target, drafter, input_ids, *, max_new_tokens, temperature, block_s
         check_pool_size(pool_size, vocab)
         if (layers := feature_layers(drafter)) is not None:
             check_layer_ids(layers, target.num_layers)
+        if predictor is not None:
+            check_predictor(drafter, predictor)  # NoAcceptancePredictor: another drafter's, or one it cannot read
     # what autoregressive decoding needs; near the end of the context the drafter drafts less
     # (see context_limit), so the draft budget never makes a request that fits fail
     longest = max(p.shape[0] for p in prompts)

@@ -47,7 +47,7 @@ the study's 7 predictors)."""
 
 
 def predictor_settings(preset: str) -> dict:
-    """What the predictors :func:`attach_predictors` builds for ``preset`` are made by: the prompts per domain and
+    """What the predictors :func:`study_predictors` builds for ``preset`` are made by: the prompts per domain and
     every :class:`~lit_domino.training.acceptance.AcceptanceSettings` field but the drafter's own pool (part of a
     study's decoded rows' key, so that rows decoded with other predictors are not reused)."""
     spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
@@ -172,11 +172,10 @@ def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: 
     return {"reports": reports, "artifacts": predictors, "markdown": md, "run_id": run_id}
 
 
-def attach_predictors(target, drafters: dict, preset: str, label: str | None = None) -> dict:
-    """Attach the cached (or newly built) predictor to every drafter in ``drafters`` (name -> drafter) that can
-    have one (the DLoop study's predictor gates); returns name -> artifact path."""
-    from lit_domino.decoding.acceptance import attach
-
+def study_predictors(target, drafters: dict, preset: str, label: str | None = None) -> dict:
+    """The cached (or newly built) predictor of every drafter in ``drafters`` (name -> drafter) that can have one
+    (the DLoop study's predictor gates; passed to ``generate`` as its ``predictor``) -> name -> (predictor, artifact
+    path)."""
     spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
     prompts = study_prompts(target, spec["prompts"])
     out, continued = {}, {}  # continued: the target's continuations, generated once for every predictor built
@@ -187,8 +186,7 @@ def attach_predictors(target, drafters: dict, preset: str, label: str | None = N
         settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool)
         pred, path = acceptance_predictor(target, drafter, prompts, settings,
                                           name=f"{name.replace('/', '-')}-{preset}", continued=continued)
-        attach(drafter, pred)
-        out[name] = path
+        out[name] = (pred, path)
     return out
 
 
@@ -199,7 +197,7 @@ GATE_SPECS = ("off", "-0.5:3", "conf@0.5:3", "conf@0.3:3", "cost:3", "trunc@0.3"
 def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspark"), gates=GATE_SPECS,
                    prompts_per_domain: int = 3, max_new_tokens: int = 64, repeats: int = 1,
                    out_dir: Path | None = None, threads: int | None = 1) -> dict:
-    """Every drafter (its cached predictor attached) x gate, decoded with :func:`~lit_domino.decoding.metrics.benchmark`
+    """Every drafter (with its cached predictor) x gate, decoded with :func:`~lit_domino.decoding.metrics.benchmark`
     on the eval prompts (the DLoop study's: each domain's first items) against our AR baseline, all interleaved:
     τ, stages per round, draft and verify ms per round, speedup, lossless match -> Markdown + JSON in
     ``results/acceptance/gates-<preset>``. A small-scale look at the gates, not the full DLoop study."""
@@ -215,13 +213,14 @@ def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspar
     loaded = {kind: load_drafter(train_variant(cfg, progress=False).drafter_dir, target=target)
               for kind, cfg in cfgs.items()}
     with pinned_threads(threads):
-        attached = attach_predictors(target, loaded, preset)
+        built = study_predictors(target, loaded, preset)
         dloops = [DLoopConfig.parse(g) for g in gates]
         prompts = {name: load_benchmark(name, prompts_per_domain) for name in DOMAINS}
         pool = study_pool_size(preset)
         rows = benchmark(target, loaded, prompts, max_new_tokens=max_new_tokens, dloops=dloops,
                          pool_sizes={k: [pool] for k in loaded if "pool_size" in loaded[k].draft_options},
-                         hf_baseline=False, progress=False, repeats=repeats)
+                         hf_baseline=False, progress=False, repeats=repeats,
+                         predictors={k: pred for k, (pred, _) in built.items()})
     lines = ["| drafter | gate | avg τ | stages/round | draft ms/round | verify ms/round | avg speedup | Δ vs off | "
              "lossless |", "|---|---|---|---|---|---|---|---|---|"]
     recs = []
@@ -244,7 +243,8 @@ def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspar
                          f"{rec['match']:.2f} |")
     md = "\n".join(lines)
     (out_dir / f"gates-{preset}.md").write_text(md + "\n")
-    write_json({"rows": recs, "predictors": {k: str(v) for k, v in attached.items()}}, out_dir / f"gates-{preset}.json")
+    write_json({"rows": recs, "predictors": {k: str(path) for k, (_, path) in built.items()}},
+               out_dir / f"gates-{preset}.json")
     print(f"\n## Gates ({preset}; {prompts_per_domain} prompts per domain, {max_new_tokens} tokens)\n\n{md}\n")
     print(f"written to {out_dir} in {time.time() - t0:.0f} s")
     return {"rows": recs, "markdown": md}

@@ -11,6 +11,7 @@ import argparse
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,34 +63,40 @@ def parse_drafters(spec: str) -> list[tuple[str, str]]:
     return out
 
 
-def load_drafters(spec: str, target, device: str, acceptance: str = "") -> dict:
-    """``name=path[,name=path...]`` → ``{name: drafter}``; ``path`` may be ``random:<kind>`` (randomly initialised).
-    Each drafter is cast once to the target's dtype (no per-call casts while decoding). ``acceptance``:
-    ``name=DIR,...`` (:func:`parse_acceptance`), each predictor attached to its drafter before the cast (its key
-    is the drafter's weights as trained)."""
+def load_drafters(spec: str, target, device: str, acceptance: str = "") -> tuple[dict, dict]:
+    """``name=path[,name=path...]`` → ``({name: drafter}, {name: acceptance predictor})``; ``path`` may be
+    ``random:<kind>`` (randomly initialised). Each drafter is cast once to the target's dtype (no per-call casts
+    while decoding). ``acceptance``: ``name=DIR,...`` (:func:`parse_acceptance`), each predictor checked against its
+    drafter before the cast (its key is the drafter's weights as trained), then keyed by the cast drafter, the one
+    ``generate`` checks it against."""
     import torch
 
     from lit_domino.models import build_drafter, drafter_config
     from lit_domino.interop import load_drafter
 
-    predictors = parse_acceptance(acceptance, [name for name, _ in parse_drafters(spec)])
+    dirs = parse_acceptance(acceptance, [name for name, _ in parse_drafters(spec)])
 
-    drafters = {}
+    drafters, predictors = {}, {}
     for name, path in parse_drafters(spec):
         if path.startswith("random:"):
             torch.manual_seed(0)
             drafter = build_drafter(drafter_config(path.split(":", 1)[1], target), target)
         else:
             drafter = load_drafter(path, target=target, map_location=device)
-        if name in predictors:
-            from lit_domino.decoding.acceptance import attach, load_predictor
+        pred = None
+        if name in dirs:
+            from lit_domino.decoding.acceptance import check_predictor, load_predictor
 
             try:
-                attach(drafter, load_predictor(predictors[name]))
+                pred = check_predictor(drafter, load_predictor(dirs[name]))
             except (UsageError, ValueError) as err:  # another drafter's predictor, or an unreadable one
                 raise UsageError(f"--acceptance {name}: {err}") from None
         drafters[name] = drafter.to(device=device, dtype=target.dtype).eval()
-    return drafters
+        if pred is not None:
+            from lit_domino.decoding.acceptance import drafter_key
+
+            predictors[name] = replace(pred, drafter_key=drafter_key(drafters[name]))  # the same drafter, cast
+    return drafters, predictors
 
 
 def parse_acceptance(spec: str, names: list[str]) -> dict[str, Path]:
@@ -285,16 +292,18 @@ def parse_dloops(spec: str) -> list:
     return [_usage("--dloop", DLoopConfig.parse, s) for s in str(spec).split(",") if s.strip()] or [None]
 
 
-def check_predictors(dloops: list, drafters: dict) -> None:
-    """The predictor gates (conf, cost, +trunc) need every drafter to have an acceptance predictor: refused by name
-    before any decoding (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`, a usage error)."""
+def check_predictors(dloops: list, drafters: dict, predictors: dict | None = None) -> None:
+    """The predictor gates (conf, cost, +trunc) need every drafter to have an acceptance predictor (``predictors``:
+    name -> the one given, else its own head's): refused by name before any decoding
+    (:class:`~lit_domino.decoding.acceptance.NoAcceptancePredictor`, a usage error)."""
     from lit_domino.decoding.acceptance import require_predictor
 
     for dl in dloops:
         if dl is not None and dl.needs_predictor:
             for name, drafter in drafters.items():
                 if drafter is not None:
-                    require_predictor(drafter, f"--dloop {dl.label()} (drafter {name})", calibrated=dl.gate == "cost")
+                    require_predictor(drafter, (predictors or {}).get(name), f"--dloop {dl.label()} (drafter {name})",
+                                      calibrated=dl.gate == "cost")
 
 
 def run_bench(options: Mapping | Any) -> list[dict]:
@@ -329,8 +338,8 @@ def run_bench(options: Mapping | Any) -> list[dict]:
     peers = parse_peers(args["peers"])
     with pinned_threads(args["threads"] or None):
         target = load_target_spec(args["target"], args["device"], args["dtype"])
-        drafters = load_drafters(args["drafters"], target, args["device"], args.get("acceptance") or "")
-        check_predictors(dloops, drafters)
+        drafters, predictors = load_drafters(args["drafters"], target, args["device"], args.get("acceptance") or "")
+        check_predictors(dloops, drafters, predictors)
         check_trees(trees, drafters)
         external = official_peers(peers, drafters, target)
         peers = [p for p in peers if p not in OFFICIAL_PEERS]
@@ -343,7 +352,7 @@ def run_bench(options: Mapping | Any) -> list[dict]:
                          assistant_model=assistant_model(args["peers"], args["assistant"], drafters, args["device"]),
                          prompt_lookup_num_tokens=args["prompt_lookup_tokens"], hf_baseline=not args["no_hf_baseline"],
                          seed=args["seed"], progress=not args["no_progress"], external=external,
-                         repeats=int(args.get("repeats") or 1), trees=trees)
+                         repeats=int(args.get("repeats") or 1), trees=trees, predictors=predictors)
         threads = torch.get_num_threads()
     from lit_domino.decoding.harness import markdown_table
     from lit_domino.runtime.jsonio import write_json
@@ -423,7 +432,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", default="0", help="comma-separated temperatures (default: 0)")
     p.add_argument("--dloop", default="off", help="comma-separated DLoop settings: off, [GATE@]THRESHOLD[:STAGES] (sum, mean, scaled, "
                    "last), conf@P[:STAGES], cost[:STAGES], trunc@P, each optionally +trunc@P; conf, cost and "
-                   "trunc need a drafter with an acceptance predictor (DSpark's own head, or one attached: "
+                   "trunc need a drafter with an acceptance predictor (DSpark's own head, or one given: "
                    "--acceptance)")
     p.add_argument("--acceptance", default="",
                    help="name=DIR[,name=DIR...]: a trained acceptance predictor per drafter of --drafters for the "

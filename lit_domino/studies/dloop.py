@@ -13,7 +13,7 @@ Stages (each printed as it runs, each cached):
    embedded eval prompts per domain: every drafter with DLoop off and with every
    ``DLoopConfig(g, N)`` of the grid (N = 1 is DLoop off: plain speculative decoding, round for
    round) and every gate of ``gates`` it can use (the predictor gates ``conf``, ``cost`` and truncation read
-   the parallel drafters' calibrated acceptance predictors, :func:`lit_domino.studies.acceptance.attach_predictors`;
+   the parallel drafters' calibrated acceptance predictors, :func:`lit_domino.studies.acceptance.study_predictors`;
    EAGLE-3 skips them, the reason printed), all methods interleaved per prompt against our AR baseline, Domino
    with the preset's candidate pool (``pool_size``, the ablation's); then the block-size sweep (``block_sizes``:
    each plain drafter decoded at smaller B, DLoop off and ``sweep_gates``); every row must reproduce the AR
@@ -107,28 +107,29 @@ def skipped_row(name: str, label: str, why: str, block_size=None) -> dict:
     return {"kind": "skipped", "drafter": name, "dloop": label, "block_size": block_size, "why": why}
 
 
-def attach_needed(target, drafters: dict, dloops: dict, plan: DLoopPlan) -> list[dict]:
-    """Attach the cached (or newly built) acceptance predictor to every drafter whose gates read one
-    (:func:`lit_domino.studies.acceptance.attach_predictors`: DSpark its own head, the others the add-on head);
-    a drafter that gets none decodes without those gates (a skipped row each). Edits ``dloops`` in place."""
+def predictors_needed(target, drafters: dict, dloops: dict, plan: DLoopPlan) -> tuple[dict, list[dict]]:
+    """The cached (or newly built) acceptance predictor of every drafter whose gates read one
+    (:func:`lit_domino.studies.acceptance.study_predictors`: DSpark its own head, the others the add-on head) ->
+    (name -> predictor, skipped rows): a drafter that gets none decodes without those gates (a skipped row each).
+    Edits ``dloops`` in place."""
     need = {n: d for n, d in drafters.items() if any(c is not None and c.needs_predictor for c in dloops[n])}
     if not need:
-        return []
-    from lit_domino.studies.acceptance import attach_predictors
+        return {}, []
+    from lit_domino.studies.acceptance import study_predictors
 
     # a plain drafter under its kind's name: the acceptance study's artifact (acceptance/<kind>-<preset>-<key>), so a
     # predictor it built is reused; the fine-tunes under their own names
     alias = {name: name.split("/")[0] if name.endswith("/plain") else name for name in need}
-    built = attach_predictors(target, {alias[n]: d for n, d in need.items()}, plan.preset)
-    attached = {name for name, a in alias.items() if a in built}
+    built = study_predictors(target, {alias[n]: d for n, d in need.items()}, plan.preset)
+    predictors = {name: built[a][0] for name, a in alias.items() if a in built}
     out = []
     for name in need:
-        if name in attached:
+        if name in predictors:
             continue
         for cfg in [c for c in dloops[name] if c is not None and c.needs_predictor]:
-            out.append(skipped_row(name, dloop_label(cfg), "no acceptance predictor could be attached to it"))
+            out.append(skipped_row(name, dloop_label(cfg), "no acceptance predictor could be built for it"))
             dloops[name].remove(cfg)
-    return out
+    return predictors, out
 
 
 def evaluate(target, trained: dict, names: dict, plan: DLoopPlan, progress: bool = True) -> list[dict]:
@@ -146,7 +147,7 @@ def evaluate(target, trained: dict, names: dict, plan: DLoopPlan, progress: bool
     extra_names = [n for n in trained if n not in grid_names]
     table = DLoopConfig(**plan.table_dloop)
     sweep_cfgs = [None] + [DLoopConfig(**g) for g in plan.sweep_gates]
-    rows, loaded = [], {}
+    rows, loaded, predictors = [], {}, {}
     common = dict(max_new_tokens=int(plan.max_new_tokens), pool_sizes=[plan.pool_size],  # Domino's kinds
                   repeats=plan.repeats, hf_baseline=False, progress=progress, seed=int(plan.seed),
                   record_stages=True)
@@ -159,9 +160,11 @@ def evaluate(target, trained: dict, names: dict, plan: DLoopPlan, progress: bool
             loaded.update(drafters)
             dloops = {name: settings_of(kind_of[name]) for name in group}
             t = time.time()
-            rows += attach_needed(target, drafters, dloops, plan)  # conf, cost, +trunc: each its predictor
+            built, skipped = predictors_needed(target, drafters, dloops, plan)  # conf, cost, +trunc: each its own
+            rows += skipped
+            predictors.update(built)
             t = _timed(f"acceptance predictors of {len(group)} drafters", t)
-            rows += benchmark(target, drafters, prompts, dloops=dloops, **common)
+            rows += benchmark(target, drafters, prompts, dloops=dloops, predictors=built, **common)
             _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings", t)
         for bs in plan.block_sizes:
             drafters, dloops = {}, {}
@@ -177,13 +180,14 @@ def evaluate(target, trained: dict, names: dict, plan: DLoopPlan, progress: bool
                                             f"data.block_size {bs} through base_overrides)", bs))
                     continue
                 usable = [c for c in sweep_cfgs if unusable(c, kind) is None]
-                if not _has_predictor(drafter):  # the main decode attached none (its skipped row says why)
+                if not _has_predictor(drafter, predictors.get(name)):  # none above (its skipped row says why)
                     usable = [c for c in usable if c is None or not c.needs_predictor]
                 drafters[name], dloops[name] = drafter, usable
             if drafters:
                 t = time.time()
+                sweep_predictors = {n: predictors[n] for n in drafters if n in predictors}
                 rows += [dict(r, sweep=bs) for r in benchmark(target, drafters, prompts, dloops=dloops,
-                                                              block_size=bs, **common)]
+                                                              block_size=bs, predictors=sweep_predictors, **common)]
                 _timed(f"decoded {sum(len(v) for v in dloops.values())} drafter settings at B = {bs}", t)
     return rows
 
@@ -194,10 +198,11 @@ def _timed(what: str, t: float) -> float:
     return now
 
 
-def _has_predictor(drafter) -> bool:
+def _has_predictor(drafter, predictor) -> bool:
+    """Whether a predictor gate has a predictor to read: ``predictor`` (built above) or the drafter's own head's."""
     from lit_domino.decoding.acceptance import predictor_of
 
-    return predictor_of(drafter) is not None
+    return predictor_of(drafter, predictor) is not None
 
 
 def log_to_mlflow(plan: DLoopPlan, tables: dict, files: list[Path]) -> str:

@@ -231,7 +231,7 @@ def gate_settings(plan: DLoopPlan) -> list[DLoopConfig]:
 
 def skip_reason(rows: list[dict], plan: DLoopPlan, kind: str, name: str, label: str) -> str | None:
     """Why drafter ``kind`` (decoded as ``name``) has no rows with gate ``label``: the plan's reason, or the one
-    recorded while decoding (a drafter the predictor could not be attached to)."""
+    recorded while decoding (a drafter no predictor could be built for)."""
     for s in plan.skipped:
         if s["drafter"] == kind and s["gate"] == label:
             return s["why"]

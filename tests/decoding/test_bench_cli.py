@@ -96,7 +96,7 @@ def saved_predictor(directory: Path, key: str | None = None) -> Path:
     from lit_domino.studies.bench import load_drafters, load_target_spec
 
     target = load_target_spec("random", "cpu", "float32")
-    d = load_drafters("dom=random:domino", target, "cpu")["dom"]
+    d = load_drafters("dom=random:domino", target, "cpu")[0]["dom"]
     head = AcceptanceHead(d.config.hidden_size, d.causal_state_size, "gru")
     with torch.no_grad():
         torch.nn.init.normal_(head.proj.weight, std=0.3)
@@ -126,6 +126,30 @@ def test_bench_takes_a_trained_predictor_per_drafter(tmp_path, capsys):
         with pytest.raises(SystemExit) as done:
             bench.main(common + ["--dloop", "conf@0.5:2"] + argv)
         assert done.value.code == 2 and needle in capsys.readouterr().err, argv
+
+
+def test_bench_keys_a_predictor_to_the_drafter_cast_to_the_targets_dtype(tmp_path):
+    """``--acceptance``: the predictor is checked on the drafter as trained (its key), then keyed by the drafter cast
+    to the target's dtype, the one ``generate`` checks it against; the artifact's own key is refused there."""
+    import torch
+
+    from lit_domino.decoding import DLoopConfig, generate
+    from lit_domino.decoding.acceptance import NoAcceptancePredictor, check_predictor, drafter_key, load_predictor
+    from lit_domino.studies.bench import load_drafters, load_target_spec
+
+    art = saved_predictor(tmp_path / "art")
+    target = load_target_spec("random", "cpu", "float32")
+    target.model.to(torch.bfloat16)
+    drafters, predictors = load_drafters("dom=random:domino", target, "cpu", f"dom={art}")
+    d, pred = drafters["dom"], predictors["dom"]
+    saved = load_predictor(art / "predictor")
+    assert next(d.parameters()).dtype == torch.bfloat16 and pred.drafter_key == drafter_key(d) != saved.drafter_key
+    assert pred.head is saved.head or torch.equal(pred.head.proj.weight, saved.head.proj.weight)
+    with pytest.raises(NoAcceptancePredictor, match="built for another drafter"):
+        check_predictor(d, saved)
+    res = generate(target, d, torch.tensor([[5, 6, 7]]), max_new_tokens=6, dloop=DLoopConfig.parse("conf@0.5:2"),
+                   predictor=pred)
+    assert len(res.tokens) == 6
 
 
 def test_bench_cli_trees(tiny_target_dir, tmp_path):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.acceptance import (AcceptanceHead, AcceptancePredictor, Calibration, NoAcceptancePredictor,
-                                           attach, drafter_key, input_width, load_predictor, predictor_of)
+                                           check_predictor, drafter_key, input_width, load_predictor)
 from lit_domino.decoding.cost_model import CostModel, CostModelError, cache_path, cost_key, resolve
 from lit_domino.decoding.gates import RoundPolicy, round_policy
 from lit_domino.models import build_drafter, drafter_config
@@ -34,7 +35,8 @@ SURVIVAL_MAPS = [[[0.0, 0.5, 1.0], [0.0, 0.2, 1.0]], [[0.0, 0.3, 1.0], [0.0, 0.1
 
 
 def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
-    """A random drafter of ``kind`` with an add-on head of random weights (confidences spread over (0, 1));
+    """A random drafter of ``kind`` and its predictor, ``(drafter, predictor)``: an add-on head of random weights
+    (confidences spread over (0, 1)), DSpark's own head spread alike;
     ``domino-gru``: Domino with the head on its GRU state; ``backbone-maps``, ``dspark-maps``: the calibration with
     :data:`SURVIVAL_MAPS`."""
     kind, _, inputs = kind.partition("-")
@@ -47,12 +49,12 @@ def with_predictor(target, kind, block_size=6, scale=1.5, seed=0, positions=12):
     d = build_drafter(drafter_config(kind, target, block_size=block_size, **kw), target)
     if kind == "dspark":
         spread_own_head(target, d, scale)
-        pred = AcceptancePredictor("", None, Calibration([1.5] * positions, [0.6] * positions, survival_maps=maps))
-        return attach(d, pred, check=False)
+        return d, AcceptancePredictor(drafter_key(d), None, Calibration([1.5] * positions, [0.6] * positions,
+                                                                        survival_maps=maps))
     head = spread_head(target, d, scale, inputs=inputs or "hidden")
     cal = Calibration([0.8 + 0.1 * j for j in range(positions)], [0.7 - 0.02 * j for j in range(positions)],
                       survival_maps=maps)
-    return attach(d, AcceptancePredictor(drafter_key(d), head, cal))
+    return d, AcceptancePredictor(drafter_key(d), head, cal)
 
 
 def sample_inputs(target, d):
@@ -89,13 +91,13 @@ def spread_own_head(target, d, scale=1.5, centre=1.5):
         d.confidence.bias.add_(centre - float(d.own_confidence_logits(H, prev).mean()))
 
 
-def cheap_cost(target, drafter, block_size):
+def cheap_cost(target, drafter, block_size, predictor):
     """A cost model where drafting is cheap against verifying: the cost gate drafts more while survival is high. Its
     reads cost something, so a sequence whose reads open nothing skips some (the decodes cover both paths)."""
     K = block_size - 1
     widths = [1, 2, K + 1, 2 * K + 1, 3 * K + 1]
     return CostModel.of_widths(widths, [1e-3 * (1 + 0.001 * w) for w in widths], 1e-5, 1e-5, 0.0,
-                               cost_key(target, drafter, block_size), read_s=2e-5)
+                               cost_key(target, drafter, block_size, predictor), read_s=2e-5)
 
 
 GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trunc@0.4", "-1:3+trunc@0.3", "cost:3",
@@ -105,8 +107,8 @@ GATES = ["conf@0.3:3", "conf@0.9:3", "trunc@0.5", "trunc@0.95", "conf@0.2:3+trun
 @pytest.mark.parametrize("kind", ["backbone", "domino", "domino-gru", "domino-hidden+gru", "dspark", "backbone-maps",
                                   "dspark-maps"])
 def test_gates_are_lossless_greedy(target, kind, tmp_path):
-    d = with_predictor(target, kind)
-    path = cheap_cost(target, d, 6).save(tmp_path / "cost.json")
+    d, pred = with_predictor(target, kind)
+    path = cheap_cost(target, d, 6, pred).save(tmp_path / "cost.json")
     stages_seen, drafted, accepted = set(), set(), set()
     for i, p in enumerate(([5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42])):
         expected = hf_greedy(target, p, 24)
@@ -116,7 +118,7 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
             if dl.gate == "cost":
                 dl = DLoopConfig(gate="cost", max_stages=dl.max_stages, truncate=dl.truncate, cost_model=str(path))
             for drafter in (d, mixed):
-                res = generate(target, drafter, torch.tensor([p]), max_new_tokens=24, dloop=dl)
+                res = generate(target, drafter, torch.tensor([p]), max_new_tokens=24, dloop=dl, predictor=pred)
                 assert res.tokens == expected, (kind, spec, p)
                 stages_seen.update(res.stages_per_round), drafted.update(res.drafted_per_round)
                 accepted.update(res.accepted_per_round)
@@ -153,22 +155,22 @@ def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
     cal = Calibration([1.0] * 6, [0.5] * 6, survival_maps=maps)
     if kind == "dspark":
         spread_own_head(target, d, 1.0, 1.5)
-        attach(d, AcceptancePredictor("", None, cal), check=False)
+        pred = AcceptancePredictor(drafter_key(d), None, cal)
     else:
-        attach(d, AcceptancePredictor(drafter_key(d), spread_head(target, d, 1.0, 1.5, inputs or "hidden"), cal))
+        pred = AcceptancePredictor(drafter_key(d), spread_head(target, d, 1.0, 1.5, inputs or "hidden"), cal)
     prompt = [3, 5, 2, 6]
     dl = DLoopConfig.parse(spec)
     if dl.gate == "cost":  # verifying more is nearly free here: the gate opens while the survival is high
-        path = str(cheap_cost(target, d, 3).save(tmp_path / "cost.json"))
+        path = str(cheap_cost(target, d, 3, pred).save(tmp_path / "cost.json"))
         dl = DLoopConfig(gate="cost", max_stages=dl.max_stages, truncate=dl.truncate, cost_model=path)
     drafted = set()
     for seed in range(40):
         drafted.update(generate(target, d, torch.tensor([prompt]), max_new_tokens=8, seed=seed, temperature=1.0,
-                                dloop=dl).drafted_per_round)
+                                dloop=dl, predictor=pred).drafted_per_round)
     assert len(drafted) >= 2, drafted  # the gate changed what was drafted from round to round
     assert dl.max_stages == 1 or max(drafted) > 2, drafted  # a loop: some round drafted a second stage (K = 2)
     for at in ((1, 3) if dl.max_stages > 1 else (1,)):  # 1200 decodes, as the trees'
-        counts, accepted = sampled_pairs(target, d, prompt, 1200, at=at, temperature=1.0, dloop=dl)
+        counts, accepted = sampled_pairs(target, d, prompt, 1200, at=at, temperature=1.0, dloop=dl, predictor=pred)
         assert {0, 1} <= accepted, accepted
         ok, stat = passes_chi_square(counts, exact_joint(target, prompt, at=at))
         assert ok, (at, stat)
@@ -176,8 +178,7 @@ def test_gates_sample_the_target_distribution(kind, spec, tmp_path):
 
 @pytest.mark.parametrize("maps", [False, True], ids=["product", "survival-maps"])
 def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(target, maps):
-    d = with_predictor(target, "backbone", block_size=8)
-    pred = predictor_of(d)
+    d, pred = with_predictor(target, "backbone", block_size=8)
     if maps:  # the survival through a map that lowers the middle (one map: every position)
         pred.calibration.survival_maps = [[[0.0, 0.5, 1.0], [0.0, 0.2, 1.0]]]
     session = d.new_session()
@@ -195,20 +196,21 @@ def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(targe
     assert maps == (not torch.allclose(S, torch.cumprod(c, 0)))
     p = float((S[2] + S[3]) / 2) if S[2] > S[3] else float(S[3])
     session.crop(4)
-    policy = round_policy(DLoopConfig(max_stages=1, truncate=min(max(p, 1e-6), 1.0)), target, d, 8)
+    policy = round_policy(DLoopConfig(max_stages=1, truncate=min(max(p, 1e-6), 1.0)), target, d, 8, pred)
     stages = policy.draft(session, torch.tensor([9]), lambda m: 7 - m, 0.0, None)
     assert stages[0].tokens.numel() == max(1, int((S >= policy.dloop.truncate).sum()))
     assert torch.equal(stages[0].tokens, st.tokens[: stages[0].tokens.numel()])
 
 
 def test_cost_gate_drafts_more_when_verify_is_what_costs(target, tmp_path):
-    d = with_predictor(target, "backbone")
-    cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
-    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6)).save(tmp_path / "d.json")
+    d, pred = with_predictor(target, "backbone")
+    cheap = cheap_cost(target, d, 6, pred).save(tmp_path / "cheap.json")
+    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6, pred))
+    dear = dear.save(tmp_path / "d.json")
     p = [5, 6, 7, 8]
-    many = generate(target, d, torch.tensor([p]), max_new_tokens=24,
+    many = generate(target, d, torch.tensor([p]), max_new_tokens=24, predictor=pred,
                     dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
-    few = generate(target, d, torch.tensor([p]), max_new_tokens=24,
+    few = generate(target, d, torch.tensor([p]), max_new_tokens=24, predictor=pred,
                    dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
     assert max(many.stages_per_round) > 1 and set(few.stages_per_round) == {1}
 
@@ -216,7 +218,7 @@ def test_cost_gate_drafts_more_when_verify_is_what_costs(target, tmp_path):
 def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, monkeypatch):
     """When no survival could make a second stage pay (verify cheap against drafting), the cost gate skips the
     predictor and decodes plain's rounds; when one could, it reads the predictor."""
-    d = with_predictor(target, "backbone")
+    d, pred = with_predictor(target, "backbone")
     calls = []
     from lit_domino.decoding import acceptance
 
@@ -228,18 +230,20 @@ def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, 
 
     monkeypatch.setattr(acceptance.AcceptancePredictor, "survival_reader", counted)
     # a stage's draft costs as much as a hundred verifications, so a round's time is a stage's: worth its yield only
-    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-1, 1e-1, 0.0, cost_key(target, d, 6))
+    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-1, 1e-1, 0.0, cost_key(target, d, 6, pred))
     dear = dear.save(tmp_path / "d.json")
-    cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
+    cheap = cheap_cost(target, d, 6, pred).save(tmp_path / "cheap.json")
     p = torch.tensor([[5, 6, 7, 8]])
     plain = generate(target, d, p, max_new_tokens=24)
-    cal = predictor_of(d).calibration
+    cal = pred.calibration
     cal.stage_whole, cal.stage_gain, cal.stage_tokens = [[0.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [0.0, 0.5]], 5
-    few = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
+    few = generate(target, d, p, max_new_tokens=24, predictor=pred,
+                   dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
     cal.stage_whole = cal.stage_gain = cal.stage_tokens = None  # another stage adds half a draft at best: less than
     # what its time (a round's) yields
     assert few.tokens == plain.tokens and set(few.stages_per_round) == {1} and not calls
-    generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
+    generate(target, d, p, max_new_tokens=24, predictor=pred,
+             dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
     assert calls
 
 
@@ -304,14 +308,14 @@ def test_the_cost_gates_rate_is_the_sequences():
 def test_the_cost_gate_reads_the_measured_stage_gain(target, tmp_path):
     """With cheap drafting the cost gate drafts another stage when the next stage is expected to add drafts, and
     never when the held-out rounds say it adds none, whatever the survival (the calibration's G(S))."""
-    d = with_predictor(target, "backbone")
-    cheap = cheap_cost(target, d, 6).save(tmp_path / "cheap.json")
+    d, pred = with_predictor(target, "backbone")
+    cheap = cheap_cost(target, d, 6, pred).save(tmp_path / "cheap.json")
     p = torch.tensor([[5, 6, 7, 8]])
-    cal = predictor_of(d).calibration
+    cal = pred.calibration
     runs = {}
     for y in (0.0, 5.0):
         cal.stage_whole, cal.stage_gain, cal.stage_tokens = [[0.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [y, y]], 5
-        runs[y] = generate(target, d, p, max_new_tokens=24,
+        runs[y] = generate(target, d, p, max_new_tokens=24, predictor=pred,
                            dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
     cal.stage_whole = cal.stage_gain = cal.stage_tokens = None
     assert set(runs[0.0].stages_per_round) == {1} and max(runs[5.0].stages_per_round) > 1
@@ -321,12 +325,13 @@ def test_the_cost_gate_reads_the_measured_stage_gain(target, tmp_path):
 def test_the_conf_gate_reads_the_stage_map(target):
     """conf@p drafts another stage while P(whole | S) >= p: a map far below S drafts fewer stages than S itself, on
     the same rounds."""
-    d = with_predictor(target, "backbone")
-    cal = predictor_of(d).calibration
+    d, pred = with_predictor(target, "backbone")
+    cal = pred.calibration
     p = torch.tensor([[5, 6, 7, 8]])
-    plain = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="conf", threshold=0.05, max_stages=3))
+    conf = DLoopConfig(gate="conf", threshold=0.05, max_stages=3)
+    plain = generate(target, d, p, max_new_tokens=24, dloop=conf, predictor=pred)
     cal.stage_whole, cal.stage_gain, cal.stage_tokens = [[0.0, 1.0], [0.0, 0.01]], [[0.0, 1.0], [0.0, 1.0]], 5
-    strict = generate(target, d, p, max_new_tokens=24, dloop=DLoopConfig(gate="conf", threshold=0.05, max_stages=3))
+    strict = generate(target, d, p, max_new_tokens=24, dloop=conf, predictor=pred)
     cal.stage_whole = cal.stage_gain = cal.stage_tokens = None
     assert sum(strict.stages_per_round) < sum(plain.stages_per_round) and strict.tokens == plain.tokens
 
@@ -335,8 +340,7 @@ def test_the_conf_gate_reads_the_stage_map(target):
 def test_the_fused_head_reads_what_the_head_reads(target, kind):
     """The gate's fused head (its token part looked up per token: the add-on head's embedding part, DSpark's own
     head's Markov part) gives the head's own confidences."""
-    d = with_predictor(target, kind)
-    pred = predictor_of(d)
+    d, pred = with_predictor(target, kind)
     H, prev = sample_inputs(target, d)
     K = d.config.block_size - 1
     hidden = torch.cat([H[:1], H[:K]])  # [K+1, d]: slot 0 unused
@@ -353,8 +357,7 @@ def test_the_gates_survival_reader_is_the_cumulated_confidences(target, kind, ca
     """What the gates read (floats, the calibration applied in Python for a fused head; the tensor path for a head
     on Domino's GRU state) is ``survival · cumprod(c)``, at offsets past the calibrated positions too (the last
     position's map repeats)."""
-    d = with_predictor(target, kind, positions=4)
-    pred = predictor_of(d)
+    d, pred = with_predictor(target, kind, positions=4)
     if calibration == "temperatures":
         pred.calibration.offsets = None
     elif calibration == "none":
@@ -442,7 +445,7 @@ def test_no_stage_is_drafted_after_a_drafted_eos(stages, expected):
 def test_no_stage_is_drafted_past_the_tokens_still_wanted(target):
     """Once a round's drafts and its bonus cover the tokens still wanted, no further stage could emit a token:
     a gate that always opens drafts one stage per round near the end, and more where tokens are still wanted."""
-    d = with_predictor(target, "backbone")
+    d, _ = with_predictor(target, "backbone")
     p = [5, 6, 7, 8]
     always = DLoopConfig(threshold=-1e9, max_stages=3)
     for n in (2, 6):  # the first round's stage of 5 drafts and its bonus cover the n - 1 tokens after the anchor
@@ -499,24 +502,121 @@ def test_a_predictor_gate_without_a_head_is_refused_before_decoding(target):
         generate(target, own, torch.tensor([[5, 6, 7]]), max_new_tokens=4, dloop=DLoopConfig.parse("cost:2"))
 
 
-def test_a_predictor_of_another_drafter_is_refused(target):
-    d = with_predictor(target, "backbone")
+def no_decoding(monkeypatch):
+    """Make any decode fail the test: what is refused must be refused before decoding."""
+    from lit_domino.decoding import engine
+
+    def decode(*a, **k):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(engine, "decode", decode)
+
+
+def test_a_predictor_of_another_drafter_is_refused_before_decoding(target, monkeypatch):
+    d, pred = with_predictor(target, "backbone")
     torch.manual_seed(1)
     other = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
-    with pytest.raises(NoAcceptancePredictor, match="another drafter"):
-        attach(other, predictor_of(d))
+    no_decoding(monkeypatch)
+    ids = torch.tensor([[5, 6, 7]])
+    # refused whatever the gate, one that reads no predictor included: the predictor is checked when given
+    for dloop in (DLoopConfig.parse("conf@0.5:3"), DLoopConfig.parse("cost:3"), DLoopConfig.parse("-1:3"), None):
+        with pytest.raises(NoAcceptancePredictor, match=f"another drafter \\(key {pred.drafter_key}, this backbone "
+                                                        f"drafter's is {drafter_key(other)}\\): retrain it"):
+            generate(target, other, ids, max_new_tokens=4, dloop=dloop, predictor=pred)
     key = drafter_key(d)
     assert drafter_key(d) == key and d.__dict__["_drafter_key"][1] == key  # memoised
     with torch.no_grad():  # a fine-tuned drafter is another drafter
         next(d.parameters()).add_(0.01)
     assert drafter_key(d) != key
     with pytest.raises(NoAcceptancePredictor, match="another drafter"):
-        attach(d, predictor_of(d))
+        generate(target, d, ids, max_new_tokens=4, dloop=DLoopConfig.parse("trunc@0.5"), predictor=pred)
+    with pytest.raises(NoAcceptancePredictor, match="another drafter"):
+        check_predictor(d, pred)
+
+
+def test_a_predictor_the_drafter_cannot_read_or_without_a_drafter_is_refused(target, monkeypatch):
+    torch.manual_seed(0)
+    backbone = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
+    no_decoding(monkeypatch)
+    ids, conf = torch.tensor([[5, 6, 7]]), DLoopConfig.parse("conf@0.5:3")
+    own_head = AcceptancePredictor("", None, None)  # the uncalibrated own head: fits any drafter that has one
+    with pytest.raises(NoAcceptancePredictor, match="reads the drafter's own confidence head, and the backbone "
+                                                    "drafter has none"):
+        generate(target, backbone, ids, max_new_tokens=4, dloop=conf, predictor=own_head)
+    calibrated = AcceptancePredictor("", None, Calibration([1.0] * 5, [0.5] * 5))
+    dspark = build_drafter(drafter_config("dspark", target, block_size=6, num_layers=1, head=dict(rank=8)), target)
+    with pytest.raises(NoAcceptancePredictor, match="another drafter \\(key none"):  # a calibration is one drafter's
+        generate(target, dspark, ids, max_new_tokens=4, dloop=conf, predictor=calibrated)
+    eagle = build_drafter(drafter_config("eagle3", target, block_size=6), target)
+    addon = AcceptancePredictor(drafter_key(eagle), AcceptanceHead(8, 8), None)
+    with pytest.raises(NoAcceptancePredictor, match="needs a parallel drafter's block hidden states; the eagle3"):
+        generate(target, eagle, ids, max_new_tokens=4, predictor=addon)
+    with pytest.raises(ValueError, match="plain decoding \\(drafter=None\\) has no draft"):
+        generate(target, None, ids, max_new_tokens=4, predictor=own_head)
+    with pytest.raises(ValueError, match="predictor must be an AcceptancePredictor or None, got str"):
+        generate(target, dspark, ids, max_new_tokens=4, predictor="dspark.json")
+
+
+def test_benchmark_passes_each_drafter_its_predictor_and_refuses_a_wrong_one(target, monkeypatch):
+    from lit_domino.decoding.harness import benchmark
+
+    d, pred = with_predictor(target, "backbone")
+    other, other_pred = with_predictor(target, "domino")
+    prompts, conf = {"p": [[9, 3, 4, 2]]}, DLoopConfig.parse("conf@0.2:3+trunc@0.4")
+    rows = benchmark(target, {"bb": d, "dom": other}, prompts, max_new_tokens=12, dloops=[None, conf],
+                     predictors={"bb": pred, "dom": other_pred}, hf_baseline=False, progress=False, warmup=False)
+    gated = {r["method"]: r for r in rows if r.get("dloop") == conf.label()}  # neither has a head of its own
+    assert set(gated) == {"bb+dloop(conf@0.2:3+trunc@0.4)", "dom+dloop(conf@0.2:3+trunc@0.4)"}
+    assert all(r["match_baseline"] == 1.0 for r in rows)
+    no_decoding(monkeypatch)
+    with pytest.raises(ValueError, match=r"predictors names drafters \['x'\] that are not in drafters \['bb'\]"):
+        benchmark(target, {"bb": d}, prompts, max_new_tokens=4, predictors={"x": pred}, hf_baseline=False,
+                  progress=False)
+    with pytest.raises(NoAcceptancePredictor, match="built for another drafter"):
+        benchmark(target, {"bb": d}, prompts, max_new_tokens=4, predictors={"bb": other_pred}, hf_baseline=False,
+                  progress=False)
+
+
+def test_decoding_with_a_predictor_leaves_the_drafter_as_it_was(target):
+    """The predictor is passed, never kept: the drafter gains no attribute, and a later decode without it has none
+    (the predictor gates are refused) while one with it decodes the same tokens and rounds again."""
+    d, pred = with_predictor(target, "backbone")
+    before = dict(d.__dict__)  # the key is memoised when the predictor is built (drafter_key)
+    ids, conf = torch.tensor([[9, 3, 4, 2]]), DLoopConfig.parse("conf@0.2:3+trunc@0.4")
+    first = generate(target, d, ids, max_new_tokens=24, dloop=conf, predictor=pred)
+    assert d.__dict__.keys() == before.keys()  # bind_target re-binds the same target: equal, not identical
+    assert all(d.__dict__[k] is v or d.__dict__[k] == v for k, v in before.items())
+    assert not any(isinstance(v, AcceptancePredictor) for v in vars(d).values())
+    with pytest.raises(NoAcceptancePredictor, match="no confidence head"):
+        generate(target, d, ids, max_new_tokens=24, dloop=conf)
+    again = generate(target, d, ids, max_new_tokens=24, dloop=conf, predictor=pred)
+    assert (again.tokens, again.accepted_per_round, again.stages_per_round, again.drafted_per_round) == (
+        first.tokens, first.accepted_per_round, first.stages_per_round, first.drafted_per_round)
+    assert first.tokens == hf_greedy(target, [9, 3, 4, 2], 24)
+    assert max(first.stages_per_round) > 1 and any(n % 5 for n in first.drafted_per_round)  # the predictor was read
+    # a predictor with no gate that reads it is checked and ignored: the Σ log q gate's tokens and rounds
+    sum_gate = DLoopConfig.parse("-1:3")
+    with_pred = generate(target, d, ids, max_new_tokens=24, dloop=sum_gate, predictor=pred)
+    without = generate(target, d, ids, max_new_tokens=24, dloop=sum_gate)
+    assert (with_pred.tokens, with_pred.stages_per_round) == (without.tokens, without.stages_per_round)
+
+
+def test_dsparks_own_head_is_the_default_predictor(target):
+    """Without ``predictor`` a drafter with its own head reads it, uncalibrated: the same decode as passing
+    :func:`own_predictor` (or the calibrated own-head predictor built for it) explicitly."""
+    from lit_domino.decoding.acceptance import own_predictor
+
+    d, pred = with_predictor(target, "dspark")
+    ids, conf = torch.tensor([[5, 6, 7, 8]]), DLoopConfig.parse("conf@0.5:3+trunc@0.3")
+    default = generate(target, d, ids, max_new_tokens=24, dloop=conf)
+    explicit = generate(target, d, ids, max_new_tokens=24, dloop=conf, predictor=own_predictor(d))
+    assert (default.tokens, default.drafted_per_round) == (explicit.tokens, explicit.drafted_per_round)
+    calibrated = generate(target, d, ids, max_new_tokens=24, dloop=conf, predictor=pred)  # τ = 1.5: other cuts
+    assert calibrated.tokens == default.tokens and calibrated.drafted_per_round != default.drafted_per_round
 
 
 def test_predictor_round_trips(target, tmp_path):
-    d = with_predictor(target, "domino")
-    pred = predictor_of(d)
+    d, pred = with_predictor(target, "domino")
     back = load_predictor(pred.save(tmp_path / "p"))
     assert back.drafter_key == pred.drafter_key and back.calibration == pred.calibration
     torch.testing.assert_close(back.head.proj.weight, pred.head.proj.weight)
@@ -526,11 +626,12 @@ def test_predictor_round_trips(target, tmp_path):
 
 
 def test_cost_model_cache_is_keyed_and_checked(target, tmp_path):
-    d = with_predictor(target, "backbone", block_size=4)
+    d, pred = with_predictor(target, "backbone", block_size=4)
     with pytest.raises(CostModelError, match="cost_model='cached'"):
-        resolve(target, d, 4, "cached", root=tmp_path)
+        resolve(target, d, 4, "cached", root=tmp_path, predictor=pred)
     logs = []
-    cm = resolve(target, d, 4, None, max_stages=2, root=tmp_path, log=logs.append)
+    cm = resolve(target, d, 4, None, max_stages=2, root=tmp_path, log=logs.append, predictor=pred)
+    assert cm.key["predictor"] == "addon:hidden" and cm.read_s > 0  # the stage's read of the predictor given
     assert logs and "measured" in logs[0] and cm.widths == [1, 2, 4, 7] and cm.draft_first_s > 0
     assert all(v > 0 for v in cm.verify_s)
     files = list((tmp_path / "cost_models").glob("*.json"))
@@ -541,17 +642,18 @@ def test_cost_model_cache_is_keyed_and_checked(target, tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
     with pytest.raises(CostModelError, match="device_name"):
-        resolve(target, d, 4, str(other), root=tmp_path)
+        resolve(target, d, 4, str(other), root=tmp_path, predictor=pred)
     with pytest.raises(CostModelError, match="does not exist"):
-        resolve(target, d, 4, str(tmp_path / "missing.json"), root=tmp_path)
-    assert resolve(target, d, 4, str(files[0])).key == cm.key
+        resolve(target, d, 4, str(tmp_path / "missing.json"), root=tmp_path, predictor=pred)
+    assert resolve(target, d, 4, str(files[0]), predictor=pred).key == cm.key
+    with pytest.raises(CostModelError, match="predictor differ"):  # measured with a read the plain drafter lacks
+        resolve(target, d, 4, str(files[0]))
 
 
 def test_gru_head_reads_the_state_domino_drafts_with_and_only_earlier_tokens(target):
-    d = with_predictor(target, "domino-gru", block_size=8)
+    d, pred = with_predictor(target, "domino-gru", block_size=8)
     with torch.no_grad():
         d.head.up.weight.normal_()  # a live correction: the GRU state shapes the drafts
-    pred = predictor_of(d)
     assert pred.head.input_kind == "gru" and pred.head.embed_size == d.causal_state_size
     session = d.new_session()
     ids = torch.tensor([5, 6, 7, 8])
@@ -580,17 +682,17 @@ def test_gru_head_reads_the_state_domino_drafts_with_and_only_earlier_tokens(tar
 
 
 def test_gru_inputs_are_refused_for_a_drafter_without_a_gru(target, tmp_path):
-    gru = predictor_of(with_predictor(target, "domino-gru"))
+    _, gru = with_predictor(target, "domino-gru")
     torch.manual_seed(0)
     backbone = build_drafter(drafter_config("backbone", target, block_size=6, num_layers=1), target)
     with pytest.raises(NoAcceptancePredictor, match="inputs 'gru' read Domino's GRU state.*backbone"):
-        attach(backbone, gru, check=False)
+        check_predictor(backbone, replace(gru, drafter_key=drafter_key(backbone)))
     with pytest.raises(NoAcceptancePredictor, match="no causal state"):
         gru.head.inputs(backbone, torch.zeros(5, backbone.config.hidden_size), torch.zeros(5, dtype=torch.long))
     wide = build_drafter(drafter_config("domino", target, block_size=6, num_layers=1,
                                         head=dict(rank=8, gru_hidden=32)), target)
     with pytest.raises(NoAcceptancePredictor, match="reads 16 features besides H_j, the domino drafter has 32"):
-        attach(wide, gru, check=False)
+        check_predictor(wide, replace(gru, drafter_key=drafter_key(wide)))
     with pytest.raises(ValueError, match="inputs must be one of"):
         AcceptanceHead(8, 8, "state")
     with pytest.raises(NoAcceptancePredictor, match="inputs 'hidden\\+gru'.*backbone drafter has no causal state"):
@@ -606,13 +708,13 @@ def test_cost_model_verify_is_the_tree_curve_and_old_files_are_remeasured(target
 
     monkeypatch.setattr(cost_model, "_MEMO", {})  # this process's models aside: read the file
 
-    d = with_predictor(target, "backbone", block_size=4)
-    path = cache_path(cost_key(target, d, 4), tmp_path)
+    d, pred = with_predictor(target, "backbone", block_size=4)
+    path = cache_path(cost_key(target, d, 4, pred), tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": 1, "widths": [1, 2], "verify_s": [1.0, 2.0], "draft_first_s": 1.0,
-                                "draft_next_s": 1.0, "other_s": 0.0, "key": cost_key(target, d, 4)}))
+                                "draft_next_s": 1.0, "other_s": 0.0, "key": cost_key(target, d, 4, pred)}))
     logs = []
-    cm = resolve(target, d, 4, None, max_stages=2, root=tmp_path, log=logs.append)
+    cm = resolve(target, d, 4, None, max_stages=2, root=tmp_path, log=logs.append, predictor=pred)
     assert "cannot be read" in logs[0] and "measured" in logs[1]
     assert json.loads(path.read_text())["format"] == cost_model.COST_FORMAT
     tree = measure_verify_cost(target, (0, 1, 3, 6), context=96, repeats=7, hidden=True, verbose=False)

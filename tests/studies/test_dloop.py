@@ -78,9 +78,10 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     calls, attached, aliases = [], [], []
     monkeypatch.setattr(ds, "load_drafter", lambda path, target: FakeDrafter(path, 4 if "eagle3" in path else 8))
     monkeypatch.setattr(ds, "load_benchmark", lambda name, n: [name] * n)
-    monkeypatch.setattr(ds, "_has_predictor", lambda d: d.path in attached)
-    monkeypatch.setattr(acc, "attach_predictors", lambda target, drafters, preset: (
-        attached.extend(d.path for d in drafters.values()), aliases.extend(drafters), {n: "p" for n in drafters})[2])
+    monkeypatch.setattr(ds, "_has_predictor", lambda d, predictor: predictor == f"p-{d.path}")
+    monkeypatch.setattr(acc, "study_predictors", lambda target, drafters, preset: (
+        attached.extend(d.path for d in drafters.values()), aliases.extend(drafters),
+        {n: (f"p-{d.path}", "dir") for n, d in drafters.items()})[2])
     monkeypatch.setattr(ds, "benchmark", lambda target, drafters, prompts, **kw: calls.append((drafters, kw)) or [
         {"kind": "drafter", "drafter": n, "dloop": "off", "benchmark": "embedded-math"} for n in drafters])
     rows = ds.evaluate(None, trained, names, plan, progress=False)
@@ -102,6 +103,10 @@ def test_evaluate_passes_the_pool_gates_and_block_sizes_to_every_decode(monkeypa
     assert calls[1][1]["block_size"] == 4 and labels(calls[1][1]["dloops"]["domino/plain"]) == ["off", "-0.5:3",
                                                                                               "conf@0.5:3"]
     assert "block_size" not in calls[0][1]
+    # each decode is given its drafters' predictors (none for EAGLE-3), the sweep the plain drafter's again
+    assert calls[0][1]["predictors"] == {n: f"p-{n}" for n in ("domino/control-n1", "domino/loop-detach",
+                                                                 "domino/plain")}
+    assert calls[1][1]["predictors"] == {"domino/plain": "p-domino/plain"}
     assert [r["sweep"] for r in rows if r.get("sweep")] == [4]
     skipped = [(r["drafter"], r["block_size"]) for r in rows if r["kind"] == "skipped"]
     assert skipped == [("domino/plain", 16), ("eagle3/plain", 16)]
@@ -118,8 +123,9 @@ def test_a_drafter_without_a_predictor_decodes_without_the_predictor_gates(monke
 
     plan = ds.study_plan("smoke", drafters=["backbone"])
     dloops = {"a": ds.drafter_settings(plan, "backbone"), "b": ds.drafter_settings(plan, "backbone")}
-    monkeypatch.setattr(acc, "attach_predictors", lambda target, drafters, preset: {"a": "pred-a"})
-    rows = ds.attach_needed(None, {"a": object(), "b": object()}, dloops, plan)
+    monkeypatch.setattr(acc, "study_predictors", lambda target, drafters, preset: {"a": ("pred-a", "dir-a")})
+    predictors, rows = ds.predictors_needed(None, {"a": object(), "b": object()}, dloops, plan)
+    assert predictors == {"a": "pred-a"}
     assert len(dloops["a"]) == 6 and [ds.dloop_label(c) for c in dloops["b"]] == ["off", "-0.5:3", "-1:3"]
     assert [(r["drafter"], r["dloop"]) for r in rows] == [("b", "conf@0.5:3"), ("b", "cost:3"), ("b", "trunc@0.3")]
     assert "b: conf@0.5:3 skipped: no acceptance predictor" in capsys.readouterr().out

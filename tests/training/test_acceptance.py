@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lit_domino.decoding.acceptance import NoAcceptancePredictor, attach, drafter_key, predictor_of
+from lit_domino.decoding.acceptance import NoAcceptancePredictor, check_predictor, drafter_key
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.sessions import StageDraft
 from lit_domino.testing import OracleMix, hf_greedy, lively_target
@@ -241,8 +241,7 @@ def test_predictor_artifact_is_cached_and_keyed_by_the_drafter(target, tmp_path)
     assert pred.drafter_key == drafter_key(d) and len(pred.calibration.temperatures) == 2 * 4
     again, path2 = acceptance_predictor(target, d, prompts, s, root=tmp_path)
     assert path2 == path and again.calibration == pred.calibration
-    attach(d, again)
-    assert predictor_of(d) is again
+    assert check_predictor(d, again) is again  # what generate(predictor=again) checks before decoding
     other = drafter(target, seed=1)  # another drafter: another artifact
     _, path3 = acceptance_predictor(target, other, prompts, s, root=tmp_path)
     assert path3 != path
@@ -256,7 +255,7 @@ def test_predictor_artifact_is_cached_and_keyed_by_the_drafter(target, tmp_path)
     assert gru_path != hidden_path and gru.head.input_kind == "gru"
     back, _ = acceptance_predictor(target, dom, prompts, replace(s, inputs="gru"), root=tmp_path)
     assert back.head.input_kind == "gru" and back.meta["inputs"] == "gru"
-    assert predictor_of(attach(dom, back)) is back
+    assert check_predictor(dom, back) is back
 
 
 class Oracle:
