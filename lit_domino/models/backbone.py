@@ -218,9 +218,11 @@ class ParallelDrafter(Drafter):
         return self.norm(h)
 
     def block_step(self, anchor: torch.Tensor, where: torch.Tensor, ctx: torch.Tensor, caches: list[StaticKVCache],
-                   rows: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """One stage's draft on the static decode path, in one call (compiled: one graph per ``rows`` and ``fused``)
-        → (hidden [K+1, d] in the label layout, the LM head's logits [K, V]).
+                   rows: int, fused: bool, head=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One stage's draft on the static decode path, in one call (compiled: one graph per ``rows``, ``fused``
+        and ``head``) → (hidden [K+1, d] in the label layout, the LM head's logits [K, V], None). A method with a
+        head may run it here too (``head``: what it needs, its session's ``_step_head``), returning its final
+        logits and picks [K] instead (Domino).
 
         ``where`` = [start, first, n]: the anchor ``anchor`` [1] sits at position start and the block's ``rows``
         query rows ``[anchor, MASK ...]`` at start .. end-1; ``ctx`` [1, W, ·] holds the n new context rows at
@@ -236,7 +238,7 @@ class ParallelDrafter(Drafter):
         hidden = self.block_hidden(self.embed_tokens(ids)[None], pos, ctx if fused else self.fuse(ctx), ctx_pos,
                                    StaticKVCache.visible(end, caches[0].capacity), caches)
         hidden = self.slot_hidden(hidden)[0]  # [K+1, d]: row k predicts the k-th drafted token
-        return hidden, self.compute_logits(hidden[1:])
+        return hidden, self.compute_logits(hidden[1:]), None
 
     # ------------------------------------------------------------------ training
 

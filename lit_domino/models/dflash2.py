@@ -308,7 +308,7 @@ class DFlash2Session(ParallelSession):
         """The selector over a tree's frontier, for the block ``hidden`` [K+1, d] of :meth:`draft_hidden`."""
         return SelectorPathHead(self.drafter, hidden, anchor)
 
-    def _pick(self, hidden, anchor, unary, temperature, generator) -> StageDraft:
+    def _pick(self, hidden, anchor, unary, temperature, generator, picks=None) -> StageDraft:
         drafter = self.drafter  # unary [K, V]: the backbone's logits
         tokens, picks, cand, scores = drafter.selector.draft(hidden[1:], unary, anchor, temperature, generator)
         return pool_stage(tokens, picks, scores, cand, temperature, unary.shape[-1])

@@ -295,7 +295,16 @@ class DominoSession(ParallelSession):
         session's candidate pool (``pool_size``)."""
         return DominoPathHead(self.drafter, hidden, anchor, self.pool_size)
 
-    def _pick(self, hidden, anchor, base, temperature, generator) -> StageDraft:
+    def _step_head(self, temperature: float):
+        """On the static path, greedy with the exact head: the rollout runs inside the block step (one call, one
+        graph compiled) and needs the head's :class:`DecodeTables`."""
+        if self.static_capacity is None or not is_greedy(temperature) or self.pool_size is not None:
+            return None
+        return self.drafter.head.decode_tables(self.drafter.embed.weight)
+
+    def _pick(self, hidden, anchor, base, temperature, generator, picks=None) -> StageDraft:
+        if picks is not None:  # the static step ran the rollout: base holds the final logits
+            return pool_stage(picks, picks, base, None, temperature, base.shape[-1])
         drafter = self.drafter
         H = hidden[1:]  # [K, d]; base [K, V]: the backbone's logits
         out = drafter.head.draft(H, base, anchor, drafter.embed.weight, self.pool_size, temperature, generator,
@@ -317,6 +326,16 @@ class DominoDrafter(ParallelDrafter):
         super().__init__(config)
         c = config
         self.head = DominoHead(c.hidden_size, c.head.gru_hidden, c.head.rank, c.vocab_size)
+
+    def block_step(self, anchor, where, ctx, caches, rows: int, fused: bool, head: DecodeTables | None = None):
+        """:meth:`ParallelDrafter.block_step`, and with ``head`` (the head's decode tables: greedy, no pool) the
+        rollout of :func:`draft_block` in the same call → (hidden, the final logits [K, V], the picks [K])."""
+        hidden, base, _ = super().block_step(anchor, where, ctx, caches, rows, fused)
+        if head is None:
+            return hidden, base, None
+        picks, logits = draft_block(hidden[1:], base, head.gi.index_select(0, anchor), head.w_down_h, head.w_down_s,
+                                    self.head.gru.weight_hh_l0, head.gi, head.w_up_t, None, None, 0.0)
+        return hidden, logits, picks
 
     def reset_head(self) -> None:
         """Re-initialise the head with W_up = 0 (the drafter becomes backbone-only again)."""

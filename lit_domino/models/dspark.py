@@ -327,7 +327,7 @@ class DSparkSession(ParallelSession):
         the session's candidate pool (``pool_size``)."""
         return MarkovPathHead(self.drafter, hidden, anchor, self.pool_size)
 
-    def _pick(self, hidden, anchor, base, temperature, generator) -> StageDraft:
+    def _pick(self, hidden, anchor, base, temperature, generator, picks=None) -> StageDraft:
         drafter = self.drafter  # base [K, V]: the backbone's logits
         tokens, picks, logits, ids = drafter.head.draft(hidden, base, anchor, temperature, generator,
                                                         anchor_slot=not drafter.anchor_predicts,

@@ -73,24 +73,29 @@ class ParallelSession(DraftSession):
     @torch.no_grad()
     def draft(self, anchor_token, num_tokens: int, temperature: float = 0.0,
               generator: torch.Generator | None = None) -> StageDraft:
-        hidden, anchor, logits = self._block(anchor_token, num_tokens)
-        if logits is None:  # the dynamic path: the LM head here
-            logits = self.drafter.compute_logits(hidden[1:])  # [K, V]
-        out = self._pick(hidden, anchor, logits, temperature, generator)
+        hidden, anchor, step = self._block(anchor_token, num_tokens, self._step_head(temperature))
+        logits, picks = step if step is not None else (self.drafter.compute_logits(hidden[1:]), None)  # [K, V]
+        out = self._pick(hidden, anchor, logits, temperature, generator, picks)
         self.stages[-1].tokens = out.tokens
         return out
+
+    def _step_head(self, temperature: float):
+        """What the static step needs to run the method's head too (``block_step``'s ``head``), or None: the
+        head runs after the step. None here: the backbone has no head."""
+        return None
 
     @torch.no_grad()
     def draft_hidden(self, anchor_token, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The block forward of a stage without its picks → (hidden [K+1, d] after the final norm, anchor [1]):
         what :meth:`draft` picks from, and what a tree builder (:mod:`lit_domino.decoding.tree`) expands. The
         stage is recorded (its tokens unknown: the anchor repeated) so that the next crop/extend drops it."""
-        hidden, anchor, _ = self._block(anchor_token, num_tokens)
+        hidden, anchor, _ = self._block(anchor_token, num_tokens, None)
         return hidden, anchor
 
-    def _block(self, anchor_token, num_tokens: int):
-        """:meth:`draft_hidden`'s forward → (hidden [K+1, d], anchor [1], the LM head's logits [K, V] on the static
-        path, None on the dynamic one)."""
+    def _block(self, anchor_token, num_tokens: int, head):
+        """:meth:`draft_hidden`'s forward → (hidden [K+1, d], anchor [1], the static step's (logits [K, V], picks
+        [K] | None): the LM head's logits, or with ``head`` the head's final logits and picks; None on the
+        dynamic path)."""
         drafter, dev = self.drafter, self.device
         if self.stages:  # DLoop: previous stage's hidden states stand in for the unverified features
             prev = self.stages[-1]
@@ -103,7 +108,7 @@ class ParallelSession(DraftSession):
         anchor = self._check_draft(anchor_token, num_tokens, start)
         rows = num_tokens if drafter.anchor_predicts else num_tokens + 1  # query rows of the block
         if self.static_capacity is not None:
-            hidden, logits = self._static_block(anchor, start, rows, ctx, first, fused)
+            hidden, *step = self._static_block(anchor, start, rows, ctx, first, fused, head)
         else:
             if ctx is not None:
                 ctx = (ctx if fused else drafter.fuse(ctx))[None]  # [1, c, d]
@@ -112,15 +117,15 @@ class ParallelSession(DraftSession):
             ids[0] = anchor[0]
             pos = torch.arange(start, start + rows, device=dev)  # [rows]
             hidden = drafter.block_hidden(drafter.embed_tokens(ids)[None], pos, ctx, ctx_pos, None, self.caches)
-            hidden, logits = drafter.slot_hidden(hidden)[0], None  # [K+1, d]: row k predicts the k-th token
+            hidden, step = drafter.slot_hidden(hidden)[0], None  # [K+1, d]: row k predicts the k-th token
         if not self.stages:
             self._cached, self._pending = self._len, []
         self.stages.append(Stage(start, anchor.expand(num_tokens), hidden))
-        return hidden, anchor, logits
+        return hidden, anchor, step
 
-    def _static_block(self, anchor, start: int, rows: int, ctx, first: int, fused: bool):
+    def _static_block(self, anchor, start: int, rows: int, ctx, first: int, fused: bool, head):
         """The static path: the new context rows (``ctx`` [n, ·] at positions ``first ..``, fused or raw) in a
-        fixed ``[1, block_size, ·]`` buffer, then one :meth:`ParallelDrafter.block_step` → (hidden, logits).
+        fixed ``[1, block_size, ·]`` buffer, then one :meth:`ParallelDrafter.block_step` → (hidden, logits, picks).
         Rows beyond the last ``block_size`` (a prompt) are written to the caches here, ahead of the step; the
         buffer's rows past n keep an earlier round's values: the step puts them at slots past the block, never
         visible and overwritten by later rounds (so the buffers hold ``end + block_size`` slots at most)."""
@@ -145,11 +150,12 @@ class ParallelSession(DraftSession):
         if n:
             buffer[0, :n] = ctx
         where = torch.tensor([start, first, n], device=self.device)
-        return self.block_step(anchor, where, buffer, self.caches, rows, fused)
+        return self.block_step(anchor, where, buffer, self.caches, rows, fused, head)
 
-    def _pick(self, hidden, anchor, logits, temperature, generator) -> StageDraft:
+    def _pick(self, hidden, anchor, logits, temperature, generator, picks=None) -> StageDraft:
         """The stage's tokens from the block (``hidden`` [K+1, d]) and its LM head's ``logits`` [K, V]: here the
-        backbone's own picks; a method with a head (Domino, DSpark, DFlash 2) corrects the logits first."""
+        backbone's own picks; a method with a head (Domino, DSpark, DFlash 2) corrects the logits first, unless the
+        static step ran it already (``picks`` [K]: its picks, ``logits`` its final logits)."""
         tokens, logprobs, probs = pick_tokens(logits, temperature, generator)
         return StageDraft(tokens, logprobs, probs, logits)
 
