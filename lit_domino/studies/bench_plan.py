@@ -48,6 +48,8 @@ class BenchPlan:
     None: all) or ``random`` (``n`` random 32-token prompts); ``label`` names its rows."""
     temperatures: tuple[float, ...]
     """Sampling temperatures (finite, >= 0)."""
+    out: Path
+    """Where ``bench-<time>.md`` and ``.json`` are written."""
     dloops: tuple = (None,)
     """DLoop settings (``DLoopConfig``; None: DLoop off)."""
     trees: tuple = (None,)
@@ -82,8 +84,6 @@ class BenchPlan:
     """The fixed-shape cache path (StaticCache, static K/V buffers), run eagerly."""
     compile: bool = False
     """``torch.compile`` of the fixed-shape forwards (checked against the device)."""
-    out: Path = Path("results")
-    """Where ``bench-<time>.md`` and ``.json`` are written."""
     experiment: str = "bench"
     """The MLflow experiment."""
     mlflow: bool = True
