@@ -106,6 +106,8 @@ def drafter_dir(path: Path, cfg: dict) -> Path:
     (["--temperatures", "-1"], ["--temperatures"]),
     (["--dtype", "float8"], ["--dtype"]),
     (["--max-new-tokens", "abc"], ["--max-new-tokens", "invalid int"]),
+    (["--benchmarks", " , "], ["--benchmarks is empty"]),
+    (["--benchmarks", "random:0"], ["--benchmarks: random:N takes a prompt count N >= 1"]),
 ])
 def test_bench_refuses_bad_input_before_the_target(argv, needles, capsys):
     refuses(command("experiments/bench.py").main, argv, capsys, "bench.py", *needles)

@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("experiments/gpu/decode_check.py needs a CUDA GPU: torch.cuda.is_available() is False "
                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU machine.")
-    from lit_domino.studies.bench import parse_pool_sizes
+    from lit_domino.studies.bench_plan import parse_pool_sizes
     from lit_domino.training.configs import load_config
     from lit_domino.data.benchmarks import load_benchmark
     from lit_domino.decoding import benchmark

@@ -255,7 +255,7 @@ def main(argv=None) -> list[dict]:
 
 def _run(argv: list[str]) -> list[dict]:
     args = parse_args(argv)
-    from lit_domino.studies.bench import parse_pool_sizes  # light, as lit_domino.studies.head_cost's import
+    from lit_domino.studies.bench_plan import parse_pool_sizes  # light, as lit_domino.studies.head_cost's import
     from lit_domino.runtime.inputs import check_positive
 
     sizes = [DrafterSize.parse(s.strip()) for s in args.sizes.split(",") if s.strip()]

@@ -27,11 +27,12 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
 
     bench = bench_module()
     out = tmp_path / "results"
-    rows = bench.main(["--target", str(tiny_target_dir), "--drafters", "bb=random:backbone,slm=random:small_lm",
-                       "--benchmarks", "embedded-math:2,embedded-chat:1", "--temperatures", "0",
-                       "--dloop", "off,-0.5:2", "--block-size", "4", "--max-new-tokens", "8",
-                       "--peers", "prompt_lookup,assisted", "--assistant", "slm", "--out", str(out),
-                       "--no-progress", "--experiment", "bench-test"])
+    argv = ["--target", str(tiny_target_dir), "--drafters", "bb=random:backbone,slm=random:small_lm",
+            "--benchmarks", "embedded-math:2,embedded-chat:1", "--temperatures", "0",
+            "--dloop", "off,-0.5:2", "--block-size", "4", "--max-new-tokens", "8",
+            "--peers", "prompt_lookup,assisted", "--assistant", "slm", "--out", str(out),
+            "--no-progress", "--experiment", "bench-test"]
+    rows = bench.main(argv)
     md = list(out.glob("bench-*.md"))
     js = list(out.glob("bench-*.json"))
     assert len(md) == 1 and len(js) == 1
@@ -39,12 +40,59 @@ def test_bench_cli_on_embedded_benchmarks(tiny_target_dir, tmp_path):
     assert "speedup_vs_hf_generate" in text and "bb+dloop(-0.5:2)" in text
     data = json.loads(js[0].read_text())
     assert {r["benchmark"] for r in data["rows"]} == {"embedded-math:2", "embedded-chat:1"}
+    options = vars(bench_module_parse_args(argv))
+    assert data["args"] == options  # the flattened CLI options, as every earlier result file holds them
     assert all(r["match_baseline"] == 1.0 for r in rows)  # lossless at T = 0, peers included
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("bench-test")
     run = client.search_runs([exp.experiment_id])[0]
     assert run.info.status == "FINISHED"
     assert any(k.endswith("/speedup") for k in run.data.metrics)
+    assert run.data.params == {k: str(v) for k, v in options.items()}  # the same options, as MLflow params
+
+
+def bench_module_parse_args(argv):
+    from lit_domino.studies.bench import parse_args
+
+    return parse_args(argv)
+
+
+OLD_ARGS = {  # a result file's "args" as the command wrote them before the plan existed (same keys, same values)
+    "debug": False, "target": "random", "drafters": "bb=random:backbone, dom=random:domino",
+    "benchmarks": "random:1, embedded-math:2", "temperatures": "0, 0.7", "dloop": "off,-0.5:2", "acceptance": "",
+    "trees": "off,chain", "block_size": 4, "pool_sizes": "full,16", "max_new_tokens": 4,
+    "peers": "prompt_lookup,assisted", "assistant": "small", "prompt_lookup_tokens": 3, "no_hf_baseline": True,
+    "repeats": 2, "seed": 5, "threads": 1, "device": "cpu", "static_cache": True, "compile": False,
+    "dtype": "bfloat16", "out": "res", "experiment": "bench-x", "no_mlflow": True, "no_progress": True}
+
+
+def test_the_plan_keeps_the_options_as_the_runs_args():
+    """The JSON's ``args`` and the MLflow params are the plan's options: the flattened CLI options, keys and values
+    (and order) as before; the plan itself holds them resolved."""
+    from lit_domino.decoding import DLoopConfig
+    from lit_domino.studies.bench import command_options, parse_args
+    from lit_domino.studies.bench_plan import OPTIONS, bench_plan
+
+    argv = ["--target", "random", "--drafters", "bb=random:backbone, dom=random:domino", "--benchmarks",
+            "random:1, embedded-math:2", "--temperatures", "0, 0.7", "--dloop", "off,-0.5:2", "--trees", "off,chain",
+            "--block-size", "4", "--pool-sizes", "full,16", "--max-new-tokens", "4", "--peers",
+            "prompt_lookup,assisted", "--assistant", "small", "--prompt-lookup-tokens", "3", "--no-hf-baseline",
+            "--repeats", "2", "--seed", "5", "--threads", "1", "--static-cache", "--dtype", "bfloat16", "--out",
+            "res", "--experiment", "bench-x", "--no-mlflow", "--no-progress"]
+    plan = bench_plan(vars(parse_args(argv)))
+    assert list(plan.args().items()) == list(OLD_ARGS.items())
+    assert plan.drafters == (("bb", "random:backbone"), ("dom", "random:domino"))
+    assert plan.benchmarks == (("random:1", "random", 1), ("embedded-math:2", "embedded-math", 2))
+    assert plan.temperatures == (0.0, 0.7) and plan.pool_sizes == (None, 16) and plan.repeats == 2
+    assert plan.dloops == (None, DLoopConfig.parse("-0.5:2")) and plan.trees[0] is None
+    assert plan.trees[1].builder == "chain" and plan.hf_peers == ["prompt_lookup", "assisted"]
+    assert (plan.hf_baseline, plan.mlflow, plan.progress, plan.static_cache) == (False, False, False, True)
+    assert set(OPTIONS) == set(vars(parse_args([]))) - {"debug"}  # the plan reads every flag of the command
+    # a dict that leaves options out takes the command's defaults (kept after the given ones, in its args)
+    given = command_options({"target": "random", "benchmarks": "random:1"})
+    assert list(given)[:2] == ["target", "benchmarks"] and given == {**vars(parse_args([])), **given}
+    with pytest.raises(TypeError, match="missing .*dloop"):
+        bench_plan({"target": "random"})
 
 
 def test_bench_cli_errors(capsys):
@@ -69,7 +117,7 @@ def test_bench_refuses_a_predictor_gate_without_a_predictor(capsys):
 
 
 def test_bench_pool_sizes_option():
-    from lit_domino.studies.bench import parse_pool_sizes
+    from lit_domino.studies.bench_plan import parse_pool_sizes
 
     from lit_domino.runtime.command import UsageError
 
@@ -106,7 +154,7 @@ def saved_predictor(directory: Path, key: str | None = None) -> Path:
 
 def test_bench_takes_a_trained_predictor_per_drafter(tmp_path, capsys):
     from lit_domino.decoding import acceptance
-    from lit_domino.studies.bench import PREDICTOR_FILE
+    from lit_domino.studies.bench_plan import PREDICTOR_FILE
 
     assert PREDICTOR_FILE == acceptance.PREDICTOR_FILE  # the torch-free check looks for the file the predictor saves
     bench = bench_module()
@@ -157,6 +205,7 @@ def test_bench_cli_trees(tiny_target_dir, tmp_path):
     T = 0; a tree no drafter builds and a malformed spec are usage errors."""
     from lit_domino.runtime.command import UsageError
     from lit_domino.studies.bench import parse_args, run_bench
+    from lit_domino.studies.bench_plan import bench_plan
 
     bench = bench_module()
     rows = bench.main(["--target", str(tiny_target_dir), "--drafters", "bb=random:backbone,ea=random:eagle3",
@@ -174,3 +223,5 @@ def test_bench_cli_trees(tiny_target_dir, tmp_path):
                          ("ddtree:x", "--trees: .*expected builder")):
         with pytest.raises(UsageError, match=match):
             run_bench({**args, **base, "trees": trees})
+    with pytest.raises(UsageError, match="no drafter in --drafters builds a 'eagle' tree"):
+        run_bench(bench_plan({**args, **base, "trees": "eagle:8k2"}))  # a plan: the same check, once the drafters load
