@@ -14,8 +14,13 @@ import torch  # noqa: E402
 
 # Under pytest-xdist (the README's `-n auto`) each worker holds one core: one intra-op thread per worker, and
 # the same for the processes the tests start (DDP, the parallel ablation), so workers never fight for cores.
+# Inductor compiles in one process too: by default it starts a pool of compile workers, one per core, whose start
+# and parallel C++ builds fight the other worker for the cores (on a fresh inductor cache, a compiled decode is
+# slower with the pool than without it); read when torch._inductor.config is first imported (not yet: torch's
+# import leaves it out), and passed on to the processes the tests start.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
