@@ -14,8 +14,13 @@ import torch  # noqa: E402
 
 # Under pytest-xdist (the README's `-n auto`) each worker holds one core: one intra-op thread per worker, and
 # the same for the processes the tests start (DDP, the parallel ablation), so workers never fight for cores.
+# Inductor compiles in one process too: by default it starts a pool of compile workers, one per core, whose start
+# and parallel C++ builds fight the other worker for the cores (on a fresh inductor cache, a compiled decode is
+# slower with the pool than without it); read when torch._inductor.config is first imported (not yet: torch's
+# import leaves it out), and passed on to the processes the tests start.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
@@ -35,10 +40,12 @@ def _isolated_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smoke_ablation(tmp_path_factory, smoke_target_dir):
+def smoke_ablation(tmp_path_factory, smoke_data):
     """The smoke ablation, run once per session into the session's cache and store: ``--train-only`` first (every
     drafter trained), then the full run (decode, tables, MLflow). ``{"first", "out", "results"}``: the two runs'
-    returns and the results folder. The end-to-end test and the browser check share it."""
+    returns and the results folder. The end-to-end test and the browser check share it. Its regenerated sets and
+    feature caches are the session's ``smoke_data`` (its stages find them cached, as a rerun does: the ablation's
+    own regeneration is what ``smoke_data`` runs, the same ``data_modules`` calls)."""
     from lit_domino.studies.ablation import run_ablation
 
     results = tmp_path_factory.mktemp("smoke-ablation") / "results"
@@ -47,16 +54,50 @@ def smoke_ablation(tmp_path_factory, smoke_target_dir):
     return {"first": first, "out": out, "results": results}
 
 
-def copy_target(target_dir, from_root, to_root) -> None:
-    """A built embedded target and the tokenizers beside it, from the artifact cache ``from_root`` into ``to_root``
-    (what is there already is kept): a fresh cache that must not build the target again."""
+def copy_artifacts(paths, from_root, to_root) -> None:
+    """Artifact folders of the cache ``from_root`` copied into the cache ``to_root`` at the same relative paths
+    (what is there already is kept; build locks are not copied)."""
     import shutil
     from pathlib import Path
 
-    for src in (Path(target_dir), *(p for p in (Path(from_root) / "tokenizer").iterdir() if p.is_dir())):
+    for src in map(Path, paths):
         dst = Path(to_root) / src.relative_to(from_root)
         if not dst.exists():
             shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.lock"))
+
+
+def copy_target(target_dir, from_root, to_root) -> None:
+    """A built embedded target and the tokenizers beside it, from the artifact cache ``from_root`` into ``to_root``
+    (what is there already is kept): a fresh cache that must not build the target again."""
+    from pathlib import Path
+
+    copy_artifacts([target_dir, *(p for p in (Path(from_root) / "tokenizer").iterdir() if p.is_dir())], from_root,
+                   to_root)
+
+
+SMOKE_DATA_KINDS = ("regen", "features")
+"""The cache folders of the smoke study's data (regenerated sets, feature caches): what ``smoke_data`` shares."""
+
+
+def build_smoke_data() -> None:
+    """The smoke ablation's regenerated sets and its feature caches (every feature rule of its variants) in the
+    current artifact cache, found there or built, as the ablation's first stage builds them."""
+    from lit_domino.studies.ablation import study_configs, study_plan
+    from lit_domino.studies.ablation_train import data_modules
+
+    configs, _ = study_configs("smoke", study_plan("smoke"), {})
+    modules = data_modules(configs)
+    modules[0][1].regenerate(progress=False)
+    for _, dm in modules:
+        dm.prepare_data()
+
+
+def copy_smoke_data_into(from_root, to_root) -> None:
+    """Every regenerated set and feature cache of the cache ``from_root`` copied into ``to_root``."""
+    from pathlib import Path
+
+    copy_artifacts([p for kind in SMOKE_DATA_KINDS if (Path(from_root) / kind).is_dir()
+                    for p in (Path(from_root) / kind).iterdir() if p.is_dir()], from_root, to_root)
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +122,38 @@ def copy_smoke_target(smoke_target_dir):
     from lit_domino.runtime import cache
 
     return lambda root: copy_target(smoke_target_dir, cache.cache_root(), root)
+
+
+@pytest.fixture(scope="session")
+def smoke_data(smoke_target_dir, tmp_path_factory):
+    """The smoke study's regenerated sets and feature caches in the session's cache, built once per test run as
+    the smoke target is: under xdist in the cache the workers share (the first to ask builds, the others wait on
+    its build locks), then copied into each worker's cache. The smoke ablation, the GPU check's dry run and the
+    interrupted smoke ablations read them instead of each regenerating the same answers (the same sets: their
+    cache keys are the target's fingerprint and the data settings, which those runs share). Returns the cache."""
+    from lit_domino.runtime import cache
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "shared-cache"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LIT_DOMINO_CACHE", str(shared))
+            build_smoke_data()
+        copy_smoke_data_into(shared, cache.cache_root())
+    else:
+        build_smoke_data()
+    return cache.cache_root()
+
+
+@pytest.fixture(scope="session")
+def copy_smoke_data(smoke_data, copy_smoke_target):
+    """``copy_smoke_data(root)``: the session's smoke target, tokenizer, regenerated sets and feature caches copied
+    into the artifact cache ``root``: a fresh cache whose smoke runs train from scratch on data already made."""
+
+    def copy(root):
+        copy_smoke_target(root)
+        copy_smoke_data_into(smoke_data, root)
+
+    return copy
 
 
 @pytest.fixture(scope="session")

@@ -167,12 +167,14 @@ def test_single_process_ablation_trainings_stop_with_one_line(tiny_target_dir, t
 
 
 @pytest.fixture
-def smoke_cache(tmp_path_factory, copy_smoke_target):
-    """A fresh artifact cache for each smoke run below, holding only a copy of the session's smoke target (and its
-    tokenizer), so the runs train their drafters from scratch but do not each rebuild the target (1-2 min; under
-    xdist the two runs land on different workers, so a module-scoped cache never shared it anyway)."""
+def smoke_cache(tmp_path_factory, copy_smoke_data):
+    """A fresh artifact cache for each smoke run below, holding only copies of the session's smoke target (and its
+    tokenizer) and of its smoke data (regenerated sets, feature caches), so the runs train their drafters from
+    scratch but do not each rebuild the target (1-2 min) or regenerate the same answers (under xdist the two runs
+    land on different workers, so a module-scoped cache never shared them anyway). What is tested, a signal
+    during the trainings and their resumption, starts after those stages."""
     root = tmp_path_factory.mktemp("smoke-interrupts")
-    copy_smoke_target(root)
+    copy_smoke_data(root)
     return root
 
 
@@ -191,10 +193,14 @@ def _ablation(cache: Path, seeds: str, epochs: int) -> tuple[list[str], dict]:
 def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resumes(smoke_cache, signame, to, seeds):
     """Two trainings in two worker processes; the signal once both have written a checkpoint. Ctrl-C reaches the
     whole process group (a terminal's); SIGTERM only the parent, which passes it on. Either way: rc 130 within
-    seconds, one line, no traceback, both runs KILLED; the rerun resumes both and finishes their runs."""
+    seconds, one line, no traceback, both runs KILLED; the rerun resumes both and finishes their runs.
+
+    Three epochs: the signal goes once both trainings have a checkpoint (after their first epoch), so neither
+    finishes before it unless it runs three times as fast as the other; the rerun trains the two epochs left (with
+    five: four; resuming is proven by the resumed runs and their log lines, not by how many epochs remain)."""
     from mlflow.tracking import MlflowClient
 
-    cmd, env = _ablation(smoke_cache, seeds, epochs=5)  # 16 steps an epoch; last.ckpt after each
+    cmd, env = _ablation(smoke_cache, seeds, epochs=3)  # 16 steps an epoch; last.ckpt after each
     err_file = smoke_cache / f"stderr-{signame}.txt"
     with open(err_file, "w") as err:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,

@@ -384,11 +384,13 @@ def test_the_rehearsal_runs_every_stage_with_papers_settings(rehearsal_report):
 
 @pytest.mark.slow
 @GROUP
-def test_the_gpu_check_dry_run_on_cpu(rehearsal_report, smoke_target_dir, tmp_path):
+def test_the_gpu_check_dry_run_on_cpu(rehearsal_report, smoke_data, tmp_path):
     """``experiments/gpu/check.py --device cpu``: every part of the GPU check at CPU sizes, so the first GPU run is
     not spent finding the script's own bugs. Its rehearsal reuses the one above (same cache); its decode part is
     ``decode_check.py``'s dry run: the smoke target, one-epoch drafters, eager and compiled (inductor on the CPU),
-    the official loop on the same backbone."""
+    the official loop on the same backbone. Its drafters train on the session's ``smoke_data`` (the smoke preset's
+    regenerated set, made once per test run) instead of regenerating it here: the check's trainings, decodes and
+    comparisons are unchanged."""
     import importlib.util
 
     from lit_domino.decoding.engine import cpp_compiler

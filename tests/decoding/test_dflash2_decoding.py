@@ -67,6 +67,9 @@ def test_dflash2_sampling_q_is_the_selectors_softmax_over_its_candidates(target)
     assert bool(finite.gather(-1, stage.tokens[:, None]).all())
 
 
+# one xdist worker compiles every compiled-decode test (this group): dynamo keeps the target forward's graphs
+# per process, and the tests of lively_target(128, seed=0) verify at the same widths
+@pytest.mark.xdist_group("compiled-decode")
 @pytest.mark.slow  # inductor compiles the target's verify widths and the drafter's block forward
 @pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
 def test_compiled_dflash2_decodes_what_the_eager_one_does(target):

@@ -92,6 +92,9 @@ def test_real_drafter_sampling_runs_and_is_reproducible(targets, kind):
     assert a.tokens == b.tokens and len(a.tokens) == 12
 
 
+# one xdist worker compiles every compiled-decode test (this group): dynamo keeps the target forward's graphs
+# per process, and the tests of lively_target(128, seed=0) verify at the same widths
+@pytest.mark.xdist_group("compiled-decode")
 @pytest.mark.slow  # inductor compiles the target's verify widths and each drafter's block forward: ~1-2 min
 @pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
 def test_compiled_parallel_drafters_decode_what_the_eager_ones_do(targets):

@@ -90,6 +90,9 @@ def test_dspark_sampling_q_is_the_heads_corrected_softmax(target):
     torch.testing.assert_close(stage.logprobs, stage.probs.log().gather(-1, stage.tokens[:, None])[:, 0])
 
 
+# one xdist worker compiles every compiled-decode test (this group): dynamo keeps the target forward's graphs
+# per process, and the tests of lively_target(128, seed=0) verify at the same widths
+@pytest.mark.xdist_group("compiled-decode")
 @pytest.mark.slow  # inductor compiles the target's verify widths, the block forward and the head loop: ~1 min
 @pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
 def test_compiled_dspark_decodes_what_the_eager_one_does(target):

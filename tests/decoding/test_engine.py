@@ -225,6 +225,9 @@ def test_static_cache_path_gives_identical_tokens_and_rounds(target):
     assert 0 in accepted and max(accepted) >= 3  # rollbacks after rejections and after long acceptances
 
 
+# one xdist worker compiles every compiled-decode test (this group): dynamo keeps the target forward's graphs
+# per process, and the tests of lively_target(128, seed=0) verify at the same widths
+@pytest.mark.xdist_group("compiled-decode")
 @pytest.mark.slow  # compiles ~4 graphs with inductor: ~1 min on 2 cores
 @pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
 def test_compiled_path_on_cpu_gives_identical_tokens_and_rounds():
