@@ -49,7 +49,8 @@ class ChainProposer:
             stages = [session.draft(anchor, room(0), self.temperature, self.generator)] if room(0) > 0 else []
         drafts = (torch.cat([s.tokens.reshape(-1) for s in stages]).to(anchor.device) if stages
                   else torch.zeros(0, dtype=torch.long, device=anchor.device))  # d_1..d_m
-        return Proposal(torch.cat([anchor.reshape(1), drafts]), drafts=stages)
+        return Proposal(torch.cat([anchor.reshape(1), drafts]), drafts=stages,
+                        width=len(stages) * (self.block_size - 1) + 1 if stages else None)
 
     def accept(self, prop: Proposal, logits: torch.Tensor, temperature: float, generator) -> Verdict:
         drafts, stages = prop.ids[1:], prop.drafts

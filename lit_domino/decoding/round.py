@@ -83,7 +83,7 @@ class TargetRunner:
     verify step of each fixed width. The committed length is tracked on the host: no device read."""
 
     def __init__(self, target, capacity: int, static: bool, compiled: bool):
-        self.model, self.length, self.capacity, self.static = target.model, 0, capacity, static
+        self.model, self.length, self.capacity, self.static, self.compiled = target.model, 0, capacity, static, compiled
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity) if static else None
         self.step = compiled_forward(target) if compiled else self.model
 
@@ -93,12 +93,20 @@ class TargetRunner:
         self.cache, self.length = out.cache, prompt.shape[0]
         return out
 
-    def forward(self, ids, hidden: bool, last_only: bool = False, **tree):
+    def forward(self, ids, hidden: bool, last_only: bool = False, width: int | None = None, **tree):
         """``ids [n]`` in slots ``length .. length+n-1`` (at those positions unless ``tree`` gives the tree
-        rounds' ``position_ids`` and 4-D ``attention_mask``)."""
+        rounds' ``position_ids`` and 4-D ``attention_mask``). ``width`` (compiled, a chain): a shorter verify is
+        padded to it, so one graph serves every round of a stage count; the padding comes after the n rows, which
+        the causal mask keeps from seeing it, its slots are past the kept ones, and its outputs are dropped."""
+        n = ids.shape[0]
+        if self.compiled and width is not None and n < width and self.length + width <= self.capacity:
+            ids = torch.cat([ids, ids[-1:].expand(width - n)])
         kw = {"logits_to_keep": 1, **tree} if last_only else tree
         out = self.step(input_ids=ids[None], cache=self.cache, use_cache=True, output_hidden_states=hidden, **kw)
-        self.length += ids.shape[0]
+        self.length += ids.shape[0]  # the cache's own write position (padding included; rollback crops it)
+        if ids.shape[0] > n:
+            out.logits = out.logits[:, :n]
+            out.hidden_states = None if out.hidden_states is None else tuple(h[:, :n] for h in out.hidden_states)
         return out
 
     def crop(self, length: int) -> None:
@@ -188,6 +196,9 @@ class Proposal:
     (consecutive positions under the target's causal mask)."""
     drafts: object = None
     """The proposer's own record of the round (a chain's stages, a tree)."""
+    width: int | None = None
+    """A chain's full verify width (its stages of block_size - 1 drafts and the anchor): what a compiled target
+    pads a shorter last stage to (:meth:`TargetRunner.forward`); None: no padding (a tree)."""
 
 
 @dataclass
@@ -240,7 +251,7 @@ def decode(target, drafter, prompt, proposer: Proposer, runner: TargetRunner, *,
         clock.lap("draft")
         # 2. verify: the target sees [anchor, d_1..d_n] in one forward (slots start..start+n);
         #    logits[u] is its distribution for the token after row u (the one row u's children claim).
-        out = runner.forward(prop.ids, hidden, **prop.verify)
+        out = runner.forward(prop.ids, hidden, width=prop.width, **prop.verify)
         clock.lap("verify")
         # 3. accept: acc drafts on a path from the anchor + one bonus token from the target
         #    (greedy: d_k == argmax while it holds; T > 0: rejection sampling, see sampling.py and tree.py).

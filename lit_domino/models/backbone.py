@@ -219,24 +219,26 @@ class ParallelDrafter(Drafter):
 
     def block_step(self, anchor: torch.Tensor, where: torch.Tensor, ctx: torch.Tensor, caches: list[StaticKVCache],
                    rows: int, fused: bool, head=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One stage's draft on the static decode path, in one call (compiled: one graph per ``rows``, ``fused``
-        and ``head``) → (hidden [K+1, d] in the label layout, the LM head's logits [K, V], None). A method with a
-        head may run it here too (``head``: what it needs, its session's ``_step_head``), returning its final
-        logits and picks [K] instead (Domino).
+        """One stage's draft on the static decode path, in one call (compiled: one graph per ``fused`` and ``head``)
+        → (hidden [K+1, d] in the label layout, the LM head's logits [K, V], None), for a block of ``rows`` query
+        rows (the full block). A method with a head may run it here too (``head``: what it needs, its session's
+        ``_step_head``), returning its final logits and picks [K] instead (Domino).
 
-        ``where`` = [start, first, n]: the anchor ``anchor`` [1] sits at position start and the block's ``rows``
-        query rows ``[anchor, MASK ...]`` at start .. end-1; ``ctx`` [1, W, ·] holds the n new context rows at
-        positions first .. first+n-1 (raw target features, fused here, or with ``fused`` a DLoop stage's hidden
-        states); its other W - n rows go to slots end .. end+W-n-1, past the block, where the mask hides them.
-        Positions are tensors, so one graph serves every round."""
-        start, first, n = where.unbind()
+        ``where`` = [start, first, n, real]: the anchor ``anchor`` [1] sits at position start and the block's
+        query rows ``[anchor, MASK ...]`` at start .. start+rows-1, of which the first ``real`` are the stage's
+        (a shorter stage: the rest are padding, whose keys sit past ``start + real`` where the mask hides them, so
+        the real rows compute what a block of ``real`` rows would and one graph serves every stage length);
+        ``ctx`` [1, W, ·] holds the n new context rows at positions first .. first+n-1 (raw target features,
+        fused here, or with ``fused`` a DLoop stage's hidden states); its other W - n rows go to the slots after
+        the block, hidden too. Positions are tensors, so one graph serves every round."""
+        start, first, n, real = where.unbind()
         dev = ctx.device
-        end, i = start + rows, torch.arange(ctx.shape[1], device=dev)
-        ctx_pos = torch.where(i < n, first + i, end + i - n)  # [W]
+        i = torch.arange(ctx.shape[1], device=dev)
+        ctx_pos = torch.where(i < n, first + i, start + rows + i - n)  # [W]
         ids = torch.cat([anchor, anchor.new_full((rows - 1,), self.config.mask_token_id)])  # [rows]
         pos = start + torch.arange(rows, device=dev)  # [rows]
         hidden = self.block_hidden(self.embed_tokens(ids)[None], pos, ctx if fused else self.fuse(ctx), ctx_pos,
-                                   StaticKVCache.visible(end, caches[0].capacity), caches)
+                                   StaticKVCache.visible(start + real, caches[0].capacity), caches)
         hidden = self.slot_hidden(hidden)[0]  # [K+1, d]: row k predicts the k-th drafted token
         return hidden, self.compute_logits(hidden[1:]), None
 

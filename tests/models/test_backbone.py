@@ -181,7 +181,7 @@ def test_static_session_drafts_what_the_dynamic_one_does(drafter):
         cache._k.zero_()
     ctx = torch.ones(1, B, drafter.config.num_features * drafter.config.hidden_size)
     with torch.no_grad():
-        drafter.block_step(torch.tensor([3]), torch.tensor([10, 8, 2]), ctx, s.caches, B, False)  # 2 rows at 8, 9
+        drafter.block_step(torch.tensor([3]), torch.tensor([10, 8, 2, B]), ctx, s.caches, B, False)  # 2 rows at 8, 9
     written = s.caches[0]._k[0, 0].abs().sum(-1).nonzero().flatten().tolist()
     assert written == list(range(8, 18))  # context 8, 9; the block 10..14; its 3 padding rows at 15, 16, 17
     s = drafter.new_session(static_capacity=20)
