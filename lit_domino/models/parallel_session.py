@@ -129,9 +129,11 @@ class ParallelSession(DraftSession):
         Rows beyond the last ``block_size`` (a prompt) are written to the caches here, ahead of the step; the
         buffer's rows past n keep an earlier round's values: the step puts them at slots past the block, never
         visible and overwritten by later rounds (so the buffers hold ``end + block_size`` slots at most)."""
-        # the full block's rows (the step's one shape; a shorter stage's extra rows are padding the mask hides)
-        full = self.config.block_size - 1 if self.drafter.anchor_predicts else self.config.block_size
-        width, capacity, end = self.config.block_size, self.static_capacity, start + max(rows, full)
+        width, capacity, end = self.config.block_size, self.static_capacity, start + rows
+        # the full block's rows: the step's one shape (a shorter stage's extra rows are padding the mask hides),
+        # where the buffers hold them (near the context's end a shorter stage keeps its own shape)
+        full = max(rows, self.config.block_size - 1 if self.drafter.anchor_predicts else self.config.block_size)
+        padded = full if start + full + width <= capacity else rows
         if static_state(self.drafter).get("owner") is not self:
             raise RuntimeError("a newer static session of this drafter now owns its static K/V buffers (one "
                                "static session per drafter at a time): start this sequence again")
@@ -152,7 +154,7 @@ class ParallelSession(DraftSession):
         if n:
             buffer[0, :n] = ctx
         where = torch.tensor([start, first, n, rows], device=self.device)
-        hidden, logits, picks = self.block_step(anchor, where, buffer, self.caches, max(rows, full), fused, head)
+        hidden, logits, picks = self.block_step(anchor, where, buffer, self.caches, padded, fused, head)
         k = rows if self.drafter.anchor_predicts else rows - 1  # the stage's drafts
         return hidden[: k + 1], logits[:k], None if picks is None else picks[:k]
 
