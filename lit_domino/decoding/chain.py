@@ -63,7 +63,7 @@ class ChainProposer:
             committed = drafts[:acc].tolist() + [bonus]
         return Verdict(acc, committed)
 
-    def observe(self, res, prop: Proposal, v: Verdict) -> None:
+    def observe(self, res, prop: Proposal, v: Verdict, spent: dict | None = None) -> None:
         stages, acc = prop.drafts, v.acc
         if self.record_stages:  # per stage: (sum log q, last log q, K, accepted of its K)
             offset = 0
@@ -74,4 +74,4 @@ class ChainProposer:
         res.stages_per_round.append(len(stages))
         res.drafted_per_round.append(prop.ids.shape[0] - 1)
         if self.policy is not None:
-            self.policy.observe(acc, len(stages), prop.ids.shape[0])
+            self.policy.observe(acc, len(stages), prop.ids.shape[0], spent)

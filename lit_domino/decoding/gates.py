@@ -14,9 +14,10 @@ stage boundary decides on):
 * ``conf``: another stage while P(whole | S_m) >= p;
 * ``cost``: another stage when what it is expected to add beats what its time would yield elsewhere:
   ``G(S_m) > ρ · (round_time(stages + 1, ..) - round_time(stages, ..))``, round_time the
-  :class:`~lit_domino.decoding.cost_model.CostModel` measured on this machine (the predictor's own cost included),
-  and ρ the sequence's tokens per second so far
-  (committed tokens over the modelled time of its rounds, a plain round's expectation as the prior). That is the
+  :class:`~lit_domino.decoding.cost_model.CostModel` measured on this machine (the predictor's own cost included)
+  priced by what the sequence's rounds cost against it (:mod:`lit_domino.decoding.round_costs`), and ρ the
+  sequence's tokens per second so far (committed tokens over its rounds' time as the decode's clock timed them, a
+  plain round's modelled expectation as the prior). That is the
   rule that maximises tokens per second over the whole sequence (renewal-reward: an option pays when its marginal
   rate beats the long-run rate); raising *this round's* rate instead opened a stage whenever the round looked poor,
   which on the default drafters drafted 25-40 % more stages than needed for no more accepted tokens. G is scaled
@@ -48,6 +49,7 @@ import torch
 
 from lit_domino.decoding.acceptance import AcceptancePredictor, require_predictor
 from lit_domino.decoding.cost_model import CostModel, resolve
+from lit_domino.decoding.round_costs import RoundCosts
 from lit_domino.decoding.dloop import DLoopConfig
 from lit_domino.models.sessions import StageDraft
 
@@ -66,9 +68,9 @@ class Gate:
     def begin(self) -> None:
         """A new sequence."""
 
-    def observe(self, accepted: int, stages: int, verified: int) -> None:
+    def observe(self, accepted: int, stages: int, verified: int, spent: dict | None = None) -> None:
         """A round accepted ``accepted`` drafts (and emitted a bonus) from ``stages`` stages and a forward of
-        ``verified`` tokens."""
+        ``verified`` tokens; ``spent``: its seconds per phase as the decode's clock timed them (None: unknown)."""
 
     def worth_reading(self, k: int, room: int) -> bool:
         """Whether this round's stages are read at all after a first stage of ``k`` drafts (False: the round is
@@ -117,8 +119,8 @@ class ConfGate(Gate):
 @dataclass
 class CostGate(Gate):
     """``cost``: another stage when what it is expected to add beats what its time would yield at the sequence's
-    rate ρ (the module docstring). Its state: ρ's tokens and modelled seconds, the trust record of the sequence's
-    first stages, and its reads' account."""
+    rate ρ (the module docstring). Its state: ρ's tokens and seconds, the trust record of the sequence's first
+    stages, its reads' account, and what the sequence's rounds cost against the model (:attr:`costs`)."""
 
     dloop: DLoopConfig
     predictor: AcceptancePredictor
@@ -126,7 +128,8 @@ class CostGate(Gate):
     tokens: float = 0.0
     """ρ's numerator: tokens committed in the sequence (a plain round's prior included)."""
     seconds: float = 0.0
-    """ρ's denominator: the modelled seconds of the sequence's rounds (the prior's included)."""
+    """ρ's denominator: the seconds of the sequence's rounds as the clock timed them (modelled where it has not,
+    and for the prior)."""
     predicted: float = 0.0
     """Σ P(whole | S) over the sequence's read first stages."""
     hits: float = 0.0
@@ -139,10 +142,11 @@ class CostGate(Gate):
     """Reads of the predictor in the sequence."""
     since: int = 0
     """Rounds since the last read."""
+    costs: RoundCosts = field(default_factory=RoundCosts)
+    """What the sequence's rounds cost against :attr:`cost`'s model (:mod:`lit_domino.decoding.round_costs`): a
+    round is priced by them (:meth:`round_time`)."""
     _gains: dict = field(default_factory=dict, repr=False)
-    """:meth:`may_open`'s best case by (first stage's drafts, room after it): (G(1), the stage's modelled seconds)."""
-    _times: dict = field(default_factory=dict, repr=False)
-    """:meth:`CostModel.round_time` by (stages, verified), for this decode (the model stands still)."""
+    """:meth:`may_open`'s best case G(1) by (first stage's drafts, room after it)."""
 
     PRIOR_ROUNDS = 4
     """Plain rounds of the calibration's expected length that ρ starts from (and is pulled towards early on)."""
@@ -159,11 +163,13 @@ class CostGate(Gate):
         expected = 1.0 + float(torch.cumprod(cal.at(cal.mean_confidence, 0, K), 0).sum())
         self.tokens, self.seconds = self.PRIOR_ROUNDS * expected, self.PRIOR_ROUNDS * self.round_time(1, K + 1)
         self.predicted = self.hits = self.earned = 0.0
-        self.first, self.reads, self.since = None, 0, 0
+        self.first, self.reads, self.since, self.costs = None, 0, 0, RoundCosts()
 
-    def observe(self, accepted: int, stages: int, verified: int) -> None:
+    def observe(self, accepted: int, stages: int, verified: int, spent: dict | None = None) -> None:
         self.tokens += accepted + 1
-        self.seconds += self.round_time(stages, verified)
+        self.seconds += sum(spent.get(k, 0.0) for k in ("draft", "verify", "other")) if spent else \
+            self.round_time(stages, verified)
+        self.costs.add(spent, self.cost.verify(verified), self._draft_time(stages))
         if self.first is not None:
             p, k = self.first
             self.predicted += p
@@ -172,7 +178,7 @@ class CostGate(Gate):
 
     @property
     def rate(self) -> float:
-        """ρ: tokens per (modelled) second of the sequence so far."""
+        """ρ: tokens per second of the sequence so far."""
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
@@ -191,16 +197,15 @@ class CostGate(Gate):
     def may_open(self, k: int, room: int) -> bool:
         """Whether the gate can open after a first stage of ``k`` drafts for any survival: at best (the maps are
         non-decreasing: S = 1, scaled by a trust of at most ``room`` drafts) another stage adds G(1) drafts for its
-        modelled seconds, so when that is <= ρ · seconds no survival opens it and the round skips the predictor
-        (measured before: ~0.1-0.25 ms a round, 2-7 % on the default target). G(1) and the seconds are computed once
-        per (k, room); ρ and the trust are the sequence's current ones."""
+        seconds, so when that is <= ρ · seconds no survival opens it and the round skips the predictor (measured
+        before: ~0.1-0.25 ms a round, 2-7 % on the default target). G(1) is computed once per (k, room); ρ, the
+        trust and the prices are the sequence's current ones."""
         if room <= 0:
             return False
         key = (k, room)
         if key not in self._gains:
-            self._gains[key] = (self.predictor.calibration.best_gain(k, room), self.extra_time(1, k, room))
-        best, seconds = self._gains[key]
-        return min(best * self.trust, room) > self.rate * seconds
+            self._gains[key] = self.predictor.calibration.best_gain(k, room)
+        return min(self._gains[key] * self.trust, room) > self.rate * self.extra_time(1, k, room)
 
     def reads_pay(self) -> bool:
         """Whether the gate reads the predictor this round: while its reads in the sequence, after the first
@@ -212,13 +217,15 @@ class CostGate(Gate):
         self.since += 1
         return False
 
+    def _draft_time(self, stages: int) -> float:
+        """The model's seconds of drafting ``stages`` stages."""
+        cost = self.cost
+        return cost.draft_first_s + (stages - 1) * cost.draft_next_s if stages > 0 else 0.0
+
     def round_time(self, stages: int, verified: int) -> float:
-        """:meth:`CostModel.round_time`, computed once per decode for each (stages, verified)."""
-        key = (stages, verified)
-        t = self._times.get(key)
-        if t is None:
-            t = self._times[key] = self.cost.round_time(stages, verified)
-        return t
+        """Seconds of a round of ``stages`` stages and a verify of ``verified`` tokens: the model's
+        (:meth:`CostModel.round_time`) priced by what the sequence's rounds cost (:attr:`costs`)."""
+        return self.costs.round_s(self._draft_time(stages), self.cost.verify(verified), self.cost.other_s)
 
     def extra_time(self, done: int, m: int, room: int) -> float:
         """Modelled seconds another stage of ``room`` drafts adds to a round of ``done`` stages and ``m`` drafts."""
@@ -278,9 +285,9 @@ class RoundPolicy:
         """A new sequence (the gate's state restarts)."""
         self.gate.begin()
 
-    def observe(self, accepted: int, stages: int, verified: int) -> None:
+    def observe(self, accepted: int, stages: int, verified: int, spent: dict | None = None) -> None:
         """The round's outcome, for the gate (:meth:`Gate.observe`)."""
-        self.gate.observe(accepted, stages, verified)
+        self.gate.observe(accepted, stages, verified, spent)
 
     def draft(self, session, anchor: torch.Tensor, room, temperature: float, generator) -> list[StageDraft]:
         """The round's stages; ``room(m)`` = drafts the next stage may add after m drafts (0: none)."""

@@ -43,11 +43,13 @@ def feature_layers(drafter) -> list[int] | None:
 class Clock:
     """Phase timing. CPU: ``perf_counter`` laps. CUDA: an event recorded at each phase boundary and no
     synchronise between phases; :meth:`totals` synchronises once and sums the event intervals per phase, so
-    the totals stay honest (the last event closes the last phase)."""
+    the totals stay honest (the last event closes the last phase). :meth:`round` hands out the seconds per phase
+    since its previous call: what a round cost, for a proposer that prices its next rounds by them."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.spans: dict[str, float] = {}
+        self.fresh: dict[str, float] = {}  # seconds per phase not yet handed out by round()
         self.marks: list[tuple[str | None, object]] = []  # CUDA: (phase that ends at this event, event)
         self.t = self._mark(None)
 
@@ -59,20 +61,38 @@ class Clock:
         self.marks.append((phase, event))
         return event
 
+    def _add(self, phase: str, seconds: float) -> None:
+        self.spans[phase] = self.spans.get(phase, 0.0) + seconds
+        self.fresh[phase] = self.fresh.get(phase, 0.0) + seconds
+
+    def _drain(self) -> None:
+        """CUDA: fold the event intervals recorded so far into the spans (their events must have completed)."""
+        for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+            self._add(phase, a.elapsed_time(b) / 1e3)
+        self.marks = self.marks[-1:]
+
     def lap(self, phase: str) -> None:
         """Charge the time since the previous lap to ``phase``."""
         t = self._mark(phase)
         if not self.cuda:
-            self.spans[phase] = self.spans.get(phase, 0.0) + t - self.t
+            self._add(phase, t - self.t)
             self.t = t
+
+    def round(self) -> dict[str, float] | None:
+        """Seconds per phase since the previous call. CUDA: None while the last event has not completed (it
+        never waits for the device: the round's walk has usually synchronised already)."""
+        if self.cuda:
+            if not self.marks[-1][1].query():
+                return None
+            self._drain()
+        out, self.fresh = self.fresh, {}
+        return out
 
     def totals(self) -> dict[str, float]:
         """Seconds per phase (CUDA: one synchronise, here)."""
         if self.cuda:
             torch.cuda.synchronize()
-            for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
-                self.spans[phase] = self.spans.get(phase, 0.0) + a.elapsed_time(b) / 1e3
-            self.marks = self.marks[-1:]
+            self._drain()
         return self.spans
 
 
@@ -226,8 +246,9 @@ class Proposer(Protocol):
     def accept(self, proposal: Proposal, logits: torch.Tensor, temperature: float, generator) -> Verdict:
         """Walk the verify's ``logits [n+1, V]``: the accepted path and the committed tokens."""
 
-    def observe(self, res: GenerationResult, proposal: Proposal, verdict: Verdict) -> None:
-        """Record the round (its per-round fields of ``res``, a gate's state)."""
+    def observe(self, res: GenerationResult, proposal: Proposal, verdict: Verdict, spent: dict | None) -> None:
+        """Record the round (its per-round fields of ``res``, a gate's state); ``spent``: the round's seconds per
+        phase as the decode's clock timed them (``draft``, ``verify``, ``other``; None: not known yet, on CUDA)."""
 
 
 def decode(target, drafter, prompt, proposer: Proposer, runner: TargetRunner, *, max_new_tokens: int,
@@ -240,6 +261,7 @@ def decode(target, drafter, prompt, proposer: Proposer, runner: TargetRunner, *,
     session = drafter.new_session(**options)
     session.extend(prompt, feats)
     clock.lap("prefill")
+    clock.round()  # the prefill is no round
     res = GenerationResult(tokens=[], num_target_forwards=1)
     start = prompt.shape[0]  # position of the anchor = committed tokens already in the target cache
     done = commit(res, [int(anchor)], eos, max_new_tokens)
@@ -265,9 +287,10 @@ def decode(target, drafter, prompt, proposer: Proposer, runner: TargetRunner, *,
         rows = slice(0, v.acc + 1) if v.path is None else torch.tensor([0] + v.path, device=prompt.device)
         session.extend(prop.ids[rows], select_features(out.hidden_states, layers)[0, rows] if hidden else None)
         clock.lap("draft")
-        proposer.observe(res, prop, v)
         start += v.acc + 1
         anchor, done = close_round(res, v.committed, eos, max_new_tokens, prompt.device)
         clock.lap("other")
+        # 5. the proposer records the round, with what its phases cost (what it prices its next rounds by)
+        proposer.observe(res, prop, v, clock.round())
     charge(res, clock)
     return res.finish()

@@ -45,16 +45,21 @@ One round, with the committed sequence ending in the anchor x at position ``star
 
 ``budget`` caps n (nodes beyond the anchor); ``cost`` (:class:`lit_domino.decoding.cost.VerifyCost`) makes it
 cost-aware: each round verifies the best-first prefix CaDDTree's rule picks, and a path tree expands only the
-nodes whose descendants that choice could hold.
+nodes whose descendants that choice could hold. The rule prices a round by what the decode's earlier rounds cost
+(:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve scaled by the verifies observed against it, plus
+the round's observed rollback and the session's extend, beside this round's own drafting time.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
+from lit_domino.decoding.cost import VerifyCost
 from lit_domino.decoding.round import Proposal, Verdict
+from lit_domino.decoding.round_costs import RoundCosts
 # The tree's settings, builders and walks live in their own modules; their names stay importable from here.
 from lit_domino.decoding.tree_build import (PathHead, best_first, build_dloop_tree, build_tree,  # noqa: F401
                                             tree_from_stage)
@@ -73,13 +78,32 @@ class TreeProposer:
                  temperature: float, generator, dloop=None):
         self.cfg, self.block_size, self.runner, self.limit, self.dtype = cfg, block_size, runner, limit, dtype
         self.temperature, self.generator, self.dloop = temperature, generator, dloop
-        self.draft_s = None  # the measured draft time per round (an average), the cost rule's C_draft
+        self.draft_s = None  # the proposer's own drafting time per round (an average), the cost rule's C_draft
+        self.costs = RoundCosts()
+        self.priced, self.price = cfg, (1.0, 0.0)  # the config whose curve is priced as in :meth:`_priced`, and its price
+        self.spent = 0.0  # this round's own drafting seconds
 
     def begin(self) -> None:
-        self.draft_s = None
+        self.draft_s, self.costs, self.priced, self.price = None, RoundCosts(), self.cfg, (1.0, 0.0)
+
+    def _priced(self) -> TreeConfig:
+        """The config with the curve priced by the rounds so far: C_v(n) x the observed verify scale, plus what a
+        round costs beyond its drafting and verify (the rollback, the session's extend: the clock's draft phase
+        over the proposer's own drafting). Rounded (to 1 % and 10 µs) so a new curve is built only when the
+        prices move."""
+        curve, costs = self.cfg.cost, self.costs
+        if curve is None:
+            return self.cfg
+        scale = round(costs.verify_scale, 2)
+        fixed = round(costs.other_s + max(costs.draft_scale - 1.0, 0.0) * (self.draft_s or 0.0), 5)
+        if (scale, fixed) != self.price:
+            self.price = (scale, fixed)
+            seconds = tuple(scale * s + fixed for s in curve.seconds)
+            self.priced = replace(self.cfg, cost=VerifyCost(curve.widths, seconds, curve.draft_s))
+        return self.priced
 
     def draft(self, session, anchor: torch.Tensor, start: int, wanted: int) -> Proposal:
-        cfg, dloop, capacity = self.cfg, self.dloop, self.runner.capacity
+        cfg, dloop, capacity = self._priced(), self.dloop, self.runner.capacity
         room = capacity - 1 - start if self.limit is None else min(capacity, self.limit) - 1 - start
         # deeper nodes than the tokens still wanted (less the bonus) could never be emitted
         depth, nodes = min(self.block_size - 1, room, wanted - 1), min(cfg.budget, room)
@@ -93,7 +117,7 @@ class TreeProposer:
                                     lambda m: min(cfg.budget, room - m), self.temperature, self.generator,
                                     self.draft_s, t0)
         tree = chain_first(tree)
-        spent = time.perf_counter() - t0
+        self.spent = spent = time.perf_counter() - t0
         self.draft_s = spent if self.draft_s is None else 0.8 * self.draft_s + 0.2 * spent
         kv_len = capacity if self.runner.static else start + len(tree) + 1
         ids, pos, mask = tree_inputs(tree, anchor, start, kv_len, self.dtype)
@@ -104,8 +128,10 @@ class TreeProposer:
         path, committed = walker(prop.drafts, logits, temperature, generator)
         return Verdict(len(path), committed, path)
 
-    def observe(self, res, prop: Proposal, v: Verdict) -> None:
+    def observe(self, res, prop: Proposal, v: Verdict, spent: dict | None = None) -> None:
         tree = prop.drafts
+        if self.cfg.cost is not None:  # what the round cost against the curve and the proposer's own timer
+            self.costs.add(spent, self.cfg.cost.seconds_at(len(tree)), self.spent)
         res.accepted_ranks.extend(tree.ranks[i - 1] for i in v.path)
         res.stages_per_round.append(tree.stages if len(tree) else 0)
         res.drafted_per_round.append(len(tree))

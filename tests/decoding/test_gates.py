@@ -15,6 +15,7 @@ from lit_domino.decoding.acceptance import (AcceptanceHead, AcceptancePredictor,
                                            check_predictor, drafter_key, input_width, load_predictor)
 from lit_domino.decoding.cost_model import CostModel, CostModelError, cache_path, cost_key, resolve
 from lit_domino.decoding.gates import RoundPolicy, round_policy
+from lit_domino.decoding.round import Clock
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.sessions import StageDraft
 from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target,
@@ -89,6 +90,14 @@ def spread_own_head(target, d, scale=1.5, centre=1.5):
         torch.nn.init.normal_(d.confidence.weight)
         d.confidence.weight.mul_(scale / d.own_confidence_logits(H, prev).std().clamp_min(1e-6))
         d.confidence.bias.add_(centre - float(d.own_confidence_logits(H, prev).mean()))
+
+
+@pytest.fixture(autouse=True)
+def _priced_as_modelled(monkeypatch):
+    """The decodes here pin the cost gate's decisions under a given cost model, so their rounds are priced by it
+    alone: the clock hands the gate no round times (as on CUDA before a round's events complete). Prices from the
+    clock: ``test_the_cost_gate_prices_rounds_by_what_the_clock_timed`` and tests/decoding/test_round_costs.py."""
+    monkeypatch.setattr(Clock, "round", lambda self: None)
 
 
 def cheap_cost(target, drafter, block_size, predictor):
@@ -202,17 +211,31 @@ def test_truncation_cuts_where_survival_falls_and_only_from_earlier_tokens(targe
     assert torch.equal(stages[0].tokens, st.tokens[: stages[0].tokens.numel()])
 
 
-def test_cost_gate_drafts_more_when_verify_is_what_costs(target, tmp_path):
-    d, pred = with_predictor(target, "backbone")
-    cheap = cheap_cost(target, d, 6, pred).save(tmp_path / "cheap.json")
-    dear = CostModel.of_widths([1, 2, 6, 11, 16], [1e-3] * 5, 1e-2, 1e-2, 0.0, cost_key(target, d, 6, pred))
-    dear = dear.save(tmp_path / "d.json")
-    p = [5, 6, 7, 8]
-    many = generate(target, d, torch.tensor([p]), max_new_tokens=24, predictor=pred,
-                    dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(cheap)))
-    few = generate(target, d, torch.tensor([p]), max_new_tokens=24, predictor=pred,
-                   dloop=DLoopConfig(gate="cost", max_stages=3, cost_model=str(dear)))
-    assert max(many.stages_per_round) > 1 and set(few.stages_per_round) == {1}
+def test_the_cost_gate_prices_rounds_by_what_the_clock_timed():
+    """One cost model, two sequences: where the decode's clock times drafting at 100x the model's, the gate opens
+    no further stage at a survival where, with the verifies timed at 100x the model's instead, it opens one (the
+    model alone would open it in both); ρ is the sequence's committed tokens over its rounds' timed seconds."""
+    from lit_domino.decoding.gates import RoundPolicy
+
+    cost = CostModel.of_widths([1, 8, 15, 22], [1e-3, 1.1e-3, 1.2e-3, 1.3e-3], 1e-3, 1e-3, 0.0, {"block_size": 8})
+    cal = Calibration([1.0] * 21, [0.9] * 21)  # another stage of 7 at survival 0.99: 0.99 * sum(0.9^j) = 4.2 drafts
+    timed = {"draft": {"draft": 0.1, "verify": 1.1e-3, "other": 0.0},  # a round of one stage, verifying 8 tokens
+             "verify": {"draft": 1e-3, "verify": 0.11, "other": 0.0}}
+    gates = {}
+    for dear, spent in timed.items():
+        policy = RoundPolicy(DLoopConfig(gate="cost", max_stages=3), None, AcceptancePredictor("", None, cal), cost)
+        policy.begin()
+        assert policy.gate.another(None, 1, 0.99, 7, 7)  # priced by the model: drafting is cheap, the stage pays
+        tokens, seconds = policy.gate.tokens, policy.gate.seconds
+        for _ in range(8):
+            policy.observe(7, 1, 8, spent)
+        assert policy.gate.rate == pytest.approx((tokens + 64) / (seconds + 8 * sum(spent.values())))
+        gates[dear] = policy.gate
+    assert not gates["draft"].another(None, 1, 0.99, 7, 7)
+    assert gates["verify"].another(None, 1, 0.99, 7, 7)
+    # unknown costs (a CUDA round not timed yet) leave the prices and count the round as modelled
+    policy.observe(7, 1, 8, None)
+    assert gates["verify"].costs.verify_scale == pytest.approx(100)
 
 
 def test_a_cost_gate_that_cannot_open_costs_no_predictor_call(target, tmp_path, monkeypatch):
