@@ -344,10 +344,29 @@ def test_a_real_argument_error_is_fast_and_imports_no_torch(script, argv, line, 
 # --------------------------------------------------------------------------- acceptance.py
 
 
+def test_acceptance_runs_the_plan_it_checked(monkeypatch):
+    import lit_domino.studies.acceptance as study
+
+    seen = {}
+    monkeypatch.setattr(study, "run_acceptance_study", lambda plan, **kw: seen.update(kw, plan=plan))
+    command("experiments/acceptance.py").main(["--drafters", "domino,eagle3", "--label", "soft", "--no-mlflow"])
+    plan = seen["plan"]
+    assert plan.preset == "smoke" and plan.drafters == ("domino",) and plan.label == "soft"
+    assert list(plan.skipped) == ["eagle3"] and seen["mlflow_enabled"] is False  # eagle3: noted, never trained
+    command("experiments/acceptance.py").main([])
+    assert seen["plan"].drafters == ("backbone", "domino", "dspark", "dflash2")  # the study file's
+
+
 @pytest.mark.parametrize("argv, needles", [
     (["--preset", "huge"], ["--preset", "unknown preset 'huge'"]),
+    (["--preset", "rehearsal"], ["acceptance.yaml", "no plan for preset 'rehearsal'"]),
     (["--drafters", "backbone,nosuch"], ["--drafters", "nosuch"]),
+    (["--drafters", " , "], ["--drafters", "none given"]),
+    (["--drafters", "eagle3,small_lm"], ["none keeps block hidden states"]),
     (["--label", "fuzzy"], ["--label", "invalid choice"]),
 ])
-def test_acceptance_refuses_bad_input(argv, needles, capsys):
+def test_acceptance_refuses_bad_input(argv, needles, capsys, monkeypatch):
+    import lit_domino.studies.acceptance as study
+
+    monkeypatch.setattr(study, "run_acceptance_study", lambda *a, **k: pytest.fail("the study ran"))
     refuses(command("experiments/acceptance.py").main, argv, capsys, "acceptance.py", *needles)

@@ -1,11 +1,12 @@
 """The acceptance-predictor study: a calibrated confidence for every parallel drafter, and how well it predicts.
 
-Per drafter of a preset (the ablation's cached base drafters: backbone-only, Domino, DSpark, DFlash 2, any
-parallel method registered later): the add-on head trained on the frozen drafter (DSpark: its own head, and the
-add-on one beside it; Domino: on its hidden states and, two more rows, on its GRU state instead of and besides the
-previous token's embedding), calibrated per position on held-out rounds (:mod:`lit_domino.training.acceptance`),
-each cached as its own artifact keyed by the drafter. Prompts: each embedded benchmark's items after the ones the
-DLoop study evaluates on (disjoint).
+Per drafter of its plan (:class:`~lit_domino.studies.acceptance_plan.AcceptancePlan`: ``configs/studies/
+acceptance.yaml`` and the command line, checked before any model loads; the ablation's cached base drafters:
+backbone-only, Domino, DSpark, DFlash 2, any parallel method registered later): the add-on head trained on the frozen
+drafter (DSpark: its own head, and the add-on one beside it; Domino: on its hidden states and, two more rows, on its
+GRU state instead of and besides the previous token's embedding), calibrated per position on held-out rounds
+(:mod:`lit_domino.training.acceptance`), each cached as its own artifact keyed by the drafter. Prompts: each
+embedded benchmark's items after the ones the DLoop study evaluates on (disjoint).
 
 Writes ``results/acceptance/calibration-<preset>.md|json`` (AUC and ECE before and after, per position, of the
 conditional c_j and of the survival S_j) and one reliability diagram per drafter, and logs them to MLflow
@@ -16,48 +17,33 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-from lit_domino.training.acceptance import (MIN_REPORT_ROUNDS, AcceptanceSettings, acceptance_predictor, position_cells,
-                                            prompt_ids)
 from lit_domino.data.benchmarks import load_benchmark
 from lit_domino.decoding.acceptance import causal_state_size, own_predictor, supports_predictor
+from lit_domino.interop import load_drafter
+from lit_domino.runtime.jsonio import write_json
+from lit_domino.runtime.paths import project_root
+from lit_domino.runtime.threads import pinned_threads
+from lit_domino.studies.acceptance_plan import AcceptancePlan, study_plan
+from lit_domino.studies.common import log_metrics
+from lit_domino.studies.skeleton import Stages
+from lit_domino.training.acceptance import MIN_REPORT_ROUNDS, acceptance_predictor, position_cells, prompt_ids
 from lit_domino.training.configs import load_config
 from lit_domino.training.experiment import train_variant
-from lit_domino.interop import load_drafter
-from lit_domino.runtime.paths import project_root
-from lit_domino.runtime.jsonio import write_json
-from lit_domino.runtime.threads import pinned_threads
-from lit_domino.studies.common import log_metrics
-
-DOMAINS = ("embedded-math", "embedded-code", "embedded-chat")
-SKIP = 16
-"""Each benchmark's first items are the DLoop study's and the ablation's eval prompts: the predictor's data starts
-after them."""
-PRESET_SETTINGS = {
-    "smoke": dict(prompts=32, settings=dict(max_new_tokens=64, anchors_per_sequence=24, stages=2)),
-    "default": dict(prompts=80, settings=dict(max_new_tokens=128, anchors_per_sequence=24, stages=3)),
-    "paper": dict(prompts=64, settings=dict(max_new_tokens=256, anchors_per_sequence=16, stages=3)),
-}
-"""Per preset: prompts per domain and the predictors' :class:`AcceptanceSettings` fields. The default preset's 80
-prompts (~1000 test rounds per drafter): with 40, one fit's ECE differed by up to 2.6 points between the calibration
-and test halves, and the backbone's c_j and DFlash 2's S_j read 3.7 and 3.9 %; with 80, 2.1 and 2.9 % (7.6 min for
-the study's 7 predictors)."""
 
 
 def predictor_settings(preset: str) -> dict:
-    """What the predictors :func:`study_predictors` builds for ``preset`` are made by: the prompts per domain and
-    every :class:`~lit_domino.training.acceptance.AcceptanceSettings` field but the drafter's own pool (part of a
-    study's decoded rows' key, so that rows decoded with other predictors are not reused)."""
-    spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
-    return {"prompts": spec["prompts"], **asdict(AcceptanceSettings(**spec["settings"]))}
+    """What the predictors :func:`study_predictors` builds for ``preset`` are made by
+    (:meth:`AcceptancePlan.predictor_settings`: part of the DLoop study's decoded rows' key)."""
+    return study_plan(preset).predictor_settings()
 
 
-def study_prompts(target, per_domain: int) -> list[list[int]]:
+def study_prompts(target, plan: AcceptancePlan) -> list[list[int]]:
+    """The predictors' prompts: ``plan.prompts`` items of each domain after its first ``plan.skip``, as token ids."""
     out = []
-    for name in DOMAINS:
-        items = load_benchmark(name, SKIP + per_domain)[SKIP:]
+    for name in plan.domains:
+        items = load_benchmark(name, plan.skip + plan.prompts)[plan.skip:]
         out += prompt_ids(target, items)
     return out
 
@@ -81,18 +67,6 @@ def calibration_table(reports: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def study_pool_size(preset: str):
-    """The candidate pool Domino's kinds decode with in the studies (``studies/ablation.yaml``): the predictor is
-    built as the drafter decodes."""
-    from lit_domino.studies.tables import decode_pool_size
-
-    return decode_pool_size(preset)
-
-
-STUDY_DRAFTERS = ("backbone", "domino", "dspark", "dflash2")
-"""Every parallel drafter the study calibrates by default."""
-
-
 def predictor_variants(kind: str, drafter) -> list[tuple[str, str, dict]]:
     """The predictors the study builds for ``drafter`` -> (table name, artifact tag, settings fields): its own head
     (or the add-on head), the add-on head beside an own one, and for a drafter with a GRU the heads on
@@ -106,36 +80,34 @@ def predictor_variants(kind: str, drafter) -> list[tuple[str, str, dict]]:
     return out
 
 
-def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: str | None = None,
-                         out_dir: Path | None = None, mlflow_enabled: bool = True, progress: bool = True,
-                         threads: int | None = 1) -> dict:
-    """Build (or reuse) every drafter's predictor, then the tables, diagrams and MLflow run (module docstring)."""
+def run_acceptance_study(plan: AcceptancePlan | str = "smoke", out_dir: Path | None = None,
+                         mlflow_enabled: bool = True, progress: bool = True) -> dict:
+    """Build (or reuse) the predictors of every drafter of ``plan`` (:func:`study_plan`; a preset: its plan as the
+    study file gives it), then the tables, diagrams and MLflow run (module docstring)."""
     import json
 
     from lit_domino.target.load import load_target
 
-    if preset not in PRESET_SETTINGS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {list(PRESET_SETTINGS)}")
-    t0 = time.time()
-    spec = PRESET_SETTINGS[preset]
+    plan = study_plan(plan) if isinstance(plan, str) else plan
+    preset, label = plan.preset, plan.label
+    stages = Stages("acceptance")
+    for note in plan.skipped.values():
+        stages.log(note)
     out_dir = Path(out_dir or project_root() / "results" / "acceptance")
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfgs = {kind: load_config(kind, preset, 0, {}) for kind in drafters}
+    cfgs = {kind: load_config(kind, preset, 0, {}) for kind in plan.drafters}
     target = load_target(next(iter(cfgs.values()))["data"]["target"])
-    prompts = study_prompts(target, spec["prompts"])
+    prompts = study_prompts(target, plan)
     reports, files, predictors, tags = {}, [], {}, {}
     continued: dict = {}  # the target's continuations of the prompts, generated once for every predictor built
-    with pinned_threads(threads):
+    with pinned_threads(plan.threads):
         for kind, cfg in cfgs.items():
             trained = train_variant(cfg, experiment=f"acceptance-{preset}", table="acceptance", progress=progress)
             drafter = load_drafter(trained.drafter_dir, target=target)
-            if not supports_predictor(drafter):
-                print(f"[acceptance] {kind}: drafts token by token, no acceptance predictor", flush=True)
-                continue
-            pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
+            pool = plan.pool_size if "pool_size" in drafter.draft_options else None
             for name, tag, fields in predictor_variants(kind, drafter):
-                settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool, **fields)
-                print(f"[acceptance {time.time() - t0:5.0f}s] {name}: predictor ({settings})", flush=True)
+                settings = plan.settings(pool, **fields)
+                stages.log(f"{name}: predictor ({settings})")
                 pred, path = acceptance_predictor(target, drafter, prompts, settings, name=f"{tag}-{preset}",
                                                   continued=continued)
                 tags[name] = tag.replace("-", "_")  # MLflow metric prefixes: backbone, dspark_addon, domino_gru
@@ -168,22 +140,23 @@ def run_acceptance_study(preset: str = "smoke", drafters=STUDY_DRAFTERS, label: 
                 mlflow.log_artifact(str(f), "calibration")
             run_id = run.info.run_id
     print(f"\n## Acceptance predictors ({preset}; label {label}; held-out test rounds)\n\n{md}\n")
-    print(f"written to {out_dir} in {time.time() - t0:.0f} s" + (f"; MLflow run {run_id}" if run_id else ""))
+    seconds = time.time() - stages.t0
+    print(f"written to {out_dir} in {seconds:.0f} s" + (f"; MLflow run {run_id}" if run_id else ""))
+    stages.done(seconds)
     return {"reports": reports, "artifacts": predictors, "markdown": md, "run_id": run_id}
 
 
 def study_predictors(target, drafters: dict, preset: str, label: str | None = None) -> dict:
     """The cached (or newly built) predictor of every drafter in ``drafters`` (name -> drafter) that can have one
-    (the DLoop study's predictor gates; passed to ``generate`` as its ``predictor``) -> name -> (predictor, artifact
-    path)."""
-    spec = PRESET_SETTINGS.get(preset, PRESET_SETTINGS["smoke"])
-    prompts = study_prompts(target, spec["prompts"])
+    (the DLoop study's predictor gates; passed to ``generate`` as its ``predictor``), made as the acceptance study
+    makes them under ``preset`` (:func:`study_plan`) -> name -> (predictor, artifact path)."""
+    plan = study_plan(preset, label=label)
+    prompts = study_prompts(target, plan)
     out, continued = {}, {}  # continued: the target's continuations, generated once for every predictor built
     for name, drafter in drafters.items():
         if not supports_predictor(drafter):
             continue
-        pool = study_pool_size(preset) if "pool_size" in drafter.draft_options else None
-        settings = AcceptanceSettings(label=label, **spec["settings"], pool_size=pool)
+        settings = plan.settings(plan.pool_size if "pool_size" in drafter.draft_options else None)
         pred, path = acceptance_predictor(target, drafter, prompts, settings,
                                           name=f"{name.replace('/', '-')}-{preset}", continued=continued)
         out[name] = (pred, path)
@@ -206,6 +179,8 @@ def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspar
     from lit_domino.target.load import load_target
 
     t0 = time.time()
+    plan = study_plan(preset, drafters)  # the predictors' plan and the domains, checked before any model loads
+    dloops = [DLoopConfig.parse(g) for g in gates]
     out_dir = Path(out_dir or project_root() / "results" / "acceptance")
     out_dir.mkdir(parents=True, exist_ok=True)
     cfgs = {kind: load_config(kind, preset, 0, {}) for kind in drafters}
@@ -214,11 +189,9 @@ def run_gate_study(preset: str = "smoke", drafters=("backbone", "domino", "dspar
               for kind, cfg in cfgs.items()}
     with pinned_threads(threads):
         built = study_predictors(target, loaded, preset)
-        dloops = [DLoopConfig.parse(g) for g in gates]
-        prompts = {name: load_benchmark(name, prompts_per_domain) for name in DOMAINS}
-        pool = study_pool_size(preset)
+        prompts = {name: load_benchmark(name, prompts_per_domain) for name in plan.domains}
         rows = benchmark(target, loaded, prompts, max_new_tokens=max_new_tokens, dloops=dloops,
-                         pool_sizes={k: [pool] for k in loaded if "pool_size" in loaded[k].draft_options},
+                         pool_sizes={k: [plan.pool_size] for k in loaded if "pool_size" in loaded[k].draft_options},
                          hf_baseline=False, progress=False, repeats=repeats,
                          predictors={k: pred for k, (pred, _) in built.items()})
     lines = ["| drafter | gate | avg τ | stages/round | draft ms/round | verify ms/round | avg speedup | Δ vs off | "

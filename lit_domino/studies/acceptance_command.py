@@ -1,8 +1,9 @@
-"""The command behind ``experiments/acceptance.py``: parse and check the preset and drafters, then run
-:func:`lit_domino.studies.acceptance.run_acceptance_study`.
+"""The command behind ``experiments/acceptance.py``: parse, check the flags, build the study's plan
+(:func:`lit_domino.studies.acceptance_plan.study_plan`: every check, before any model loads), then run it
+(:func:`lit_domino.studies.acceptance.run_acceptance_study`).
 
-This module imports no torch (the study module does, with MLflow and Lightning): bad input is one line
-``acceptance.py: error: ...`` (rc 2) in well under a second.
+This module imports no torch (the plan and the study modules do): a bad flag is one line
+``acceptance.py: error: ...`` (rc 2) in well under a second, a bad plan one line before any model loads.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ PROG = "acceptance.py"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = CommandParser.from_doc(PROG, COMMAND_DOC)
     parser.add_argument("--preset", default="smoke", help="smoke | default | paper (default: smoke)")
-    parser.add_argument("--drafters", default="backbone,domino,dspark,dflash2",
-                        help="comma-separated parallel drafters (default: backbone,domino,dspark,dflash2)")
+    parser.add_argument("--drafters", default=None,
+                        help="comma-separated parallel drafters (default: the study file's, "
+                             "backbone,domino,dspark,dflash2)")
     parser.add_argument("--label", default=None, choices=["soft", "hard"],
                         help="training label (default: hard, as the rounds are drafted greedily)")
     parser.add_argument("--out", default=None, help="output directory (default: results/acceptance)")
@@ -49,11 +51,15 @@ def _run(argv: list[str]):
     from lit_domino.training.configs import available_variants, check_preset_flag
 
     check_preset_flag(args.preset)
-    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    unknown = [d for d in drafters if d not in available_variants()]
-    if not drafters or unknown:
-        raise UsageError(f"--drafters: unknown {unknown or 'none given'}; choose from {available_variants()}")
+    drafters = None
+    if args.drafters is not None:
+        drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+        unknown = [d for d in drafters if d not in available_variants()]
+        if not drafters or unknown:
+            raise UsageError(f"--drafters: unknown {unknown or 'none given'}; choose from {available_variants()}")
+    from lit_domino.studies.acceptance_plan import study_plan
+
+    plan = study_plan(args.preset, drafters, label=args.label)  # a ConfigError: one line, before any model loads
     from lit_domino.studies.acceptance import run_acceptance_study
 
-    return run_acceptance_study(args.preset, drafters, label=args.label, out_dir=args.out,
-                                mlflow_enabled=not args.no_mlflow)
+    return run_acceptance_study(plan, out_dir=args.out, mlflow_enabled=not args.no_mlflow)

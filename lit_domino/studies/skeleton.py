@@ -2,7 +2,8 @@
 (:func:`section_fields`, :func:`plan_dict`), then its stages (:class:`Stages`): the target, the trainings, the decode
 through the row cache (:func:`lit_domino.studies.common.cached_rows`) with the lossless check, the tables and the
 MLflow run, each announced as ``[<study> <seconds>s] stage k/4 ...``. What differs per study is its plan, its rows
-and its tables (``ablation``, ``dloop``, ``trees``, ``objectives``)."""
+and its tables (``ablation``, ``dloop``, ``trees``, ``objectives``; ``acceptance`` builds predictors, not rows: its
+plan and stage log only)."""
 
 from __future__ import annotations
 
