@@ -111,6 +111,19 @@ def test_compiled_parallel_drafters_decode_what_the_eager_ones_do(targets):
                                         seed=i, dloop=dloop, compile=c) for c in (False, True))
             assert eager.tokens == compiled.tokens and eager.accepted_per_round == compiled.accepted_per_round
         assert "compiled" in static_state(drafter)  # the drafter's compiled block forward ran
+        # one graph whatever a stage's length (these decodes' last stages drafted 1, 2 and 3 tokens) and whether it
+        # fuses context (a first stage) or not (DLoop's second): the backbone's one; Domino's greedy exact-head
+        # rollout inside its step is a second (sampled stages pick outside it)
+        assert compiled_graphs(drafter) == {"backbone": 1, "domino": 2}[kind]
+
+
+def compiled_graphs(drafter) -> int:
+    """The graphs dynamo compiled for ``drafter``'s block step: the cache entries of its own code object (a torch
+    debugging helper: no public API counts them)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    (step,) = static_state(drafter)["compiled"].values()
+    return len(_debug_get_cache_entry_list(step._torchdynamo_orig_callable.__func__.__code__))
 
 
 def test_mismatched_real_drafter_is_rejected(targets):
