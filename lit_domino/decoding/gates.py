@@ -49,8 +49,8 @@ import torch
 
 from lit_domino.decoding.acceptance import AcceptancePredictor, require_predictor
 from lit_domino.decoding.cost_model import CostModel, resolve
-from lit_domino.decoding.round_costs import RoundCosts
 from lit_domino.decoding.dloop import DLoopConfig
+from lit_domino.decoding.round_costs import RoundCosts
 from lit_domino.models.sessions import StageDraft
 
 
@@ -228,7 +228,8 @@ class CostGate(Gate):
         return self.costs.round_s(self._draft_time(stages), self.cost.verify(verified), self.cost.other_s)
 
     def extra_time(self, done: int, m: int, room: int) -> float:
-        """Modelled seconds another stage of ``room`` drafts adds to a round of ``done`` stages and ``m`` drafts."""
+        """Seconds (priced as :meth:`round_time`) another stage of ``room`` drafts adds to a round of ``done`` stages
+        and ``m`` drafts."""
         return self.round_time(done + 1, m + room + 1) - self.round_time(done, m + 1)
 
     def another(self, stage, done, survival, m, room) -> bool:
