@@ -293,17 +293,31 @@ def test_a_presets_relative_prompt_files_are_found_from_any_directory(monkeypatc
 GROUP = pytest.mark.xdist_group("rehearsal")  # one worker, in this order: the GPU check's dry run reuses the cache
 
 
+def gpu_check():
+    """``experiments/gpu/check.py`` as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "experiments" / "gpu" / "check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    return check
+
+
 @pytest.fixture(scope="module")
 def rehearsal_report(tmp_path_factory):
-    """``python experiments/rehearsal.py`` as a user runs it (the session's cache and MLflow store), and its report."""
+    """``python experiments/rehearsal.py`` as a user runs it (the session's cache and MLflow store), and its report,
+    at the GPU check's dry-run counts (``DRY_RUN``: fewer prompts and anchors, 6 steps a drafter, where the preset
+    trains 9): every stage, setting and defect the test reads runs as at the preset's, and the dry run below
+    reuses its cache."""
     import subprocess
     import sys
     import time
 
     out = tmp_path_factory.mktemp("rehearsal")
+    sets = [a for key, value in gpu_check().DRY_RUN.items() for a in ("--set", f"{key}={json.dumps(value)}")]
     t0 = time.time()
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "rehearsal.py"), "--out", str(out),
-                           "--no-progress"], capture_output=True, text=True, timeout=900)
+                           "--no-progress", *sets], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     report["wall_seconds"] = time.time() - t0
@@ -397,10 +411,7 @@ def test_the_gpu_check_dry_run_on_cpu(rehearsal_report, smoke_data, tmp_path):
 
     if cpp_compiler() is None:
         pytest.skip("inductor needs a C++ compiler on a CPU")
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "experiments" / "gpu" / "check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
-    out = check.main(["--device", "cpu", "--out", str(tmp_path)])
+    out = gpu_check().main(["--device", "cpu", "--out", str(tmp_path)])
     parts = out["parts"]
     assert out["ok"], {n: {k: v for k, v in p.items() if k in ("ok", "error", "summary", "output_tail")}
                        | ({"not lossless": [(r["benchmark"], r["method"], r["match_baseline"]) for r in

@@ -15,9 +15,9 @@ Parts, in order (a failed part is recorded and the next one runs; the exit statu
 4. ``paper_step``: the paper-shaped training step's peak memory, Qwen3-8B shapes in bf16
    (``experiments/gpu/paper_step.py``), for the backbone and Domino.
 
-``--device cpu`` runs every part at CPU sizes (the rehearsal preset as it is, the CUDA tests skipped, the decode check's
-dry run, a narrow training step) to check the script before device time is spent on it; its figures say nothing
-about a GPU.
+``--device cpu`` runs every part at CPU sizes (the rehearsal preset at ``DRY_RUN``'s counts, the CUDA tests skipped,
+the decode check's dry run, a narrow training step) to check the script before device time is spent on it; its
+figures say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ LARGER = {"data.target": "embedded:rehearsal-large", "data.num_anchors": 64, "da
           "methods.domino.head": {"rank": 256, "gru_hidden": 1024}, "methods.dspark.head.rank": 256,
           "methods.dflash2.head.rank": 256}
 """The rehearsal's GPU size: paper's head sizes, a wider target, more anchors and longer answers."""
+DRY_RUN = {"data.train_examples.nemotron": 6, "data.num_anchors": 2}
+"""The rehearsal's counts in the dry run (``--device cpu``), below the preset's (16 prompts, 4 anchors): 21 prompts
+(one of them two-turn) in 3 chunks, so both shards still answer, and 6 optimizer steps a drafter. The dry run checks
+the script, not the preset; tests/test_rehearsal.py runs ``experiments/rehearsal.py`` with the same ``--set``s first,
+and the dry run reuses its cache."""
 
 
 def _script(name: str):
@@ -54,7 +59,7 @@ def _script(name: str):
 def rehearsal(args) -> dict:
     from lit_domino.studies.rehearsal import run_rehearsal
 
-    overrides = LARGER if args.device == "cuda" else {}
+    overrides = LARGER if args.device == "cuda" else DRY_RUN
     report = run_rehearsal("rehearsal", device=args.device, overrides=overrides, out_dir=Path(args.out) / "rehearsal",
                            progress=False)
     stages = report["stages"]

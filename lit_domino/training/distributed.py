@@ -3,12 +3,15 @@
 Lightning's DDP launcher starts each extra rank by running the calling script again (``sys.argv``) with
 ``LOCAL_RANK`` set. A study that trains inside its own command (the ablation) would have every extra rank re-run
 the whole study: regenerate, open a second study run, decode and write the tables twice, or start the study's
-training workers again. So a distributed training runs here instead: :func:`train_distributed` starts
-``python -m lit_domino.training.distributed SPEC OUT`` (rank 0; Lightning starts the others from the same line),
-which trains the configs one after another on every rank (:func:`lit_domino.training.experiment.train_variant`:
-rank 0 builds and writes each artifact and owns its MLflow run, the other ranks join each fit and write nothing),
-and returns what rank 0 trained. Optionally the fits decode held-out prompts at every validation epoch and at fit
-end (:class:`~lit_domino.training.callbacks.SpeculativeEvalCallback`: rank 0 decodes, every rank logs its result).
+training workers again. So a distributed training runs here instead: :func:`train_distributed` starts every rank
+of this node at once, each ``python -m lit_domino.training.distributed SPEC OUT`` with the variables Lightning's
+launcher gives a rank (``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``), so Lightning starts none (its
+launcher started them inside rank 0's first fit: their imports ran while rank 0 waited). Every rank trains the
+configs one after another (:func:`lit_domino.training.experiment.train_variant`: rank 0 builds and writes each
+artifact and owns its MLflow run, the other ranks join each fit and write nothing); the launch returns what rank 0
+trained; a failed rank stops the others. Optionally the fits decode held-out prompts at every validation epoch
+and at fit end (:class:`~lit_domino.training.callbacks.SpeculativeEvalCallback`: rank 0 decodes, every rank logs
+its result).
 """
 
 from __future__ import annotations
@@ -79,13 +82,13 @@ def train_distributed(configs: list[dict], experiment: str, *, parent_run_id: st
     log = work / "launch.log"
     cmd = [sys.executable, "-m", __name__, str(work / "spec.json"), str(work / "out.json")]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=None if progress else out, stderr=subprocess.STDOUT if not
-                                progress else None, start_new_session=False)
+        procs = [subprocess.Popen(cmd, env=rank_env, stdout=None if progress else out, stderr=subprocess.STDOUT if
+                                  not progress else None, start_new_session=False)
+                 for rank_env in _rank_envs(configs, env)]
         try:
-            rc = proc.wait(timeout)
+            rc = _wait_all(procs, timeout)
         except BaseException:  # Ctrl-C reached the launch too (same process group): let it stop, then go
-            proc.terminate()
-            proc.wait()
+            _stop(procs)
             raise
     result = work / "out.json"
     if rc != 0 or not result.is_file():
@@ -94,6 +97,52 @@ def train_distributed(configs: list[dict], experiment: str, *, parent_run_id: st
     done = json.loads(result.read_text())
     return [TrainedDrafter(d["variant"], d["preset"], d["seed"], Path(d["drafter_dir"]), d["report"], d["run_id"],
                            d["from_cache"]) for d in done]
+
+
+def _rank_envs(configs: list[dict], env: dict) -> list[dict]:
+    """The environment of each process to start: one per rank of this node when every config runs the same number
+    of processes on one node (the variables of Lightning's own launcher), else one process whose Lightning
+    starts the others (several nodes, ``devices: auto``: what it counts, this module does not)."""
+    from lit_domino.runtime.serving import free_port
+
+    sizes = {world_size(c) for c in configs}
+    one_node = all(int((c.get("trainer") or {}).get("num_nodes") or 1) == 1 for c in configs)
+    counted = all(str((c.get("trainer") or {}).get("devices", 1)).isdigit() or isinstance(
+        (c.get("trainer") or {}).get("devices"), (list, tuple)) for c in configs)
+    if len(sizes) != 1 or not one_node or not counted or sizes == {1}:
+        return [env]
+    ranks = sizes.pop()
+    common = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0",
+              "WORLD_SIZE": str(ranks)}
+    return [{**common, "LOCAL_RANK": str(rank)} for rank in range(ranks)]
+
+
+def _wait_all(procs: list, timeout: float | None) -> int:
+    """Wait for every rank; the first that fails stops the others (they would wait for it in a collective).
+    Returns 0, or the failed rank's exit status; ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = next((c for c in codes if c not in (None, 0)), None)
+        if failed is not None:
+            _stop(procs)
+            return failed
+        if all(c == 0 for c in codes):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(procs[0].args, timeout)
+        time.sleep(0.2)
+
+
+def _stop(procs: list) -> None:
+    """Terminate the ranks still running and wait for each."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        p.wait()
 
 
 def eval_callbacks(spec: dict) -> list:
