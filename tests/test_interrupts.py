@@ -168,9 +168,10 @@ def test_single_process_ablation_trainings_stop_with_one_line(tiny_target_dir, t
 
 @pytest.fixture
 def smoke_cache(tmp_path_factory, copy_smoke_data):
-    """A fresh artifact cache for the smoke runs below, holding only copies of the session's smoke target (and its
+    """A fresh artifact cache for each smoke run below, holding only copies of the session's smoke target (and its
     tokenizer) and of its smoke data (regenerated sets, feature caches), so the runs train their drafters from
-    scratch but do not rebuild the target (1-2 min) or regenerate the same answers. What is tested, a signal
+    scratch but do not each rebuild the target (1-2 min) or regenerate the same answers (under xdist the two runs
+    land on different workers, so a module-scoped cache never shared them anyway). What is tested, a signal
     during the trainings and their resumption, starts after those stages."""
     root = tmp_path_factory.mktemp("smoke-interrupts")
     copy_smoke_data(root)
@@ -186,19 +187,28 @@ def _ablation(cache: Path, seeds: str, epochs: int) -> tuple[list[str], dict]:
     return cmd, env
 
 
-def _stop_once_both_checkpoint(cmd: list[str], env: dict, cache: Path, names: list[str], signame: str, to: str,
-                               err_file: Path) -> tuple[subprocess.Popen, str, str, float]:
-    """Start the ablation; once each training has written a checkpoint since it started, send ``signame`` to the
-    process group (``to="group"``, a terminal's Ctrl-C) or to the parent alone; ``(proc, stdout, stderr, seconds
-    from the signal to the exit)``."""
-    started = time.time()
+@pytest.mark.slow
+@pytest.mark.parametrize("signame, to, seeds", [("SIGINT", "group", "5,6"), ("SIGTERM", "parent", "7,8")],
+                         ids=["ctrl-c-to-the-group", "sigterm-to-the-parent"])
+def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resumes(smoke_cache, signame, to, seeds):
+    """Two trainings in two worker processes; the signal once both have written a checkpoint. Ctrl-C reaches the
+    whole process group (a terminal's); SIGTERM only the parent, which passes it on. Either way: rc 130 within
+    seconds, one line, no traceback, both runs KILLED; the rerun resumes both and finishes their runs.
+
+    Three epochs: the signal goes once both trainings have a checkpoint (after their first epoch), so neither
+    finishes before it unless it runs three times as fast as the other; the rerun trains the two epochs left (with
+    five: four; resuming is proven by the resumed runs and their log lines, not by how many epochs remain)."""
+    from mlflow.tracking import MlflowClient
+
+    cmd, env = _ablation(smoke_cache, seeds, epochs=3)  # 16 steps an epoch; last.ckpt after each
+    err_file = smoke_cache / f"stderr-{signame}.txt"
     with open(err_file, "w") as err:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
                                 start_new_session=True)
+        names = [f"domino-s{s}-*" for s in seeds.split(",")]
         try:
             deadline = time.monotonic() + 900
-            while not all(any(os.path.getmtime(p) > started for p in glob.glob(
-                    str(cache / "drafters" / n / "checkpoints" / "last.ckpt"))) for n in names):
+            while not all(glob.glob(str(smoke_cache / "drafters" / n / "checkpoints" / "last.ckpt")) for n in names):
                 assert proc.poll() is None and time.monotonic() < deadline, "the trainings never checkpointed"
                 time.sleep(0.1)
             sent = time.monotonic()
@@ -211,42 +221,18 @@ def _stop_once_both_checkpoint(cmd: list[str], env: dict, cache: Path, names: li
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-    return proc, out, err_file.read_text(), seconds
-
-
-@pytest.mark.slow
-def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resumes(smoke_cache):
-    """Two trainings in two worker processes, stopped twice: Ctrl-C to the whole process group (a terminal's) once
-    both have written a checkpoint, then, in the rerun, SIGTERM to the parent alone (which passes it on) once both
-    have resumed and written another. Each time: rc 130 within seconds, one line, no traceback, both runs KILLED;
-    the rerun after each resumes both (the same runs), and the last finishes them.
-
-    Four epochs: each signal goes once both trainings have a new checkpoint, so neither finishes before the second
-    unless it runs three times as fast as the other (one run of each signal, each on a fresh start, proved the same
-    at twice the cost: every start imports for seconds)."""
-    from mlflow.tracking import MlflowClient
-
-    cmd, env = _ablation(smoke_cache, "5,6", epochs=4)  # 16 steps an epoch; last.ckpt after each
-    names = [f"domino-s{s}-*" for s in (5, 6)]
+    stderr = err_file.read_text()
+    print(f"{signame} to the {to}: rc {proc.returncode} after {seconds:.1f} s")
+    assert proc.returncode == 130, stderr[-3000:]
+    assert seconds < 10
+    assert stderr.strip().splitlines()[-1] == "ablation: interrupted: rerun the same command to resume"
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
+    assert tracking.RESUME_HINT not in stderr  # the one line says it
+    assert out.count(" interrupted at step ") == 2, out
+    dirs = [Path(glob.glob(str(smoke_cache / "drafters" / n))[0]) for n in names]
+    run_ids = [(d / "checkpoints" / "mlflow_run_id").read_text().strip() for d in dirs]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    run_ids = None
-    for signame, to in (("SIGINT", "group"), ("SIGTERM", "parent")):
-        proc, out, stderr, seconds = _stop_once_both_checkpoint(cmd, env, smoke_cache, names, signame, to,
-                                                                smoke_cache / f"stderr-{signame}.txt")
-        print(f"{signame} to the {to}: rc {proc.returncode} after {seconds:.1f} s")
-        assert proc.returncode == 130, stderr[-3000:]
-        assert seconds < 10
-        assert stderr.strip().splitlines()[-1] == "ablation: interrupted: rerun the same command to resume"
-        assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
-        assert tracking.RESUME_HINT not in stderr  # the one line says it
-        assert out.count(" interrupted at step ") == 2, out
-        if run_ids is not None:  # the rerun resumed both before the signal
-            assert out.count("(resuming from its last checkpoint) started") == 2, out
-        dirs = [Path(glob.glob(str(smoke_cache / "drafters" / n))[0]) for n in names]
-        ids = [(d / "checkpoints" / "mlflow_run_id").read_text().strip() for d in dirs]
-        assert run_ids in (None, ids)  # one MLflow run per training, continued
-        run_ids = ids
-        assert [client.get_run(r).info.status for r in run_ids] == ["KILLED", "KILLED"]
+    assert [client.get_run(r).info.status for r in run_ids] == ["KILLED", "KILLED"]
 
     rerun = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
