@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_domino.decoding.acceptance import LABELS
-from lit_domino.studies.skeleton import read_study_file, section_fields
+from lit_domino.studies.skeleton import count, read_study_file, section_fields
 from lit_domino.studies.tables import STUDY_FILE as ABLATION_FILE
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.training.acceptance_settings import AcceptanceSettings
@@ -76,13 +76,6 @@ def keeps_block_hidden(variant: str) -> bool:
     return bool(module_class(compose(variant)).drafter_class.keeps_block_hidden)
 
 
-def count(value, what: str, least: int = 1) -> int:
-    """``value`` if it is an integer >= ``least``, else a one-line :class:`ConfigError` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{what} must be an integer >= {least}, got {value!r}")
-    return value
-
-
 def study_plan(preset: str, drafters=None, label: str | None = None, study_file: Path = STUDY_FILE) -> AcceptancePlan:
     """The acceptance study under ``preset`` (``drafters`` and ``label`` override the study file); every check
     before any model loads, each failure one line (:class:`ConfigError`)."""
@@ -97,10 +90,10 @@ def study_plan(preset: str, drafters=None, label: str | None = None, study_file:
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}")
     for name in ("prompts", *SETTINGS):
-        count(fields[name], f"{where}.{name}")
+        count(fields[name], f"{where}.{name}", error=ConfigError)
     threads = fields.get("threads", 1)
     if threads is not None:
-        count(threads, f"{where}.threads")
+        count(threads, f"{where}.threads", error=ConfigError)
     names = list(drafters if drafters is not None else study["drafters"])
     unknown = [d for d in names if d not in available_variants()]
     if unknown or not names:
@@ -118,9 +111,9 @@ def study_plan(preset: str, drafters=None, label: str | None = None, study_file:
                           f"{', '.join(BENCHMARKS)}")
     pool = decode_pool_size(preset)
     if pool is not None:
-        count(pool, f"{ABLATION_FILE.name}: presets.{preset}.pool_size")
+        count(pool, f"{ABLATION_FILE.name}: presets.{preset}.pool_size", error=ConfigError)
     plan = AcceptancePlan(**fields, preset=preset, drafters=kept, skipped=skipped, domains=domains,
-                          skip=count(study.get("skip", 0), f"{Path(study_file).name}: skip", least=0),
+                          skip=count(study.get("skip", 0), f"{Path(study_file).name}: skip", 0, ConfigError),
                           pool_size=pool, label=label)
     try:  # the settings' own checks (the label, ...), before any model loads
         plan.settings()

@@ -34,6 +34,13 @@ def read_study_file(study_file: Path, preset: str, study: str, error: type[Excep
     return data
 
 
+def count(value, what: str, least: int = 1, error: type[Exception] = ValueError) -> int:
+    """``value`` if it is an integer >= ``least`` (a bool is not), else ``error`` in one line naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise error(f"{what} must be an integer >= {least}, got {value!r}")
+    return value
+
+
 def section_fields(cls: type, section: Mapping[str, Any], where: str, error: type[Exception] = ValueError,
                    fixed: tuple[str, ...] = ()) -> dict[str, Any]:
     """A study file's preset section (deep-copied) as keyword arguments of the plan dataclass ``cls``, with ``given``:

@@ -9,7 +9,7 @@ from typing import Any
 
 from lit_domino.decoding.harness import check_repeats
 from lit_domino.models.sessions import check_pool_size
-from lit_domino.studies.skeleton import plan_dict, read_study_file, section_fields
+from lit_domino.studies.skeleton import count, plan_dict, read_study_file, section_fields
 from lit_domino.studies.tables import decode_pool_size
 from lit_domino.training.configs import CONFIG_DIR, available_variants, compose, module_class
 
@@ -77,13 +77,6 @@ def builders_of(kind: str) -> tuple[str, ...]:
     return tuple(b for b in module_class(compose(kind)).drafter_class.tree_builders if b != "chain")
 
 
-def positive_int(value, what: str) -> int:
-    """``value`` if it is an integer >= 1, else a one-line ``ValueError`` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
-    return value
-
-
 def study_plan(preset: str, drafters=None, builders=None, budgets=None, top_k=None,
                study_file: Path = STUDY_FILE) -> TreesPlan:
     """The merged settings of ``preset`` (arguments override the study file); every check before any training."""
@@ -111,23 +104,23 @@ def study_plan(preset: str, drafters=None, builders=None, budgets=None, top_k=No
     if unused and builders:  # asked for by name (the study file's list serves whichever drafters are chosen)
         raise ValueError(f"builders {unused}: no drafter of {kept} builds them "
                          f"({', '.join(f'{d}: {builders_of(d)}' for d in kept)})")
-    sizes = sorted({positive_int(b, "budgets: a tree budget (nodes per round)")
+    sizes = sorted({count(b, "budgets: a tree budget (nodes per round)")
                     for b in (budgets if budgets is not None else study["budgets"])})
     if not sizes:
         raise ValueError("budgets: at least one tree budget")
     fields.update(preset=preset, skipped=skipped, drafters=kept, builders=per, budgets=sizes,
                   cost_aware=bool(study.get("cost_aware", True)),
-                  cost_cap=positive_int(study.get("cost_cap", max(sizes)), "cost_cap"),
-                  top_k=positive_int(top_k if top_k is not None else section.get("top_k", study.get("top_k", 4)),
+                  cost_cap=count(study.get("cost_cap", max(sizes)), "cost_cap"),
+                  top_k=count(top_k if top_k is not None else section.get("top_k", study.get("top_k", 4)),
                                      "top_k"),
-                  max_new_tokens=positive_int(section.get("max_new_tokens"), f"presets.{preset}.max_new_tokens"))
+                  max_new_tokens=count(section.get("max_new_tokens"), f"presets.{preset}.max_new_tokens"))
     prompts = section.get("prompts") or {}
     if not prompts:
         raise ValueError(f"presets.{preset}.prompts: at least one domain")
     for name, n in prompts.items():
-        positive_int(n, f"presets.{preset}.prompts.{name}")
+        count(n, f"presets.{preset}.prompts.{name}")
     fields.update(repeats=check_repeats(section.get("repeats", 1)),
                   pool_size=check_pool_size(decode_pool_size(preset), None),  # the ablation's; V checked by the engine
                   seed=int(section.get("seed", 0)),
-                  curve_repeats=positive_int(study.get("curve_repeats", 3), "curve_repeats"))
+                  curve_repeats=count(study.get("curve_repeats", 3), "curve_repeats"))
     return TreesPlan(**fields)
