@@ -96,11 +96,13 @@ class CostModel:
         """Seconds of a target forward of ``width`` tokens: C_v(width - 1)."""
         return self.curve.seconds_at(width - 1)
 
+    def draft(self, stages: int) -> float:
+        """Seconds of drafting ``stages`` stages (none: 0)."""
+        return self.draft_first_s + (stages - 1) * self.draft_next_s if stages > 0 else 0.0
+
     def round_time(self, stages: int, verified: int) -> float:
         """Seconds of a round of ``stages`` stages whose verify forward sees ``verified`` tokens."""
-        if stages <= 0:
-            return self.verify(verified) + self.other_s
-        return self.draft_first_s + (stages - 1) * self.draft_next_s + self.verify(verified) + self.other_s
+        return self.draft(stages) + self.verify(verified) + self.other_s
 
     def describe(self) -> str:
         ver = ", ".join(f"{w}: {1e3 * s:.2f}" for w, s in zip(self.widths, self.verify_s))

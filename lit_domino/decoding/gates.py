@@ -169,7 +169,7 @@ class CostGate(Gate):
         self.tokens += accepted + 1
         self.seconds += sum(spent.get(k, 0.0) for k in ("draft", "verify", "other")) if spent else \
             self.round_time(stages, verified)
-        self.costs.add(spent, self.cost.verify(verified), self._draft_time(stages))
+        self.costs.add(spent, self.cost.verify(verified), self.cost.draft(stages))
         if self.first is not None:
             p, k = self.first
             self.predicted += p
@@ -217,15 +217,10 @@ class CostGate(Gate):
         self.since += 1
         return False
 
-    def _draft_time(self, stages: int) -> float:
-        """The model's seconds of drafting ``stages`` stages."""
-        cost = self.cost
-        return cost.draft_first_s + (stages - 1) * cost.draft_next_s if stages > 0 else 0.0
-
     def round_time(self, stages: int, verified: int) -> float:
         """Seconds of a round of ``stages`` stages and a verify of ``verified`` tokens: the model's
         (:meth:`CostModel.round_time`) priced by what the sequence's rounds cost (:attr:`costs`)."""
-        return self.costs.round_s(self._draft_time(stages), self.cost.verify(verified), self.cost.other_s)
+        return self.costs.round_s(self.cost.draft(stages), self.cost.verify(verified), self.cost.other_s)
 
     def extra_time(self, done: int, m: int, room: int) -> float:
         """Seconds (priced as :meth:`round_time`) another stage of ``room`` drafts adds to a round of ``done`` stages
