@@ -39,12 +39,23 @@ def is_distributed(cfg: dict) -> bool:
     return many and strategy.startswith(MULTI_PROCESS)
 
 
+def _devices(cfg: dict):
+    """``trainer.devices`` of ``cfg`` (1 when unset)."""
+    return (cfg.get("trainer") or {}).get("devices", 1)
+
+
+def counted_devices(cfg: dict) -> bool:
+    """Whether ``cfg``'s ``trainer.devices`` is a number or a list (``auto`` and ``-1`` are Lightning's to count)."""
+    devices = _devices(cfg)
+    return isinstance(devices, (list, tuple)) or str(devices).isdigit()
+
+
 def world_size(cfg: dict) -> int:
     """Processes one node starts for ``cfg`` (its ``trainer.devices`` when a number, else 1)."""
-    devices = (cfg.get("trainer") or {}).get("devices", 1)
+    devices = _devices(cfg)
     if isinstance(devices, (list, tuple)):
         return len(devices)
-    return int(devices) if str(devices).isdigit() else 1
+    return int(devices) if counted_devices(cfg) else 1
 
 
 def train_distributed(configs: list[dict], experiment: str, *, parent_run_id: str | None = None,
@@ -107,9 +118,7 @@ def _rank_envs(configs: list[dict], env: dict) -> list[dict]:
 
     sizes = {world_size(c) for c in configs}
     one_node = all(int((c.get("trainer") or {}).get("num_nodes") or 1) == 1 for c in configs)
-    counted = all(str((c.get("trainer") or {}).get("devices", 1)).isdigit() or isinstance(
-        (c.get("trainer") or {}).get("devices"), (list, tuple)) for c in configs)
-    if len(sizes) != 1 or not one_node or not counted or sizes == {1}:
+    if len(sizes) != 1 or not one_node or not all(map(counted_devices, configs)) or sizes == {1}:
         return [env]
     ranks = sizes.pop()
     common = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0",
