@@ -104,7 +104,7 @@ def run_acceptance_study(plan: AcceptancePlan | str = "smoke", out_dir: Path | N
         for kind, cfg in cfgs.items():
             trained = train_variant(cfg, experiment=f"acceptance-{preset}", table="acceptance", progress=progress)
             drafter = load_drafter(trained.drafter_dir, target=target)
-            pool = plan.pool_size if "pool_size" in drafter.draft_options else None
+            pool = plan.pool_of(drafter)
             for name, tag, fields in predictor_variants(kind, drafter):
                 settings = plan.settings(pool, **fields)
                 stages.log(f"{name}: predictor ({settings})")
@@ -156,7 +156,7 @@ def study_predictors(target, drafters: dict, preset: str, label: str | None = No
     for name, drafter in drafters.items():
         if not supports_predictor(drafter):
             continue
-        settings = plan.settings(plan.pool_size if "pool_size" in drafter.draft_options else None)
+        settings = plan.settings(plan.pool_of(drafter))
         pred, path = acceptance_predictor(target, drafter, prompts, settings,
                                           name=f"{name.replace('/', '-')}-{preset}", continued=continued)
         out[name] = (pred, path)

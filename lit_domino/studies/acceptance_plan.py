@@ -64,6 +64,10 @@ class AcceptancePlan:
         return AcceptanceSettings(label=self.label, **{k: getattr(self, k) for k in SETTINGS}, pool_size=pool_size,
                                   **fields)
 
+    def pool_of(self, drafter) -> int | None:
+        """The pool ``drafter`` drafts the rounds with: :attr:`pool_size` where it has a candidate pool, else None."""
+        return self.pool_size if "pool_size" in drafter.draft_options else None
+
     def predictor_settings(self) -> dict[str, Any]:
         """What every predictor the plan builds is made by: the prompts per domain and every
         :class:`AcceptanceSettings` field but the drafter's own pool (part of the DLoop study's decoded rows' key,
