@@ -42,33 +42,27 @@ class RoundCosts:
         """Observed / modelled seconds of the last rounds' drafting."""
         self.other: deque[float] = deque(maxlen=self.WINDOW)
         """Observed seconds of the last rounds' rollback and bookkeeping."""
+        self.verify_scale = 1.0
+        """Observed / modelled verify seconds: the median of :attr:`verify_ratio` (1 before any round)."""
+        self.draft_scale = 1.0
+        """Observed / modelled drafting seconds: the median of :attr:`draft_ratio` (1 before any round)."""
+        self.other_s = 0.0
+        """Seconds of a round's rollback and bookkeeping: the median of :attr:`other` (0 before any round)."""
 
     def add(self, spent: dict | None, verify_s: float, draft_s: float) -> None:
         """One round: ``spent`` the clock's seconds per phase (None: not known yet, nothing recorded), ``verify_s``
         and ``draft_s`` what the model predicted for this round's verify and drafting (a part modelled at 0 is
-        not recorded)."""
+        not recorded). The medians are taken here, once a round: a gate prices several stages a round."""
         if not spent:
             return
         if verify_s > 0 and "verify" in spent:
             self.verify_ratio.append(spent["verify"] / verify_s)
+            self.verify_scale = statistics.median(self.verify_ratio)
         if draft_s > 0 and "draft" in spent:
             self.draft_ratio.append(spent["draft"] / draft_s)
+            self.draft_scale = statistics.median(self.draft_ratio)
         self.other.append(spent.get("other", 0.0))
-
-    @property
-    def verify_scale(self) -> float:
-        """Observed / modelled verify seconds (1 before any round)."""
-        return statistics.median(self.verify_ratio) if self.verify_ratio else 1.0
-
-    @property
-    def draft_scale(self) -> float:
-        """Observed / modelled drafting seconds (1 before any round)."""
-        return statistics.median(self.draft_ratio) if self.draft_ratio else 1.0
-
-    @property
-    def other_s(self) -> float:
-        """Seconds of a round's rollback and bookkeeping (0 before any round)."""
-        return statistics.median(self.other) if self.other else 0.0
+        self.other_s = statistics.median(self.other)
 
     def round_s(self, draft_s: float, verify_s: float, other_s: float = 0.0) -> float:
         """A round's price from its modelled drafting, verify and other seconds (the last replaced by the observed
