@@ -188,13 +188,24 @@ def opens_every_stage(res, max_stages: int, K: int, max_new_tokens: int) -> bool
 def sampled_pairs(target: Target, drafter, prompt: list[int], n: int, at: int = 1, **generate_kwargs):
     """``n`` seeded decodes of ``at + 2`` tokens: the counts of (x_at, x_at+1) (``[V, V]``, :func:`exact_joint`'s
     law) and every accepted count seen."""
+    counts, accepted = sampled_pair_counts(target, drafter, prompt, n, (at,), **generate_kwargs)
+    return counts[at], accepted
+
+
+def sampled_pair_counts(target: Target, drafter, prompt: list[int], n: int, ats: tuple[int, ...],
+                        **generate_kwargs) -> tuple[dict[int, torch.Tensor], set[int]]:
+    """``n`` seeded decodes of ``max(ats) + 2`` tokens, counting every pair (x_at, x_at+1) of ``ats`` in the same
+    decodes: ``{at: counts [V, V]}`` and every accepted count seen. Each pair's counts are a sample of its law
+    whatever follows it (a lossless decode's every marginal is the target's), so one decode serves every pair."""
     from lit_domino.decoding import generate
 
     V = target.model.get_input_embeddings().weight.shape[0]
-    counts, accepted = torch.zeros(V, V, dtype=torch.double), set()
+    counts, accepted = {at: torch.zeros(V, V, dtype=torch.double) for at in ats}, set()
     for seed in range(n):
-        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=at + 2, seed=seed, **generate_kwargs)
-        counts[res.tokens[at], res.tokens[at + 1]] += 1
+        res = generate(target, drafter, torch.tensor([prompt]), max_new_tokens=max(ats) + 2, seed=seed,
+                       **generate_kwargs)
+        for at in ats:
+            counts[at][res.tokens[at], res.tokens[at + 1]] += 1
         accepted.update(res.accepted_per_round)
     return counts, accepted
 
