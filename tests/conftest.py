@@ -66,15 +66,6 @@ def copy_artifacts(paths, from_root, to_root) -> None:
             shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.lock"))
 
 
-def copy_target(target_dir, from_root, to_root) -> None:
-    """A built embedded target and the tokenizers beside it, from the artifact cache ``from_root`` into ``to_root``
-    (what is there already is kept): a fresh cache that must not build the target again."""
-    from pathlib import Path
-
-    copy_artifacts([target_dir, *(p for p in (Path(from_root) / "tokenizer").iterdir() if p.is_dir())], from_root,
-                   to_root)
-
-
 SMOKE_DATA_KINDS = ("regen", "features")
 """The cache folders of the smoke study's data (regenerated sets, feature caches): what ``smoke_data`` shares."""
 
@@ -101,33 +92,9 @@ def copy_smoke_data_into(from_root, to_root) -> None:
 
 
 @pytest.fixture(scope="session")
-def smoke_target_dir(_isolated_cache, tmp_path_factory):
-    """The smoke preset's embedded target (and its tokenizer) in the session's cache, built from its recipe once per
-    test run: under xdist the first worker to ask builds it in a cache the workers share (the others wait on its
-    build lock, as two users' runs would) and each worker copies it into its own cache. The smoke ablation, the
-    smoke studies and the GPU check's dry run ask for it; a test that loads ``embedded:smoke`` without it still
-    works (it builds its own copy, a minute slower)."""
-    from lit_domino.runtime import cache
-    from lit_domino.target.recipe import build_tiny_target
-
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = tmp_path_factory.getbasetemp().parent / "shared-cache"  # this run's folder, above the workers'
-        copy_target(build_tiny_target("smoke", root=shared, progress=False), shared, cache.cache_root())
-    return build_tiny_target("smoke", progress=False)  # in the session's cache: found complete, or built here
-
-
-@pytest.fixture(scope="session")
-def copy_smoke_target(smoke_target_dir):
-    """``copy_smoke_target(root)``: the session's smoke target and tokenizer copied into the artifact cache ``root``."""
-    from lit_domino.runtime import cache
-
-    return lambda root: copy_target(smoke_target_dir, cache.cache_root(), root)
-
-
-@pytest.fixture(scope="session")
-def smoke_data(smoke_target_dir, tmp_path_factory):
-    """The smoke study's regenerated sets and feature caches in the session's cache, built once per test run as
-    the smoke target is: under xdist in the cache the workers share (the first to ask builds, the others wait on
+def smoke_data(_isolated_cache, tmp_path_factory):
+    """The smoke study's regenerated sets and feature caches (of the shipped smoke target) in the session's cache,
+    built once per test run: under xdist in the cache the workers share (the first to ask builds, the others wait on
     its build locks), then copied into each worker's cache. The smoke ablation, the GPU check's dry run and the
     interrupted smoke ablations read them instead of each regenerating the same answers (the same sets: their
     cache keys are the target's fingerprint and the data settings, which those runs share). Returns the cache."""
@@ -145,15 +112,10 @@ def smoke_data(smoke_target_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def copy_smoke_data(smoke_data, copy_smoke_target):
-    """``copy_smoke_data(root)``: the session's smoke target, tokenizer, regenerated sets and feature caches copied
-    into the artifact cache ``root``: a fresh cache whose smoke runs train from scratch on data already made."""
-
-    def copy(root):
-        copy_smoke_target(root)
-        copy_smoke_data_into(smoke_data, root)
-
-    return copy
+def copy_smoke_data(smoke_data):
+    """``copy_smoke_data(root)``: the session's regenerated sets and feature caches copied into the artifact cache
+    ``root``: a fresh cache whose smoke runs train from scratch on data already made."""
+    return lambda root: copy_smoke_data_into(smoke_data, root)
 
 
 @pytest.fixture(scope="session")

@@ -168,9 +168,9 @@ def test_single_process_ablation_trainings_stop_with_one_line(tiny_target_dir, t
 
 @pytest.fixture
 def smoke_cache(tmp_path_factory, copy_smoke_data):
-    """A fresh artifact cache for each smoke run below, holding only copies of the session's smoke target (and its
-    tokenizer) and of its smoke data (regenerated sets, feature caches), so the runs train their drafters from
-    scratch but do not each rebuild the target (1-2 min) or regenerate the same answers (under xdist the two runs
+    """A fresh artifact cache for each smoke run below, holding only copies of the session's smoke data (regenerated
+    sets, feature caches), so the runs train their drafters from scratch but do not each regenerate the same
+    answers (under xdist the two runs
     land on different workers, so a module-scoped cache never shared them anyway). What is tested, a signal
     during the trainings and their resumption, starts after those stages."""
     root = tmp_path_factory.mktemp("smoke-interrupts")

@@ -109,7 +109,7 @@ def test_the_step_cost_times_every_drafter_and_objective():
 
 
 @pytest.mark.slow
-def test_the_smoke_study_end_to_end(smoke_target_dir, tmp_path):
+def test_the_smoke_study_end_to_end(tmp_path):
     """Two objectives of the backbone, one seed: trained, decoded losslessly per domain, tabled, in MLflow."""
     from mlflow.tracking import MlflowClient
 

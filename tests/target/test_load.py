@@ -204,5 +204,5 @@ def test_a_loaded_targets_name_is_its_identity(tiny_target_dir, monkeypatch):
 
     assert load_target(tiny_target_dir).name == target_identity(tiny_target_dir)
     monkeypatch.setattr(tiny_target, "build_tiny_target", lambda preset: tiny_target_dir)  # no 1-minute build
-    embedded = load_target("embedded:smoke")
-    assert embedded.name == target_identity("embedded:smoke") and str(tiny_target_dir) not in embedded.name
+    embedded = load_target("embedded:smoke@recipe")
+    assert embedded.name == target_identity("embedded:smoke@recipe") and str(tiny_target_dir) not in embedded.name

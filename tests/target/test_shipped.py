@@ -78,7 +78,8 @@ def test_a_changed_recipe_does_not_take_the_stale_shipped_copy(shipped):
 def test_specs_name_the_shipped_copy_or_the_recipe():
     cfg, from_recipe = et.parse_spec("large@recipe")
     assert cfg is et.preset_config("large") and from_recipe
-    assert et.identity("smoke") == et.recipe_tag(et.preset_config("smoke"))  # nothing ships for smoke
+    assert et.identity("smoke@recipe") == et.recipe_tag(et.preset_config("smoke"))  # never the shipped copy
+    assert et.identity("smoke").startswith(et.recipe_tag(et.preset_config("smoke")) + "+shipped-")
     with pytest.raises(et.UsageError, match="unknown embedded target preset 'nosuch'"):
         et.parse_spec("nosuch")
 
@@ -86,10 +87,11 @@ def test_specs_name_the_shipped_copy_or_the_recipe():
 # --------------------------------------------------------------------------- the shipped copy of `large`
 
 
-@pytest.mark.parametrize("name, accuracy", [("large", 0.75), ("default", 0.10)])
+@pytest.mark.parametrize("name, accuracy", [("large", 0.75), ("default", 0.10), ("smoke", 0.03)])
 def test_the_shipped_targets_load_without_training_and_answer_as_their_fp32_build(monkeypatch, name, accuracy):
-    """``embedded:large`` (77 % greedy math accuracy) and ``embedded:default`` (the default preset's target, 12.5 %:
-    chosen for its drafters' acceptance, its card says why) load in seconds, never from their recipe."""
+    """``embedded:large`` (77 % greedy math accuracy), ``embedded:default`` (the default preset's target, 12.5 %:
+    chosen for its drafters' acceptance, its card says why) and ``embedded:smoke`` (CI's, 3 %) load in seconds,
+    never from their recipe."""
     from lit_domino.target import load as target_mod
 
     monkeypatch.setattr(tt, "build_tiny_target", lambda *a, **k: pytest.fail("the shipped target was rebuilt"))
