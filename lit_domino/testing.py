@@ -84,6 +84,13 @@ def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def hf_greedy_and_reference(target: Target, prompt: list[int], n: int, extra: int) -> tuple[list[int], list[int]]:
+    """:func:`hf_greedy`'s ``n`` tokens and an :class:`OracleMix` reference (``prompt`` + ``n + extra`` greedy tokens)
+    from one ``generate``: a greedy decode's first ``n`` tokens are the same forwards whatever follows them."""
+    tokens = hf_greedy(target, prompt, n + extra)
+    return tokens[:n], prompt + tokens
+
+
 class OracleMix:
     """Wraps a real drafter: its sessions' drafts are replaced by the reference (greedy) tokens with
     probability ``p`` (never a stage's last token, which anchors the next DLoop stage), so real

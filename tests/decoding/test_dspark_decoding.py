@@ -10,8 +10,8 @@ from lit_domino.decoding.engine import cpp_compiler
 from lit_domino.models.parallel_session import static_state
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.dspark import HEAD_TYPES
-from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target, passes_chi_square,
-                                sampled_pairs)
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, hf_greedy_and_reference,
+                                lively_target, passes_chi_square, sampled_pairs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,10 +35,10 @@ def _drafter(target, head_type, block_size=8, scale=1.0, **kw):
 def test_dspark_is_lossless_greedy(target, head_type, sample_from_anchor):
     d = _drafter(target, head_type, sample_from_anchor=sample_from_anchor)
     for i, p in enumerate([[5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42]]):
-        expected = hf_greedy(target, p, 20)
+        expected, ref = hf_greedy_and_reference(target, p, 20, 16)
         for opts in ({}, {"static_cache": True}, {"dloop": DLoopConfig(-4.0, 3)}, {"block_size": 4}, {"pool_size": 8}):
             assert generate(target, d, torch.tensor([p]), max_new_tokens=20, **opts).tokens == expected, (i, opts)
-        mixed = OracleMix(d, p + hf_greedy(target, p, 20 + 16), seed=i)
+        mixed = OracleMix(d, ref, seed=i)
         assert generate(target, mixed, torch.tensor([p]), max_new_tokens=20).tokens == expected
 
 

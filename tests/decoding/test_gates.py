@@ -18,8 +18,8 @@ from lit_domino.decoding.gates import RoundPolicy, round_policy
 from lit_domino.decoding.round import Clock
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.sessions import StageDraft
-from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, lively_target,
-                                opens_every_stage, passes_chi_square, sampled_pair_counts)
+from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, hf_greedy_and_reference,
+                                lively_target, opens_every_stage, passes_chi_square, sampled_pair_counts)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -120,8 +120,8 @@ def test_gates_are_lossless_greedy(target, kind, tmp_path):
     path = cheap_cost(target, d, 6, pred).save(tmp_path / "cost.json")
     stages_seen, drafted, accepted = set(), set(), set()
     for i, p in enumerate(([5, 6, 7, 8], [9, 3, 4], [17, 2, 40, 41, 42])):
-        expected = hf_greedy(target, p, 24)
-        mixed = OracleMix(d, p + hf_greedy(target, p, 24 + 16), seed=i)  # accepted drafts, partial and none
+        expected, ref = hf_greedy_and_reference(target, p, 24, 16)
+        mixed = OracleMix(d, ref, seed=i)  # accepted drafts, partial and none
         for spec in GATES:
             dl = DLoopConfig.parse(spec)
             if dl.gate == "cost":

@@ -11,7 +11,7 @@ from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.engine import padding_token
 from lit_domino.decoding.sampling import GREEDY_BELOW, effective_temperature
 from lit_domino.models import build_drafter, drafter_config
-from lit_domino.testing import OracleMix, hf_greedy, lively_target, random_target
+from lit_domino.testing import OracleMix, hf_greedy, hf_greedy_and_reference, lively_target, random_target
 from lit_domino.target.tokenizer import train_tokenizer
 
 VOCAB = 128
@@ -74,8 +74,7 @@ def test_tiny_temperatures_decode_token_for_token_as_greedy(target, drafters, ki
     drafter = drafters.get(kind)
     for i in range(3):
         p = prompt(i)
-        expected = hf_greedy(target, p, N)
-        ref = p + hf_greedy(target, p, N + 3 * 7 + 1)
+        expected, ref = hf_greedy_and_reference(target, p, N, 3 * 7 + 1)
         d = OracleMix(drafter, ref, seed=i) if drafter is not None and i % 2 else drafter  # some accepted drafts
         dloop = DLoopConfig(-2.0, 3) if drafter is not None and i == 2 else None
         greedy = generate(target, d, [p], max_new_tokens=N, dloop=dloop, temperature=0.0)
