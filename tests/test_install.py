@@ -109,10 +109,10 @@ def test_a_non_editable_install_runs_the_smoke_ablation_from_any_directory(tmp_p
 
     # the smallest job that still reads the packaged study file, preset and variant config, and the shipped target
     proc = _run([venv / "bin" / "lit-domino-ablation", "--preset", "smoke", "--variants", "backbone", "--no-progress",
-                 "--set", "data.target=embedded:large", "--set", "data.train_examples={math: 4, code: 2, chat: 2}",
+                 "--set", "data.train_examples={math: 4, code: 2, chat: 2}",
                  "--set", "data.val_examples={math: 2, code: 1, chat: 1}", "--set", "trainer.max_epochs=1"],
                 work, env, timeout=400)
-    assert "stage 1/4 target embedded:large (shipped)" in proc.stdout
+    assert "stage 1/4 target embedded:smoke (shipped)" in proc.stdout
     (out,) = (work / "results").glob("ablation-smoke-backbone-set-*")
     main = (out / "main.md").read_text()
     assert "| backbone-only (DFlash) |" in main  # the label from the packaged studies/ablation.yaml

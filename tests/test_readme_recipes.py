@@ -2,14 +2,13 @@
 
 Each recipe is a fenced block after a ``<!-- recipe: NAME -->`` marker in README.md; the test reads the blocks
 from the README and runs them in a fresh working directory, so the README and the test cannot drift. "Your own
-target" is the embedded smoke target's recipe (its architecture, tokenizer and chat template; 20 optimizer steps
-instead of 150) saved as a plain Hugging Face directory, ``./my-target``; the only additions to the commands are
+target" is the shipped smoke target saved as a plain Hugging Face directory, ``./my-target`` (no ``embedded:`` name
+left: the commands see a model folder as a user's own); the only additions to the commands are
 the tiny settings in :data:`TINY` (a few prompts, one epoch), appended to the command line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
@@ -53,13 +52,10 @@ def test_the_readme_has_every_recipe_and_its_snippets_run_alone():
 def workdir(tmp_path_factory) -> Path:
     """A directory as a user has it: ``./my-target`` (a plain HF model directory), ``experiments/`` of this
     checkout, and ``python`` on the PATH being this interpreter."""
-    from lit_domino.target.embedded import TARGET_PRESETS
     from lit_domino.target.load import load_target
-    from lit_domino.target.recipe import build_tiny_target
 
     work = tmp_path_factory.mktemp("recipes")
-    cfg = dataclasses.replace(TARGET_PRESETS["smoke"], max_steps=20, eval_examples=4)  # the smoke recipe, shorter
-    built = load_target(build_tiny_target(cfg, progress=False))
+    built = load_target("embedded:smoke")  # the shipped smoke target, saved as a user's own model directory
     built.model.save_pretrained(work / "my-target")
     built.tokenizer.save_pretrained(work / "my-target")
     (work / "experiments").symlink_to(ROOT / "experiments")
