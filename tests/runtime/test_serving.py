@@ -31,7 +31,8 @@ from lit_domino.runtime.serving import ServerClient, ServerError, free_port, sta
 
 ROOT = Path(__file__).resolve().parents[2]
 # ~2 min on 2 busy cores, most of it starting the server (imports) once for the module
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
+# one worker runs the module (under xdist): its server (and the served model) start once, not once per worker
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow, pytest.mark.xdist_group("serving")]
 
 CFG = RegenConfig(domains=(("math", 6), ("chat", 3)), max_new_tokens=16, batch_size=4, shard_size=3)
 
