@@ -75,6 +75,23 @@ def test_a_changed_recipe_does_not_take_the_stale_shipped_copy(shipped):
     assert et.shipped_target(replace(CFG, max_steps=7), root=folder.parent) is None
 
 
+def test_the_smoke_recipe_still_makes_the_shipped_smoke_targets_tokenizer_and_prompts(tmp_path, one_thread):
+    """CI trains no smoke target (it ships built; the recipe's training stage is tested at unit size in
+    test_recipe.py). What the recipe makes before training, the corpora and the BPE tokenizer trained on them, is
+    rebuilt here and must be the shipped copy's: the same vocabulary, and the same held-out prompts as token ids
+    (corpus, chat template and tokenizer together). A change to the recipe's code that would make another smoke
+    target fails here instead of leaving the shipped one stale."""
+    from transformers import AutoTokenizer
+
+    cfg = et.preset_config("smoke")
+    rebuilt = tt.build_tokenizer(cfg, root=tmp_path)
+    shipped = AutoTokenizer.from_pretrained(et.SHIPPED_ROOT / "smoke")
+    rebuild = "rebuild it: python experiments/build_target.py --preset smoke --ship"
+    assert rebuilt.get_vocab() == shipped.get_vocab(), f"the recipe now trains another tokenizer; {rebuild}"
+    ref = json.loads((et.SHIPPED_ROOT / "smoke" / tt.GREEDY_REFERENCE).read_text())
+    assert tt.held_out_prompts(cfg, rebuilt, ref["per_domain"]) == ref["prompts"], f"other prompts; {rebuild}"
+
+
 def test_specs_name_the_shipped_copy_or_the_recipe():
     cfg, from_recipe = et.parse_spec("large@recipe")
     assert cfg is et.preset_config("large") and from_recipe
