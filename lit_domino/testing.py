@@ -5,9 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
 from lit_domino.target.load import Target
+from lit_domino.target.qwen3 import qwen3_config
 
 
 def random_target(
@@ -26,21 +27,10 @@ def random_target(
     The last vocabulary id is the MASK token; no tokenizer unless one is given.
     """
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        eos_token_id=1,
-        pad_token_id=0,
-        bos_token_id=2,
-    )
+    config = qwen3_config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                          num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                          head_dim=hidden_size // num_heads, max_positions=max_positions, rope_theta=10000.0,
+                          tie_embeddings=True, eos_token_id=1, pad_token_id=0, bos_token_id=2)
     model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
     mask_id = tokenizer.mask_token_id if tokenizer is not None else vocab_size - 1
     return Target(model=model, tokenizer=tokenizer, mask_token_id=int(mask_id), name=f"random-{seed}")

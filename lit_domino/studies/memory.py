@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
 from lit_domino.models import build_drafter, drafter_config
 from lit_domino.models.objectives import DEFAULT_CHUNK_SIZE, LossSettings, position_weights
 from lit_domino.models.registry import config_class
 from lit_domino.studies.memory_cases import METHODS, PATHS, method_kind
+from lit_domino.target.qwen3 import qwen3_config
 from lit_domino.target.load import Target
 
 
@@ -82,11 +83,11 @@ class StepShape:
 
 def shaped_target(shape: StepShape, device, dtype=torch.float32, seed: int = 0) -> Target:
     """A random Qwen3 target of ``shape`` on ``device`` (its decoder stack, embedding and LM head)."""
-    config = Qwen3Config(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                         intermediate_size=shape.intermediate_size, num_hidden_layers=shape.target_layers,
-                         num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                         head_dim=shape.head_dim, max_position_embeddings=max(4096, shape.seq_len + shape.block_size),
-                         tie_word_embeddings=False, eos_token_id=1, pad_token_id=0, bos_token_id=2)
+    config = qwen3_config(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+                          intermediate_size=shape.intermediate_size, num_layers=shape.target_layers,
+                          num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                          max_positions=max(4096, shape.seq_len + shape.block_size), rope_theta=10000.0,
+                          tie_embeddings=False, eos_token_id=1, pad_token_id=0, bos_token_id=2)
     previous = torch.get_default_dtype()
     torch.manual_seed(seed)
     try:  # built (and randomly initialised) directly on the device, in the target's dtype

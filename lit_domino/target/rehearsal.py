@@ -195,15 +195,16 @@ def build_model(cfg: ShapedTargetConfig, tokenizer):
     The LM head is zero outside :func:`emitted_ids`: the padding rows (MASK's included) score 0, below the
     emitted rows' best, so they are never a greedy pick, as in a trained Qwen3."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
+
+    from lit_domino.target.qwen3 import qwen3_config
 
     torch.manual_seed(cfg.seed)
-    config = Qwen3Config(
+    config = qwen3_config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_positions, rope_theta=cfg.rope_theta,
-        rms_norm_eps=cfg.rms_norm_eps, attention_bias=False, tie_word_embeddings=False, use_sliding_window=False,
-        hidden_act="silu", eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
+        num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        max_positions=cfg.max_positions, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+        tie_embeddings=False, use_sliding_window=False, eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD), bos_token_id=tokenizer.convert_tokens_to_ids(PAD))
     model = Qwen3ForCausalLM(config).eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
