@@ -292,7 +292,7 @@ def fastest_times(results: Sequence[GenerationResult], what: str = "a prompt") -
     every repeat's time per token kept in ``repeat_tpot_ms``. The decodes are deterministic, so what varies between
     them is interference, which only ever slows a decode: two identical settings interleaved on default-preset
     prompts differed less in total time with the fastest of 3 repeats than with the mean of 2 or 3
-    (measured: docs/results.md, 'Figures behind the code's comments')."""
+    (measured: docs/results.md, 'figures behind the code's comments')."""
     first = results[0]
     if len(results) == 1:
         return first

@@ -21,7 +21,7 @@ def eval_mode(*modules):
     # Only modules with a submodule in training mode are switched (and switched back): ``eval()`` walks every
     # submodule through ``train(False)``, and a short decode paid that four times per call, a visible share of
     # dflash_generate's whole time; the check walks them once, without a setattr per module
-    # (measured: docs/results.md, 'Figures behind the code's comments').
+    # (measured: docs/results.md, 'figures behind the code's comments').
     switched = [(m, m.training) for m in modules
                 if isinstance(m, torch.nn.Module) and any(x.training for x in m.modules())]
     try:

@@ -49,7 +49,7 @@ CALIBRATION_WEIGHT = 0.5
 """Before any stage has finished, the slowness is (calibration ratio) ** CALIBRATION_WEIGHT: the calibration is
 a noisy measure of a machine's speed: fresh runs whose stages ran at nearly one speed measured calibrations far
 apart, and trusted fully it put their first ETAs further off than its square root did (measured: docs/results.md,
-'Figures behind the code's comments'). So an ETA from the calibration alone is labelled provisional
+'figures behind the code's comments'). So an ETA from the calibration alone is labelled provisional
 (:meth:`JobClock.eta`) until the job's own progress measures the machine."""
 
 

@@ -74,7 +74,7 @@ class TinyTargetConfig:
     """Optimizer steps: ~3.3M tokens (~1.1 passes over the corpora). 1600, not 2000: the 2000-step target
     took so large a share of the first command on a slow 2-core machine that the job overran the 45-min
     budget, and a 2000-step run had most of its math accuracy by step 1600; the accuracies of this and
-    earlier recipes are in docs/results.md ('Figures behind the code's comments')."""
+    earlier recipes are in docs/results.md ('figures behind the code's comments')."""
     lr: float = 3e-3
     """Peak AdamW learning rate; tiny models tolerate (and need) a high one."""
     warmup_ratio: float = 0.05
