@@ -2,7 +2,7 @@
 
     python experiments/dloop.py --preset smoke                      # CI-sized, minutes on 2 CPU cores
     python experiments/dloop.py --preset smoke --thresholds -0.5,-1,-2 --stages 1,2,3
-    python experiments/dloop.py --preset default                    # ~30 min with the ablation's drafters cached
+    python experiments/dloop.py --preset default                    # drafters from the ablation; time: docs/results.md
     python experiments/dloop.py --preset default --drafters backbone,domino --block-sizes 4
 
 Trains (or reuses from ./artifacts, $LIT_DOMINO_CACHE) each base drafter and its loop-aware

@@ -1,7 +1,7 @@
 """The tree study: chain vs DDTree, path-conditioned and EAGLE-2 trees at each budget and cost-aware.
 
     python experiments/trees.py --preset smoke                      # a minute or two with the drafters cached
-    python experiments/trees.py --preset default                    # about 5 min on 2 CPU cores (drafters cached)
+    python experiments/trees.py --preset default                    # drafters cached; run time: docs/results.md
     python experiments/trees.py --preset smoke --drafters domino,eagle3 --builders path --budgets 16,32
 
 Reuses (or trains) the ablation's base drafters from ./artifacts ($LIT_DOMINO_CACHE), measures the target's

@@ -90,8 +90,8 @@ class AcceptancePredictor:
         the calibrated confidences at each of a stage's positions (what :meth:`confidences` gives, cumulated), as
         Python floats: what a gate reads at every round (:meth:`Calibration.survivals` maps it to the survival). For a
         fused head (:meth:`_fused`) one matrix-vector product is the only tensor work and the calibration runs on
-        floats: ~23 µs against ~80 µs for :meth:`confidences` and a cumulative product (about 0.6 % of a
-        default-preset round, paid by the cost gate even where it opens nothing). Built for one decode: it holds the
+        floats: a fraction of what :meth:`confidences` and a cumulative product cost (paid by the cost gate every
+        round, even where it opens nothing; docs/results.md). Built for one decode: it holds the
         head's tables as they are now."""
         device = next(drafter.parameters()).device
         fused = self._fused(drafter, device)

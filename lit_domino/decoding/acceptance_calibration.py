@@ -54,19 +54,19 @@ class Calibration:
     offsets: list[float] | None = None
     """Per position offsets b_j (``c_j = sigmoid(z_j / τ_j + b_j)``, Platt scaling); None: temperature scaling only.
     A head trained on every position of a round learns one bias for all of them, and a temperature alone cannot
-    move a position's mean (smoke backbone, j = 1: ECE 10.4 % before, 12.5 % after temperature scaling)."""
+    move a position's mean (on the smoke backbone it left position 1's calibration error worse; docs/results.md)."""
     stage_whole: list[list[float]] | None = None
     """``[[S_1 .. S_n], [P_1 .. P_n]]``: the probability that every draft of the round so far is accepted, as a
     non-decreasing map of the product S of their calibrated c_j at a stage boundary (isotonic regression on the
     held-out rounds, linear between its knots, flat beyond them); None: S itself. Each c_j is calibrated on the
     rounds that reached j, but their product is not where a gate decides: on the default DSpark drafter, held-out
-    rounds a Platt map of S gave 0.3-0.5 were accepted whole in 14 % of cases (the rounds' S is bimodal, and a
-    logistic curve fitted mostly to the many hopeless rounds misses the few between)."""
+    rounds a Platt map of S gave middling probabilities were accepted whole far less often (docs/results.md; the
+    rounds' S is bimodal, and a logistic curve fitted mostly to the many hopeless rounds misses the few between)."""
     stage_gain: list[list[float]] | None = None
     """``[[S_1 .. S_n], [G_1 .. G_n]]``: the drafts another stage of :attr:`stage_tokens` is expected to have
     accepted given the round's S at a stage boundary (0 when a draft so far fails), fitted alike; None: S times the
-    product of the mean confidences (optimistic: on the default drafters a whole stage's next stage yielded 4.4 drafts
-    where S was middling, 7 where it was high)."""
+    product of the mean confidences (optimistic: on the default drafters a whole stage's next stage yielded fewer
+    drafts where S was middling than where it was high; docs/results.md)."""
     stage_tokens: int | None = None
     """The drafts of a stage the stage maps were fitted on (a shorter stage's gain is scaled down)."""
     survival_maps: list[list[list[float]]] | None = None
@@ -75,7 +75,8 @@ class Calibration:
     linear between its knots, flat beyond them; later positions use the last map), the survival kept
     non-increasing along the round (:meth:`survivals`); None: S_j = R_j. Each c_j is calibrated on the rounds that
     reached j, yet their product need not be: on the default DSpark drafter's own head the c_j's errors add up
-    along a round (held-out survival ECE 4.2 % for a c_j ECE of 3.0 %). The stage maps are fitted on this S."""
+    along a round (the held-out survival's ECE exceeds the c_j's; docs/results.md). The stage maps are fitted on
+    this S."""
 
     def __post_init__(self):
         if not self.temperatures or any(not (math.isfinite(t) and t > 0) for t in self.temperatures):

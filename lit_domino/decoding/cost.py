@@ -69,7 +69,7 @@ class VerifyCost:
         """CaDDTree's rule: how many of the nodes (best-first order, ``gains[i]`` = the draft's probability of
         reaching node i+1) to verify: the n that maximises ``E(n) / (C_draft + C_v(n))``, at most ``cap`` and
         ``len(gains)``, at least 1 (ties: the smaller n). The global maximum, not the first fall: a measured
-        curve is not concave (on a CPU C_v jumps ~20 % from 1 to 2 nodes and is nearly flat from 4 to 16), and
+        curve is not concave (on a CPU C_v jumps from 1 to 2 nodes and is nearly flat from 4 to 16), and
         stopping at its first step kept trees smaller than the chain."""
         return max(self.best_rate(gains, cap, draft_s)[0], 1)
 
@@ -144,8 +144,8 @@ def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, contex
     """C_v(n) of ``target`` on this machine: the median of ``repeats`` forwards (after a warm-up) over n + 1
     tokens on the engine's eager DynamicCache runner holding ``context`` positions, with hidden states when
     ``hidden`` (as a drafter reading features verifies), for each n in ``widths``, the widths taking turns within
-    each repeat (a load spike then moves the whole curve, not one width: timed width after width, C_v(4) read 7.0 to
-    9.5 ms between runs on a shared 2-core box); kept per target model, dtype, device, widths, context and
+    each repeat (a load spike then moves the whole curve, not one width: timed width after width, one width's
+    reading moved a lot between runs on a shared 2-core box); kept per target model, dtype, device, widths, context and
     ``hidden`` (printed once when measured). Times are made non-decreasing (a larger forward never costs less; a
     lucky sample would otherwise invite a larger tree or more stages)."""
     from lit_domino.decoding.round import TargetRunner

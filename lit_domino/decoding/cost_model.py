@@ -38,11 +38,11 @@ from lit_domino.runtime.command import UsageError
 
 COST_FORMAT = 7
 """7: the predictor's read timed alone besides (:attr:`CostModel.read_s`, what the cost gate weighs a read against);
-6: the predictor read as the gate now reads it (``survival_reader``, ~60 µs less a stage); 5: a DLoop stage
-timed alone (4: as a difference from a first stage, which read 1.4 ms for a 1.9 ms stage); 4: the parts timed
+6: the predictor read as the gate now reads it (``survival_reader``, a cheaper read a stage); 5: a DLoop stage
+timed alone (4: as a difference from a first stage, which read well under a stage's cost); 4: the parts timed
 interleaved, 15 repeats (3: one part after another, 7 repeats: a load spike skewed one part); 3: the stages timed
-with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop stage cost ~3 ms in the
-default decode against the 1.9 ms measured, and the cost gate drafted stages that did not pay); older formats are
+with the gate's predictor read, on a 96-token context (2: without it, on 48 tokens: a DLoop stage cost more in the
+default decode than the model measured, and the cost gate drafted stages that did not pay); older formats are
 re-measured."""
 
 
@@ -192,7 +192,7 @@ def measure(target, drafter, block_size: int, max_stages: int = 4, repeats: int 
     difference, a DLoop stage timed alone after an untimed first stage); a stage includes the read of ``predictor``
     (None: the drafter's own head's where it has one, :func:`~lit_domino.decoding.acceptance.predictor_of`).
     Measured one part after another, a load spike during one part skewed it alone: a default-preset model read a
-    rollback of 3 ms (0.2 ms when quiet)."""
+    rollback many times its quiet cost."""
     from lit_domino.decoding.acceptance import predictor_of
     from lit_domino.decoding.round import TargetRunner, feature_layers
     from lit_domino.target.load import select_features

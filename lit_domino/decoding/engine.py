@@ -108,7 +108,7 @@ def generate(
     ``record_stages``: fill ``stage_records`` (one host copy per stage; DLoop's calibration data).
     ``threads``: torch intra-op threads for the call (restored after); None = torch's setting, bounded by
     the CPUs this process may use (a container's torch often counts the host's cores, and oversubscribed
-    threads spin: one small call measured 17 s instead of 0.2 s on a busy 2-core machine). Tiny models
+    threads spin: a small call on a busy 2-core machine ran many times slower; docs/results.md). Tiny models
     decode fastest on 1 thread on a shared machine (the studies pin it).
     ``tree`` (a :class:`lit_domino.decoding.tree.TreeConfig`): tree rounds instead of chain rounds (one target
     forward over a draft tree, the accepted path walked from its root; lossless at every temperature); with

@@ -20,11 +20,11 @@ stage boundary decides on):
   plain round's modelled expectation as the prior). That is the
   rule that maximises tokens per second over the whole sequence (renewal-reward: an option pays when its marginal
   rate beats the long-run rate); raising *this round's* rate instead opened a stage whenever the round looked poor,
-  which on the default drafters drafted 25-40 % more stages than needed for no more accepted tokens. G is scaled
+  which on the default drafters drafted many more stages than needed for no more accepted tokens. G is scaled
   by how the sequence's first stages have survived against P(whole | S) so far (``(hits + 1) / (Σ P + 1)``): the
   calibration pools the domains, and on the default drafters math and chat stages survived less often than it
-  predicts. The gate prices its own read too: a read and the arithmetic on it cost 0.1-0.17 ms a round in the
-  default preset's decodes, 1-1.5 % of a round, paid even where no stage opens. A read earns what the stage it
+  predicts. The gate prices its own read too: a read and the arithmetic on it are a measurable share of a round in
+  the default preset's decodes (docs/results.md), paid even where no stage opens. A read earns what the stage it
   opens is modelled to add (``gain / ρ - extra time``, seconds; nothing when it opens none), and once a
   sequence's reads, after the first :attr:`CostGate.READ_GRACE`, have earned less than they cost (the cost
   model's ``read_s`` each), the gate reads only every :attr:`CostGate.PROBE_EVERY`-th round until one pays
@@ -197,8 +197,8 @@ class CostGate(Gate):
     def may_open(self, k: int, room: int) -> bool:
         """Whether the gate can open after a first stage of ``k`` drafts for any survival: at best (the maps are
         non-decreasing: S = 1, scaled by a trust of at most ``room`` drafts) another stage adds G(1) drafts for its
-        seconds, so when that is <= ρ · seconds no survival opens it and the round skips the predictor (measured
-        before: ~0.1-0.25 ms a round, 2-7 % on the default target). G(1) is computed once per (k, room); ρ, the
+        seconds, so when that is <= ρ · seconds no survival opens it and the round skips the predictor (a measurable
+        share of a round on the default target; docs/results.md). G(1) is computed once per (k, room); ρ, the
         trust and the prices are the sequence's current ones."""
         if room <= 0:
             return False

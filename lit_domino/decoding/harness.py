@@ -290,9 +290,9 @@ def check_repeats(repeats) -> int:
 def fastest_times(results: Sequence[GenerationResult], what: str = "a prompt") -> GenerationResult:
     """Repeated decodes of one prompt → the fastest (least decode time, its parts with it; the tokens must agree),
     every repeat's time per token kept in ``repeat_tpot_ms``. The decodes are deterministic, so what varies between
-    them is interference, which only ever slows a decode: two identical settings interleaved on 18 default-preset
-    prompts differed in total time by 1.4 % on average (up to 3.5 %) with the mean of 2 repeats, 1.1 % (2.8 %) with
-    the mean of 3, and 0.9 % (1.7 %) with the fastest of 3."""
+    them is interference, which only ever slows a decode: two identical settings interleaved on default-preset
+    prompts differed less in total time with the fastest of 3 repeats than with the mean of 2 or 3
+    (measured: docs/results.md, 'figures behind the code's comments')."""
     first = results[0]
     if len(results) == 1:
         return first

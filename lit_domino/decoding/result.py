@@ -12,7 +12,7 @@ class GenerationResult:
     ``tau`` is the mean number of tokens committed per verification round *including*
     the bonus (``mean(accepted_per_round) + 1``; NaN when no round ran). A final round cut by
     ``max_new_tokens`` or EOS counts the tokens it emitted, as ``dflash_generate`` does (counting
-    what the target accepted beyond them flattered τ by up to 7 % at 128 tokens); the verification
+    what the target accepted beyond them flattered τ); the verification
     outcome of every stage stays in ``stage_records``.
     ``drafted_per_round`` is the number of draft tokens verified in each round.
     Times are seconds (``time.perf_counter``); ``decode_time_s`` excludes the prefill

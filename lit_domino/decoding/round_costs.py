@@ -6,7 +6,7 @@ one context length with a causal mask (:func:`~lit_domino.decoding.cost.measure_
 :class:`~lit_domino.decoding.cost_model.CostModel`. Inside a decode a round costs what those models leave out: a
 tree's 4-D mask, a cache at another length, the session's extend after the verify, the rollback and the walk, a
 machine whose load moved since. A rule that prices a round below its cost grows trees and opens stages that do not
-pay (the tree study of 2026-12-06 measured in-decode verifies 25 % above the curve; docs/results.md).
+pay (the tree study of 2026-12-06 measured in-decode verifies above the curve; docs/results.md).
 
 :class:`RoundCosts` keeps, per decode, what the clock (:meth:`lit_domino.decoding.round.Clock.round`) timed against
 what the model predicted for the same round, part by part:

@@ -95,7 +95,7 @@ class DecodeTables:
     w_down_s: torch.Tensor
     """[d_s, r] W_down's S-part, transposed."""
     w_up_t: torch.Tensor
-    """[r, V] W_upᵀ, contiguous (a CPU BLAS reads it ~1.5x faster than the transposed view of W_up)."""
+    """[r, V] W_upᵀ, contiguous (a CPU BLAS reads it faster than the transposed view of W_up)."""
 
 
 class DominoHead(nn.Module):
@@ -193,7 +193,7 @@ class DominoHead(nn.Module):
         and q live on the top-P tokens of each position's base logits; None (or P = V) is the exact
         full-vocabulary head.
 
-        Built for a dispatch-bound loop (every op ~1-5 µs of overhead on a CPU, a kernel launch on a GPU):
+        Built for a dispatch-bound loop (every op a fixed dispatch overhead on a CPU, a kernel launch on a GPU):
         everything that does not depend on the previous pick is computed up front, once per block (W_down's
         H-part, the pool's W_up rows) or once per weights (:meth:`decode_tables`: the GRU input projection of
         every token, the table the issue describes in the official Domino rollout), and a position costs six

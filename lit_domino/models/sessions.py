@@ -126,7 +126,7 @@ def pool_stage(tokens: torch.Tensor, picks: torch.Tensor, logits: torch.Tensor, 
 def compile_mode(device: torch.device) -> str:
     """``torch.compile``'s mode for the decode path on ``device``: ``"reduce-overhead"`` on CUDA (each fixed
     shape replays as a CUDA graph), ``"default"`` on a CPU (inductor's fused C++ kernels; on the default
-    preset's target they make the verify step ~2x faster than eager, whose time is mostly per-op dispatch)."""
+    preset's target they make the verify step faster than eager, whose time is mostly per-op dispatch)."""
     return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
 
 
@@ -134,9 +134,9 @@ def compile_decode_step(fn: Callable, device) -> Callable:
     """``fn``, a fixed-shape decode step, under ``torch.compile`` in :func:`compile_mode` (``dynamic=False``), with no
     guards on nn.Module attributes (parameters included): the guards still check the inputs' shapes, dtypes and
     devices and the global state (grad mode, autocast), but not the ~100 modules and parameters of a target. Those
-    guards ran on every call and cost a sixth of the default target's compiled verify on a CPU (0.5-0.8 ms of
-    3.4-5.3 ms, measured), the same host time in front of every CUDA-graph replay. Sound because a decode step's
-    modules are frozen while it decodes, and every caller keys its compiled step by the module's identity, dtype
+    guards ran on every call and cost a sizeable share of the default target's compiled verify on a CPU
+    (measured: docs/results.md), the same host time in front of every CUDA-graph replay. Sound because a decode
+    step's modules are frozen while it decodes, and every caller keys its compiled step by the module's identity, dtype
     and device, so a cast or moved model compiles anew (new weights in the same tensors are read at each call).
 
     A bound method (a model's ``forward``, a drafter's step) is compiled for its object alone (:func:`own_code`):
@@ -148,8 +148,8 @@ def compile_decode_step(fn: Callable, device) -> Callable:
     if torch.device(device).type == "cpu":
         # the compiled graph calls its kernels from generated C++ instead of Python: a decode step is dozens of
         # tiny kernels, and the Python wrapper's per-call cost is host time on every one (measured on the default
-        # preset: the compiled verify fell from 0.54 to 0.47 of the eager one, Domino's compiled head loop from
-        # 405 to 320 us); a CUDA graph's replay has no wrapper to pay
+        # preset, the compiled verify and Domino's compiled head loop both got faster: docs/results.md); a CUDA
+        # graph's replay has no wrapper to pay
         options["cpp_wrapper"] = True
     return torch.compile(fn, dynamic=False, options=options)
 

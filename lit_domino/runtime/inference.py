@@ -19,9 +19,9 @@ def eval_mode(*modules):
     backward would break the drafter's training after the eval callback decodes mid-training.
     """
     # Only modules with a submodule in training mode are switched (and switched back): ``eval()`` walks every
-    # submodule through ``train(False)``, 1.5 ms for the smoke target on a loaded CPU, and a decode of 128
-    # tokens at ~1 ms/token paid it four times per call (3 % of dflash_generate's whole time); the check walks
-    # them once, without a setattr per module.
+    # submodule through ``train(False)``, and a short decode paid that four times per call, a visible share of
+    # dflash_generate's whole time; the check walks them once, without a setattr per module
+    # (measured: docs/results.md, 'figures behind the code's comments').
     switched = [(m, m.training) for m in modules
                 if isinstance(m, torch.nn.Module) and any(x.training for x in m.modules())]
     try:

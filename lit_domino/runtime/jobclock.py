@@ -43,15 +43,13 @@ class Stage:
 
 MIN_PROGRESS = 0.02
 """A running stage's rate revises the slowness once it spans this fraction of the stage (the embedded target:
-32 of 1,600 steps, ~20 s); before that, one slow first step would dominate it."""
+32 of 1,600 steps); before that, one slow first step would dominate it."""
 
 CALIBRATION_WEIGHT = 0.5
 """Before any stage has finished, the slowness is (calibration ratio) ** CALIBRATION_WEIGHT: the calibration is
-a noisy measure of a machine's speed. Two fresh default runs on 2026-12-01 whose stages ran 6 % apart in speed
-measured calibrations 53 % apart (0.293 s, 0.192 s); trusted fully, the second run's first ETA was 32 % short,
-at the square root they would have been 10 % and 16 % short (at 0, ignoring it, 23 % short and 3 % long).
-A third fresh run (2026-12-02) on a machine twice as fast (slowness 0.48) measured 0.127 s: its square-root ETA
-was 66 % long, and trusted fully still 26 % long. So an ETA from the calibration alone is labelled provisional
+a noisy measure of a machine's speed: fresh runs whose stages ran at nearly one speed measured calibrations far
+apart, and trusted fully it put their first ETAs further off than its square root did (measured: docs/results.md,
+'figures behind the code's comments'). So an ETA from the calibration alone is labelled provisional
 (:meth:`JobClock.eta`) until the job's own progress measures the machine."""
 
 
@@ -197,9 +195,8 @@ class JobClock:
 class StageProgress(Callback):
     """A Lightning callback that reports a training's optimizer steps to a :class:`JobClock` stage, and calls
     ``echo(step, max_steps)`` once the training passes each fraction in ``at`` (a log line with the ETA).
-    The default's first fraction, 5 % (80 of the default target's 1,600 steps, 36-85 s in), is the job's first
-    measured ETA: at 2.5 % the first steps' warm-up still weighed in (2026-12-02, two runs on one machine:
-    +18 % at 2.5 %, -4 % at 5 %)."""
+    The default's first fraction, 5 % (80 of the default target's 1,600 steps), is the job's first
+    measured ETA: at 2.5 % the first steps' warm-up still weighed in (measured: docs/results.md)."""
 
     def __init__(self, clock: JobClock, stage: str, echo=None, at=(0.05, 0.5)):
         self.clock, self.stage, self.echo, self.pending = clock, stage, echo, sorted(at)

@@ -7,7 +7,7 @@ def first_nonfinite(named_tensors) -> tuple[str, int] | None:
     """The first floating tensor of ``(name, tensor)`` pairs holding NaN or inf, with how many it holds.
 
     A tied tensor is checked once. Each tensor is screened by its sum (NaN and inf propagate through a
-    sum; on CPU it is ~20x faster than ``isfinite().all()``, which would take minutes for an 8B model) and
+    sum; on CPU it is far faster than ``isfinite().all()``, which is slow on an 8B model; docs/results.md) and
     only a non-finite sum is confirmed element-wise (a half-precision sum may overflow on finite values)."""
     seen = set()
     for name, t in named_tensors:

@@ -4,8 +4,8 @@ ratio) and DSpark's Markov head (issue #29; DeepSpec reports +0.2-1.3 % over its
 A Domino round is the backbone's block forward and LM head (parallel, grows with d and V) followed by the
 head's sequential loop over the K = B-1 positions (grows with d_s, r and the candidate pool, and costs a fixed
 number of small ops per position). On the embedded default preset (d = 128, V = 4096) those small ops are
-dispatch-bound on a CPU and the head adds ~40 % to the backbone's draft; the papers report +2.8 % at
-Qwen3-8B scale. A DSpark round is the same backbone block followed by the Markov head's loop: per position the
+dispatch-bound on a CPU and the head adds far more to the backbone's draft (docs/results.md) than the papers'
++2.8 % at Qwen3-8B scale. A DSpark round is the same backbone block followed by the Markov head's loop: per position the
 pick's W1 row, the variant's step and ``base + W2·u`` (a rank-r update of the V logits: W2's V x r read per
 position). :func:`measure` times them on randomly initialised drafters of the papers' proportions
 (:meth:`DrafterSize.papers`: Domino's r = d/16 and d_s = d/4; DSpark's rank the same r, 256 at Qwen3-8B as
@@ -169,7 +169,7 @@ def measure(sizes: list[DrafterSize], pool_sizes: list[int | None], *, block_siz
 
     The drafters take turns round by round (the order reversed every round; one untimed warm-up round
     each), so each of the ``rounds`` samples pairs them at the same context length and the same moment: on a
-    shared machine whose speed drifts by 2x within seconds, batches of rounds per drafter disagreed by more
+    shared machine whose speed drifts within seconds, batches of rounds per drafter disagreed by more
     than the head costs. Times are medians over the rounds; ``ratio`` is the median of the paired ratios."""
     check_measure(sizes, pool_sizes, block_size=block_size, rounds=rounds, accept=accept, heads=heads,
                   num_layers=num_layers)

@@ -18,7 +18,7 @@ from lit_domino.training.configs import parse_override
 COMMAND_DOC = """The objectives study: each block drafter trained on each training objective, decoded, ranked in τ.
 
     python experiments/objectives.py --preset smoke                  # a few minutes on 2 CPU cores
-    python experiments/objectives.py --preset default                # ~1 h on a quiet 2-core machine
+    python experiments/objectives.py --preset default                # see docs/results.md for its run time
     python experiments/objectives.py --preset default --drafters domino,dspark --objectives kl,dpace,auf
     python experiments/objectives.py --preset default --step-cost    # ms per training step of each objective
 

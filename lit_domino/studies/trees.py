@@ -28,7 +28,7 @@ projected speedup = speedup · (draft + verify + other) / (draft + verify' + oth
 Sizing (2 CPU cores shared, drafters cached): the decode runs :func:`method_count` decodes per prompt (42 with the
 default drafters, builders and budgets: 1 AR + 5 backbone + 9 Domino + 9 DSpark + 9 DFlash 2 + 9 EAGLE-3), so its
 time scales with prompts × tokens; the default preset's size comes from a smoke timing (the arithmetic is in the
-study file, ``configs/studies/trees.yaml``: 8-20 min for the default decode, by the box's load).
+study file, ``configs/studies/trees.yaml``; docs/results.md has the default decode's run time).
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ def hub_reachable(endpoint: str | None = None, timeout: float = HUB_CHECK_SECOND
     within ``timeout`` seconds (proxies as configured in the environment; any HTTP status counts).
 
     Checked once per process and endpoint before a hub id is loaded, so that an offline
-    machine fails in seconds instead of after ~45 s of download retries."""
+    machine fails in seconds instead of after a long series of download retries."""
 
     url = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/") + "/"
     result = []

@@ -120,8 +120,8 @@ class ShapedTargetConfig:
     """KV heads: Qwen3-8B's 8 (4 query heads per KV head)."""
     head_dim: int = 16
     """Qwen3-8B's is 128; at 128 the 32 heads make attention 64x wider than d = 64, and a training step of this
-    model was 6x slower than at 16 (docs/paper-rehearsal.md), so the CPU size narrows the heads, keeping their
-    number and grouping; the GPU check's size keeps 128."""
+    model was several times slower than at 16 (measured: docs/results.md), so the CPU size narrows the heads,
+    keeping their number and grouping; the GPU check's size keeps 128."""
     vocab_size: int = QWEN3_8B["vocab_size"]
     max_positions: int = QWEN3_8B["max_position_embeddings"]
     rope_theta: float = QWEN3_8B["rope_theta"]

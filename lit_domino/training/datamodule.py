@@ -111,8 +111,8 @@ class EpochShuffleSampler(DistributedSampler):
     With ``lengths`` it groups by length (Hugging Face's ``group_by_length``): the shuffled
     order is cut into pools of ``pool_batches`` batches, each pool is sorted by length and cut
     into batches, and the whole batches are shuffled. Random batches of regenerated sequences
-    (prompt + a ~50-token answer, a long tail up to ``max_length``) are ~60 % padding; grouped
-    ones ~5 %, which halves a drafter's training time at the same samples and steps (but see
+    (prompt + a ~50-token answer, a long tail up to ``max_length``) are mostly padding; grouped
+    ones hardly any, which cuts a drafter's training time at the same samples and steps (but see
     ``DrafterDataModule``'s ``group_by_length``: it can cost accuracy).
 
     Distributed (``num_replicas`` R > 1, this process's ``rank``): every rank builds the same
@@ -250,12 +250,12 @@ class DrafterDataModule(L.LightningDataModule):
         num_anchors: anchors per sequence (docs/METHOD.md: 256-512 at 8B scale, fewer for short sequences).
         block_size: drafting block size B (anchors need no room after them: labels past the end are masked).
         group_by_length: training batches hold sequences of similar length (shuffled in pools of
-            50 batches, then the batches shuffled): ~5 % padding instead of ~60 %, but on the default
-            preset it cost the parallel drafters τ (same seed and steps: Domino avg τ 3.95 → 3.52, math
-            5.34 → 4.25; backbone 3.03 → 2.85), so only the AR drafters' configs (EAGLE-3, small LM) set it.
+            50 batches, then the batches shuffled): far less padding, but on the default preset it
+            cost the parallel drafters τ at the same seed and steps (measured: docs/results.md), so only
+            the AR drafters' configs (EAGLE-3, small LM) set it.
         seed: shuffling and anchor draws.
         num_workers: DataLoader workers (0 is fastest for in-memory data on 2 cores).
-        target_dtype: the frozen target's dtype: float32 on CPU (bf16 is ~25x slower there),
+        target_dtype: the frozen target's dtype: float32 on CPU (bf16 is far slower there),
             bfloat16 for an 8B target on a GPU.
         target_device: where the target runs regeneration and feature extraction;
             ``auto`` = the GPU when there is one.
