@@ -188,12 +188,15 @@ def _ablation(cache: Path, seeds: str, epochs: int) -> tuple[list[str], dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signame, to, seeds", [("SIGINT", "group", "5,6"), ("SIGTERM", "parent", "7,8")],
+@pytest.mark.parametrize("signame, to, seeds, resume", [("SIGINT", "group", "5,6", True),
+                                                        ("SIGTERM", "parent", "7,8", False)],
                          ids=["ctrl-c-to-the-group", "sigterm-to-the-parent"])
-def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resumes(smoke_cache, signame, to, seeds):
+def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resumes(smoke_cache, signame, to, seeds,
+                                                                                   resume):
     """Two trainings in two worker processes; the signal once both have written a checkpoint. Ctrl-C reaches the
     whole process group (a terminal's); SIGTERM only the parent, which passes it on. Either way: rc 130 within
-    seconds, one line, no traceback, both runs KILLED; the rerun resumes both and finishes their runs.
+    seconds, one line, no traceback, both runs KILLED (what a rerun resumes from: their checkpoints and KILLED
+    runs, the same after either signal); after Ctrl-C the rerun resumes both and finishes their runs.
 
     Three epochs: the signal goes once both trainings have a checkpoint (after their first epoch), so neither
     finishes before it unless it runs three times as fast as the other; the rerun trains the two epochs left (with
@@ -233,6 +236,9 @@ def test_a_signal_stops_every_worker_of_a_parallel_ablation_and_the_rerun_resume
     run_ids = [(d / "checkpoints" / "mlflow_run_id").read_text().strip() for d in dirs]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     assert [client.get_run(r).info.status for r in run_ids] == ["KILLED", "KILLED"]
+    assert all((d / "checkpoints" / "last.ckpt").is_file() for d in dirs)
+    if not resume:
+        return
 
     rerun = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
