@@ -49,8 +49,10 @@ class ChainProposer:
             stages = [session.draft(anchor, room(0), self.temperature, self.generator)] if room(0) > 0 else []
         drafts = (torch.cat([s.tokens.reshape(-1) for s in stages]).to(anchor.device) if stages
                   else torch.zeros(0, dtype=torch.long, device=anchor.device))  # d_1..d_m
+        # a round with no stage (its anchor alone, the decode's last token) is padded to one stage's width: a
+        # compiled target replays that graph instead of compiling one more for width 1
         return Proposal(torch.cat([anchor.reshape(1), drafts]), drafts=stages,
-                        width=len(stages) * (self.block_size - 1) + 1 if stages else None)
+                        width=max(len(stages), 1) * (self.block_size - 1) + 1)
 
     def accept(self, prop: Proposal, logits: torch.Tensor, temperature: float, generator) -> Verdict:
         drafts, stages = prop.ids[1:], prop.drafts
