@@ -74,6 +74,14 @@ def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def compiled_graph_count(step) -> int:
+    """The graphs dynamo compiled for ``step`` (a :func:`~lit_domino.models.sessions.compile_decode_step` result):
+    the cache entries of its own code object (a torch debugging helper: no public API counts them)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(step._torchdynamo_orig_callable.__func__.__code__))
+
+
 def hf_greedy_and_reference(target: Target, prompt: list[int], n: int, extra: int) -> tuple[list[int], list[int]]:
     """:func:`hf_greedy`'s ``n`` tokens and an :class:`OracleMix` reference (``prompt`` + ``n + extra`` greedy tokens)
     from one ``generate``: a greedy decode's first ``n`` tokens are the same forwards whatever follows them."""

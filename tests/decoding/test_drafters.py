@@ -10,8 +10,8 @@ from lit_domino.decoding.dloop import GATES
 from lit_domino.decoding.engine import cpp_compiler
 from lit_domino.models.parallel_session import static_state
 from lit_domino.models import build_drafter, drafter_config, kinds
-from lit_domino.testing import (OracleMix, chi_square_target, exact_joint, hf_greedy, hf_greedy_and_reference,
-                                lively_target, passes_chi_square, random_target, sampled_pairs)
+from lit_domino.testing import (OracleMix, chi_square_target, compiled_graph_count, exact_joint, hf_greedy,
+                                hf_greedy_and_reference, lively_target, passes_chi_square, random_target, sampled_pairs)
 
 KINDS = kinds()
 
@@ -131,12 +131,9 @@ def test_compiled_parallel_drafters_decode_what_the_eager_ones_do(targets):
 
 
 def compiled_graphs(drafter) -> int:
-    """The graphs dynamo compiled for ``drafter``'s block step: the cache entries of its own code object (a torch
-    debugging helper: no public API counts them)."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
+    """The graphs dynamo compiled for ``drafter``'s block step."""
     (step,) = static_state(drafter)["compiled"].values()
-    return len(_debug_get_cache_entry_list(step._torchdynamo_orig_callable.__func__.__code__))
+    return compiled_graph_count(step)
 
 
 def test_mismatched_real_drafter_is_rejected(targets):

@@ -11,7 +11,7 @@ import torch
 from lit_domino.decoding import DLoopConfig, generate
 from lit_domino.decoding.dloop import GATES
 from lit_domino.decoding.engine import check_compile, compiled_forward, cpp_compiler
-from lit_domino.testing import hf_greedy, opens_every_stage, random_target
+from lit_domino.testing import compiled_graph_count, hf_greedy, opens_every_stage, random_target
 
 VOCAB = 256
 
@@ -266,6 +266,22 @@ def test_the_compiled_forward_is_kept_per_model_dtype_and_device():
     assert compiled_forward(target) is fn
     target.model.to(torch.float64)
     assert compiled_forward(target) is not fn
+
+
+@pytest.mark.xdist_group("compiled-decode")
+@pytest.mark.slow  # one graph of the target above's shapes (inductor's cache has it from the test above)
+@pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_a_compiled_chains_last_round_replays_the_stage_graph():
+    """A decode whose last round verifies its anchor alone (an always-right drafter, block 4: the prefill's token,
+    two rounds of 4, then 1 still wanted) pads that verify to the stage's width: the target's compiled forward holds
+    one graph, not a second of width 1, and the tokens are the target's greedy ones."""
+    target = lively_target(seed=3)
+    p = prompts(1, seed=31)[0]
+    ref = greedy_reference(target, p, 10 + 4)
+    res = generate(target, StubDrafter(target, "oracle", 4, references={tuple(p): ref}), torch.tensor([p]),
+                   max_new_tokens=10, compile=True)
+    assert res.tokens == ref[:10] and res.drafted_per_round == [3, 3, 0]
+    assert compiled_graph_count(target._compiled_forward[1]) == 1
 
 
 def compiled_greedy(target, drafter, prompt):
