@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lit_domino.models.sessions import is_greedy
+from lit_domino.models.sessions import greedy_ids, is_greedy
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this decode greedily: ``generate`` runs exactly the T = 0 path (:func:`effective_temperature`).
@@ -35,7 +35,7 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Argmax at T = 0, else one sample of softmax(logits / T); ``logits [..., V]`` → ids ``[...]``."""
     if is_greedy(temperature):
-        return logits.argmax(-1)
+        return greedy_ids(logits)
     p = target_probs(logits, temperature)
     flat = p.reshape(-1, p.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(p.shape[:-1])
@@ -49,7 +49,7 @@ def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]
     ``acc = sum(cumprod(d == t[:-1]))``, and the bonus is the target's own pick ``t[acc]``
     (the correction at the first mismatch, or a free extra token if all m match).
     """
-    t = logits.argmax(-1)
+    t = greedy_ids(logits)
     acc = int(torch.cumprod((drafts == t[:-1]).long(), 0).sum())
     return acc, int(t[acc])
 
@@ -60,7 +60,7 @@ def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, list
     The rule of :func:`verify_greedy`; ``committed = t[:acc+1]``: the accepted drafts equal the target's picks
     ``t`` and ``t[acc]`` is the bonus, so ``acc`` and the picks travel to the host together.
     """
-    t = logits.argmax(-1)  # [m+1]
+    t = greedy_ids(logits)  # [m+1]
     acc = torch.cumprod((drafts == t[:-1]).long(), 0).sum()
     host = torch.cat([acc.view(1), t]).tolist()
     acc = host[0]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lit_domino.decoding.engine import cpp_compiler
-from lit_domino.models.sessions import compile_decode_step, own_code
+from lit_domino.models.sessions import compile_decode_step, greedy_ids, own_code
 
 
 class Scaled(torch.nn.Module):
@@ -43,3 +43,22 @@ def test_two_objects_of_one_class_never_replay_each_others_graphs():
     with torch.no_grad():
         for m in (first, second):
             torch.testing.assert_close(compile_decode_step(m.forward, "cpu")(x), m(x), rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_ids_pick_what_torch_argmax_picks():
+    """The decode's greedy picks (NumPy's argmax on a CPU) equal torch's argmax index for index: the first of tied
+    maxima, a NaN as the maximum, any stride and rank, ids of torch's dtype and shape."""
+    g = torch.Generator().manual_seed(0)
+    ties = torch.zeros(3, 6)
+    ties[0, [2, 4]] = 1.0  # tied maxima: the first
+    ties[1, [1, 3]] = float("nan")  # NaN beats every number: the first NaN
+    ties[2] = -float("inf")
+    cases = [torch.randn(4096, generator=g), torch.randn(8, 4096, generator=g), torch.randn(1, 8, 4096, generator=g),
+             torch.randn(4096, 8, generator=g).t(), torch.randn(8, 8192, generator=g)[:, ::2], ties,
+             torch.randn(8, 64, generator=g).half()]  # not float32: torch's own argmax
+    for logits in cases:
+        with torch.inference_mode():
+            ids = greedy_ids(logits)
+        expected = logits.argmax(-1)
+        assert ids.dtype == expected.dtype and ids.shape == expected.shape
+        assert torch.equal(ids, expected)
