@@ -1,6 +1,6 @@
 """The main job: train every drafter variant, decode for real, print the papers' tables.
 
-    python experiments/ablation.py                      # the default preset (~18-25 min on 2 CPU cores, first run)
+    python experiments/ablation.py                      # the default preset (~18-26 min on 2 CPU cores, first run)
     python experiments/ablation.py --preset smoke       # CI-sized, a few minutes
     python experiments/ablation.py --preset paper       # Qwen/Qwen3-8B on a GPU box
     python experiments/ablation.py --variants backbone,domino --seeds 0,1,2
