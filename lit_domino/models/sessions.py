@@ -70,8 +70,8 @@ def is_greedy(temperature: float | None) -> bool:
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """``logits [..., V]`` → the argmax ids ``[...]`` (the first maximum; a NaN counts as the maximum): every greedy
     pick of a decode, drafter and target alike. A CPU float32 tensor goes through NumPy's argmax, which returns the
-    same index: torch 2.13's CPU argmax over a 4,096-token row took 6-16x as long, a few percent of a compiled
-    round on an AVX-512 Xeon (docs/results.md, 2026-12-07 afternoon)."""
+    same index: torch 2.13's CPU argmax over a vocabulary-wide row is several times slower, a measurable share of a
+    compiled round (measured: docs/results.md, 2026-12-07 afternoon)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
         return torch.as_tensor(logits.numpy().argmax(-1))
     return logits.argmax(-1)
