@@ -78,13 +78,13 @@ class FixedData(L.LightningDataModule):
         return DataLoader(Rows(self.rows, self.rows["input_ids"].shape[0]), batch_size=self.batch_size)
 
 
-def trainer(tmp_path, max_steps=-1, max_epochs=1, callbacks=(), logger=False, val=False):
+def trainer(tmp_path, max_steps=-1, max_epochs=1, callbacks=(), logger=False, val=False, log_every_n_steps=50):
     return L.Trainer(
         accelerator="cpu", devices=1, max_epochs=max_epochs, max_steps=max_steps, logger=logger,
         enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
         limit_val_batches=1.0 if val else 0, num_sanity_val_steps=0, default_root_dir=tmp_path,
         gradient_clip_val=1.0, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        deterministic=True,
+        deterministic=True, log_every_n_steps=log_every_n_steps,
     )
 
 
@@ -182,7 +182,7 @@ def test_domino_logs_curriculum_and_lambda_falls(tmp_path, target):
             lams.append(float(trainer.callback_metrics["train/lambda"]))
             assert {"train/loss_base", "train/loss_final", "train/loss"} <= set(trainer.callback_metrics)
 
-    trainer(tmp_path, callbacks=[Grab()]).fit(module, datamodule=FixedData(target, repeat=8))
+    trainer(tmp_path, callbacks=[Grab()], log_every_n_steps=1).fit(module, datamodule=FixedData(target, repeat=8))
     assert lams[0] == 1.0 and lams == sorted(lams, reverse=True) and lams[-1] == pytest.approx(1 / 8)
 
 
