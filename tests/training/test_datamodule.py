@@ -2,12 +2,39 @@ import numpy as np
 import pytest
 import torch
 
-from lit_domino.training.datamodule import DrafterDataModule, EpochShuffleSampler, sample_anchors
+from lit_domino.training.datamodule import DrafterDataModule, EpochShuffleSampler, RegenSequences, sample_anchors
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # ~5x faster on 2 busy cores
 
 SMALL = dict(train_examples={"math": 8, "code": 4}, val_examples={"math": 4}, max_new_tokens=16,
              regen_batch_size=8, batch_size=4, num_anchors=5, block_size=4, max_length=200)
+
+
+def test_rows_read_from_arrow_equal_the_python_rows():
+    """RegenSequences reads rows as NumPy views of the Arrow buffers: across chunks, after a ``select`` (an indices
+    mapping) and a ``shuffle``, truncated at max_length, they equal the rows as Python lists, in torch.tensor's
+    int64."""
+    import datasets
+
+    rng = np.random.default_rng(0)
+
+    def part(n):
+        ids = [rng.integers(0, 100, int(rng.integers(1, 12))).tolist() for _ in range(n)]
+        return datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": [[int(x % 2) for x in r] for r in ids]},
+                                          features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32")),
+                                                                      "loss_mask": datasets.List(datasets.Value("int64"))}))
+
+    whole = datasets.concatenate_datasets([part(5), part(7), part(4)])  # three Arrow chunks
+    for ds in (whole, whole.select([15, 0, 6, 6, 11]), whole.shuffle(seed=1), whole.select(range(3, 9))):
+        rows = RegenSequences(ds, max_length=8)
+        assert len(rows) == len(ds)
+        for i in range(len(ds)):
+            item, ref = rows[i], ds[i]
+            assert torch.equal(item["input_ids"], torch.tensor(ref["input_ids"][:8]))
+            assert torch.equal(item["loss_mask"], torch.tensor(ref["loss_mask"][:8]))
+            assert item["input_ids"].dtype == item["loss_mask"].dtype == torch.int64 and item["index"] == i
+    with pytest.raises(IndexError):
+        RegenSequences(whole, 8).input_ids[len(whole)]
 
 
 def test_anchors_only_where_a_and_next_are_response():
