@@ -11,11 +11,8 @@ order and ``g_i = exp(path log q_i)`` the draft's probability that node i is rea
 ``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included), and the rule verifies the n that maximises
 ``E(n) / (C_draft + C_v(n))``; ``budget`` caps it.
 
-A tree grown depth by depth (the path trees) expands only the frontier nodes whose descendants could still be
-in the rule's choice, and stops when none could (:meth:`VerifyCost.growable`).
-
-Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``, ``best_rate``,
-``growable``) and :func:`measure_verify_cost` (one curve per target, dtype, device, widths and context in a
+Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``, ``best_rate``)
+and :func:`measure_verify_cost` (one curve per target, dtype, device, widths and context in a
 process).
 """
 
@@ -82,41 +79,6 @@ class VerifyCost:
             return 0, 1.0 / ((self.draft_s if draft_s is None else draft_s) + self.seconds_at(0))
         n = int(np.argmax(rates))  # the first maximum: ties go to the smaller n
         return n + 1, float(rates[n])
-
-    def growable(self, gains: list[float], frontier: list[float], depths_left: int, cap: int,
-                 draft_s: float | None = None, extra_s: float = 0.0) -> int:
-        """How many of a tree's frontier nodes may still have a descendant in the rule's choice (:meth:`best_rate`,
-        at most ``cap`` nodes): a prefix of ``frontier``; 0: no deeper node can raise the tree's best rate, stop
-        growing. ``gains``: the tree's candidates so far, best first (the frontier's among them); ``frontier``:
-        the gains of the nodes the next depth would expand, best first; ``depths_left``: the depths below them.
-
-        Exact with respect to the rule, ties aside. Below a frontier node of gain g the nodes of one depth have
-        gains summing to at most g (its children's probabilities sum to at most 1), each at most g, so for every
-        m the m largest gains all later depths add sum to at most the m largest of ``later`` (each frontier gain
-        ``depths_left`` times). The rule's choice is a best-first prefix: one holding a descendant of frontier
-        node u also holds every candidate above u's gain (N_u of them), so it is n0 >= N_u candidates and m >= 1
-        later nodes, of rate at most ``(1 + top n0 of gains + top m of later) / (C_draft + C_v(n0 + m))``. When no
-        such bound beats the current best rate (which a grown tree keeps: adding nodes never lowers an E(n)), the
-        rule's choice on any grown tree holds no descendant of u, and on the tree grown without them it is the
-        same. ``extra_s``: the drafting a deeper node costs first (a depth of a path tree's head: the bounds pay it,
-        the current best does not), so a tree stops growing where its next depth costs more than it can add."""
-        best = self.best_rate(gains, cap, draft_s)[1]
-        draft = self.draft_s if draft_s is None else draft_s
-        later = [g for g in frontier for _ in range(depths_left)][:cap]
-        own = np.cumsum([0.0, *gains[:cap]])  # [n0 + 1]: the top n0 candidates' gains
-        new = np.cumsum([0.0, *later])  # [m + 1]: the most the top m later nodes add
-        n = np.arange(own.size)[:, None] + np.arange(new.size)[None, :]  # n0 + m
-        seconds = np.concatenate([[np.inf], self._seconds_upto(cap), np.full(own.size + new.size, np.inf)])
-        bound = (1.0 + own[:, None] + new[None, :]) / (draft + extra_s + seconds[np.minimum(n, cap + 1)])  # 0 beyond cap
-        beyond = np.maximum.accumulate(bound[:, 1:].max(1)[::-1])[::-1]  # beyond[k]: the best with n0 >= k, m >= 1
-        above = sorted(gains)  # ascending, to count the candidates above a gain
-        grow = 0
-        for g in frontier:
-            n_u = len(above) - bisect.bisect_right(above, g)
-            if n_u >= beyond.size or not beyond[n_u] > best * (1 + 1e-9):  # within rounding: a tie
-                break
-            grow += 1
-        return grow
 
     def _rates(self, gains: list[float], cap: int, draft_s: float | None) -> np.ndarray:
         """The rule's rates ``E(n) / (C_draft + C_v(n))`` for n = 1 .. min(``cap``, ``len(gains)``)."""

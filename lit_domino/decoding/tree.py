@@ -44,8 +44,8 @@ One round, with the committed sequence ending in the anchor x at position ``star
    extended with the anchor and the accepted path with their target features.
 
 ``budget`` caps n (nodes beyond the anchor); ``cost`` (:class:`lit_domino.decoding.cost.VerifyCost`) makes it
-cost-aware: each round verifies the best-first prefix CaDDTree's rule picks, and a path tree expands only the
-nodes whose descendants that choice could hold. The rule prices a round by what the decode's earlier rounds cost
+cost-aware: each round verifies the best-first prefix CaDDTree's rule picks of the tree grown to the budget.
+The rule prices a round by what the decode's earlier rounds cost
 (:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve scaled by the verifies observed against it, plus
 the round's observed rollback and the session's extend, beside this round's own drafting time.
 """

@@ -1,6 +1,6 @@
 """Tree builders: the draft tree of a round, grown best-first from a drafter's block (``ddtree``), by its causal
 path head over the frontier (``path``), by EAGLE-3's own steps (``eagle``), or stage by stage under DLoop; a
-cost-aware tree expands only what CaDDTree's rule could pick (:mod:`lit_domino.decoding.tree`)."""
+cost-aware tree verifies the best-first prefix CaDDTree's rule picks (:mod:`lit_domino.decoding.tree`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Protocol
 
 import torch
 
-from lit_domino.decoding.cost import VerifyCost
 from lit_domino.decoding.tree_config import DraftTree, TreeConfig
 from lit_domino.models.capabilities import capabilities_of
 
@@ -180,14 +179,11 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     own token; the stable sort keeps each node's children a prefix of its draws; ``DraftTree.q`` row u is the q
     node u's children were drawn from (0 outside its candidates).
 
-    Cost-aware (``cfg.cost``): each depth expands only the frontier nodes whose descendants could still be in the
-    rule's choice (:meth:`VerifyCost.growable`: a frontier node's descendants at one depth have gains summing to
-    at most its own), and growing stops when none could, so a round drafts only what the rule can use. The rule's
-    C_draft is ``draft_s``, or with ``started`` (``time.perf_counter()`` when the round began drafting) what this
-    round has drafted so far, and a deeper node must also pay one more depth of the head (this round's mean per
-    depth): a path tree's drafting grows with its frontier (EAGLE-3's head is a decoder step per depth), and a
-    constant C_draft let it grow depths that cost more than they added (EAGLE-3's cost-aware path tree was slower
-    than its chain so; docs/results.md has the figures)."""
+    Cost-aware (``cfg.cost``): the tree is grown as with a fixed budget of ``nodes`` and the rule then verifies its
+    best-first prefix, with C_draft ``draft_s`` or, with ``started`` (``time.perf_counter()`` when the round began
+    drafting), what this round has drafted. Testing at every depth which frontier nodes could still reach the
+    rule's choice cost more than the head steps it saved, for every drafter measured (EAGLE-3's included;
+    docs/results.md, 2026-12-07 (evening)), so the tree is not pruned by the rule while it grows."""
     if depth <= 0:
         return DraftTree()
     k, drawn = cfg.top_k, _drawn(cfg, temperature)
@@ -197,7 +193,6 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     # offset[d] + 1 + r
     offset, scores, picks, toks, widths, qrows = [], [], [], [], [], []
     kept: list[float] = []  # the ``nodes`` best scores of all candidates so far, best first
-    first_depth = time.perf_counter()
     for d in range(depth):
         logits, cand, inherited = head.step(d, states)  # [F, C], C's token ids [1 | F, C] (None: C = V)
         kk = min(k, logits.shape[-1])
@@ -223,11 +218,6 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
         f = min(width, q)
         if len(kept) >= nodes:
             f = sum(1 for x in new[:f] if x >= kept[-1])
-        if cfg.cost is not None and f and d + 1 < depth:  # and those whose descendants the rule could choose
-            now = time.perf_counter()
-            spent, per_depth = (draft_s, 0.0) if started is None else (now - started, (now - first_depth) / (d + 1))
-            f = cfg.cost.growable([math.exp(x) for x in kept], [math.exp(x) for x in new[:f]], depth - d - 1, nodes,
-                                  spent, extra_s=per_depth)
         if f == 0 or d + 1 == depth:
             break
         score = score[:f]
