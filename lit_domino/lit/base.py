@@ -414,9 +414,9 @@ class DrafterModule(L.LightningModule):
     def _logs_this_step(self) -> bool:
         """Whether this training step's ``train/*`` metrics reach the logger: on the steps Lightning writes
         (every ``trainer.log_every_n_steps``-th optimizer step) and without a trainer. A ``self.log`` call costs
-        Lightning's bookkeeping whether or not the step is written (a few per step were ~6 % of a default-preset
-        drafter's step), so the other steps make none; the metrics shown (progress bar, ``callback_metrics``)
-        are then those of the last written step."""
+        Lightning's bookkeeping whether or not the step is written (a measurable share of a small drafter's step:
+        docs/results.md, 2026-12-07 (evening)), so the other steps make none; the metrics shown (progress bar,
+        ``callback_metrics``) are then those of the last written step."""
         if self._trainer is None:
             return True
         every = self.trainer.log_every_n_steps

@@ -58,8 +58,8 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 
 class RaggedColumn:
     """A list-valued column of an Arrow-backed dataset read as NumPy views of its Arrow buffers: a row costs a
-    slice, where a ``datasets`` row read converts the row to a Python list (a training step reads four; on the
-    default preset that conversion was a twentieth of a drafter's step). Nothing is copied from a memory-mapped
+    slice, where a ``datasets`` row read converts the row to a Python list, a measurable share of a small
+    drafter's training step (docs/results.md, 2026-12-07 (evening)). Nothing is copied from a memory-mapped
     dataset without an indices mapping (one with, e.g. after ``select``, is taken once into memory)."""
 
     def __init__(self, hf_dataset, name: str):
@@ -94,9 +94,10 @@ class RegenSequences(Dataset):
         return len(self.input_ids)
 
     def __getitem__(self, i):
-        n = min(len(self.input_ids[i]), self.max_length)
+        ids = self.input_ids[i][: self.max_length]
+        n = len(ids)
         item = {  # int64, as torch.tensor made of the Python lists a datasets row read gave
-            "input_ids": torch.from_numpy(self.input_ids[i][:n].astype(np.int64)),
+            "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "loss_mask": torch.from_numpy(self.loss_mask[i][:n].astype(np.int64)),
             "index": i,
         }
