@@ -8,7 +8,8 @@ It is the one verify curve of the package: tree rounds price their nodes with it
 rule (:meth:`VerifyCost.seconds_at`).
 CaDDTree grows a tree while the expected accepted tokens per second rise: with the nodes in best-first
 order and ``g_i = exp(path log q_i)`` the draft's probability that node i is reached,
-``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included), and the rule verifies the n that maximises
+``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included; a decode calibrates each g_i by what its target accepted of
+nodes of that size, :attr:`VerifyCost.gain_ratios`), and the rule verifies the n that maximises
 ``E(n) / (C_draft + C_v(n))``; ``budget`` caps it.
 
 Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``, ``best_rate``)
@@ -20,12 +21,11 @@ from __future__ import annotations
 
 import bisect
 import functools
-import statistics
+import math
 import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -42,6 +42,17 @@ class VerifyCost:
     """C_v(n) in seconds per target forward over n + 1 tokens, one per width, non-decreasing."""
     draft_s: float = 0.0
     """C_draft: seconds of drafting per round (the tree rounds replace it by the draft time they measure)."""
+    scale: float = 1.0
+    """Prices the measured curve: C_v(n) as the rule reads it is ``scale`` x the measured one + :attr:`extra_s` (a
+    decode's observed prices, :class:`~lit_domino.decoding.round_costs.RoundCosts`; the measured times stay as
+    measured, so the interpolation is computed once per curve)."""
+    extra_s: float = 0.0
+    """Seconds a round costs beyond its drafting and verify forward (rollback, bookkeeping), added to every C_v(n)."""
+    gain_ratios: tuple[float, ...] = ()
+    """The draft's gains calibrated by their size: a gain g in [2^-(b+1), 2^-b) counts as g x ``gain_ratios[b]``
+    (smaller ones: the last ratio), what the target accepted of such nodes in the decode so far
+    (:meth:`~lit_domino.decoding.round_costs.RoundCosts.add_gains`); non-increasing, so a larger gain stays
+    larger. Empty: the draft's own probabilities."""
 
     def __post_init__(self):
         if not self.widths or len(self.widths) != len(self.seconds):
@@ -51,16 +62,22 @@ class VerifyCost:
             raise ValueError(f"VerifyCost widths must be increasing node counts >= 0, got {self.widths}")
         if any(not s > 0 for s in self.seconds):
             raise ValueError(f"VerifyCost times must be positive, got {self.seconds}")
+        if not self.scale > 0 or not self.extra_s >= 0:
+            raise ValueError(f"VerifyCost scale must be > 0 and extra_s >= 0, got {self.scale} and {self.extra_s}")
+        r = self.gain_ratios
+        if any(not x > 0 for x in r) or any(b > a for a, b in zip(r, r[1:])):
+            raise ValueError(f"VerifyCost gain_ratios must be positive and non-increasing, got {r}")
+
+    def calibrated(self, g: float) -> float:
+        """A gain ``g`` as the rule counts it: times the ratio of its size class (:attr:`gain_ratios`; the class of
+        :func:`gain_class`). A gain no larger than another stays so (the ratios do not increase as gains shrink)."""
+        r = self.gain_ratios
+        return g * r[gain_class(g, len(r))] if r else g
 
     def seconds_at(self, n: int) -> float:
         """C_v(n): linear between the measured widths, linear beyond the last two, flat below the first (one
         width: proportional to n, or flat when that width is 0)."""
-        w, s = self.widths, self.seconds
-        if n <= w[0] or len(w) == 1:
-            return s[0] if n <= w[0] or w[0] == 0 else s[0] * n / w[0]
-        j = min(bisect.bisect_left(w, n), len(w) - 1)
-        i = j - 1
-        return s[i] + (s[j] - s[i]) * (n - w[i]) / (w[j] - w[i])
+        return self.scale * _measured_at(self.widths, self.seconds, n) + self.extra_s
 
     def best_nodes(self, gains: list[float], cap: int, draft_s: float | None = None) -> int:
         """CaDDTree's rule: how many of the nodes (best-first order, ``gains[i]`` = the draft's probability of
@@ -73,28 +90,51 @@ class VerifyCost:
     def best_rate(self, gains: list[float], cap: int, draft_s: float | None = None) -> tuple[int, float]:
         """The rule's choice and its rate: ``(n, E(n) / (C_draft + C_v(n)))`` maximised over n = 1 ..
         min(``cap``, ``len(gains)``) (ties: the smaller n); no node: ``(0, 1 / (C_draft + C_v(0)))``, the
-        anchor's bonus alone. ``gains`` in best-first order (non-increasing), as for :meth:`best_nodes`."""
-        rates = self._rates(gains, cap, draft_s)
-        if not rates.size:
-            return 0, 1.0 / ((self.draft_s if draft_s is None else draft_s) + self.seconds_at(0))
-        n = int(np.argmax(rates))  # the first maximum: ties go to the smaller n
-        return n + 1, float(rates[n])
+        anchor's bonus alone. ``gains`` in best-first order (non-increasing), as for :meth:`best_nodes`.
 
-    def _rates(self, gains: list[float], cap: int, draft_s: float | None) -> np.ndarray:
-        """The rule's rates ``E(n) / (C_draft + C_v(n))`` for n = 1 .. min(``cap``, ``len(gains)``)."""
+        Plain Python over at most ``cap`` floats: inside a decode (caches cold after the model's forwards) each NumPy
+        call cost ~10 µs, and the rule as ten of them ~100-200 µs a round (docs/results.md, 2026-12-07 (night))."""
         draft = self.draft_s if draft_s is None else draft_s
         top = min(cap, len(gains))
-        # E(n) = 1 + g_1 + .. + g_n summed in that order (cumsum is sequential): the rates of a Python loop
-        return np.cumsum([1.0, *gains[:top]])[1:] / (draft + self._seconds_upto(top))
-
-    @functools.lru_cache(maxsize=16)
-    def _seconds_upto(self, top: int) -> np.ndarray:
-        """C_v(1 .. top) as an array (:meth:`seconds_at`), kept per curve and ``top``: the rule runs every round
-        (a cost-aware path tree: at every depth)."""
-        return np.array([self.seconds_at(n) for n in range(1, top + 1)])
+        if top <= 0:
+            return 0, 1.0 / (draft + self.seconds_at(0))
+        measured, scale, extra = _measured_upto(self.widths, self.seconds, top), self.scale, self.extra_s
+        r = self.gain_ratios
+        expected, best_n, best = 1.0, 0, -math.inf
+        for n in range(top):
+            g = gains[n]
+            expected += g * r[gain_class(g, len(r))] if r else g  # E(n+1) = 1 + g_1 + .. + g_{n+1}, in that order
+            rate = expected / (draft + (scale * measured[n] + extra))
+            if rate > best:  # strictly: ties go to the smaller n
+                best_n, best = n + 1, rate
+        return best_n, best
 
     def describe(self) -> str:
         return "C_v(n): " + ", ".join(f"{w}: {1e3 * s:.2f} ms" for w, s in zip(self.widths, self.seconds))
+
+
+def _measured_at(w: tuple[int, ...], s: tuple[float, ...], n: int) -> float:
+    """The measured curve ``s`` at ``w`` read at n nodes: linear between the measured widths, linear beyond the
+    last two, flat below the first (one width: proportional to n, or flat when that width is 0)."""
+    if n <= w[0] or len(w) == 1:
+        return s[0] if n <= w[0] or w[0] == 0 else s[0] * n / w[0]
+    j = min(bisect.bisect_left(w, n), len(w) - 1)
+    i = j - 1
+    return s[i] + (s[j] - s[i]) * (n - w[i]) / (w[j] - w[i])
+
+
+@functools.lru_cache(maxsize=64)
+def _measured_upto(widths: tuple[int, ...], seconds: tuple[float, ...], top: int) -> tuple[float, ...]:
+    """:func:`_measured_at` at n = 1 .. top, kept per curve and ``top`` (the rule reads it every round)."""
+    return tuple(_measured_at(widths, seconds, n) for n in range(1, top + 1))
+
+
+def gain_class(g: float, classes: int) -> int:
+    """The size class b of a gain g among ``classes``: g in [2^-(b+1), 2^-b), so class 0 holds [1/2, 1] (and
+    above), the last every smaller gain, 0 included."""
+    if classes <= 1 or g <= 0:
+        return max(classes - 1, 0)
+    return min(max(-math.frexp(g)[1], 0), classes - 1)  # g = m 2^e with m in [1/2, 1): g in [2^(e-1), 2^e)
 
 
 _CURVES: dict[tuple, VerifyCost] = {}
@@ -103,13 +143,14 @@ _CURVES: dict[tuple, VerifyCost] = {}
 @torch.inference_mode()
 def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, context: int = 64, repeats: int = 3,
                         verbose: bool = True, hidden: bool = True) -> VerifyCost:
-    """C_v(n) of ``target`` on this machine: the median of ``repeats`` forwards (after a warm-up) over n + 1
+    """C_v(n) of ``target`` on this machine: the fastest of ``repeats`` forwards (after a warm-up) over n + 1
     tokens on the engine's eager DynamicCache runner holding ``context`` positions, with hidden states when
     ``hidden`` (as a drafter reading features verifies), for each n in ``widths``, the widths taking turns within
-    each repeat (a load spike then moves the whole curve, not one width: timed width after width, one width's
-    reading moved a lot between runs on a shared 2-core box); kept per target model, dtype, device, widths, context and
-    ``hidden`` (printed once when measured). Times are made non-decreasing (a larger forward never costs less; a
-    lucky sample would otherwise invite a larger tree or more stages)."""
+    each repeat; kept per target model, dtype, device, widths, context and ``hidden`` (printed once when
+    measured). The fastest, not the median: noise only adds time, and a load spike over two of three samples of
+    one width once made a median curve flat from 4 to 64 nodes, so the rule grew every tree to its cap. Times are
+    made non-decreasing (a larger forward never costs less). A decode rescales the curve by the verifies it
+    observes (:class:`~lit_domino.decoding.round_costs.RoundCosts`)."""
     from lit_domino.decoding.round import TargetRunner
 
     widths = tuple(int(w) for w in widths)
@@ -135,7 +176,7 @@ def measure_verify_cost(target, widths: tuple[int, ...] = DEFAULT_WIDTHS, contex
             if rep:
                 out.append(time.perf_counter() - t0)
             runner.crop(context)
-    times = [statistics.median(x) for x in samples]
+    times = [min(x) for x in samples]  # noise only adds time: a load spike on two of three samples moved a median
     for i in range(1, len(times)):
         times[i] = max(times[i], times[i - 1])
     curve = VerifyCost(widths, tuple(times))

@@ -18,8 +18,15 @@ what the model predicted for the same round, part by part:
 * other: the round's rollback and bookkeeping, in seconds (no model has it).
 
 Each is the median of the last :attr:`RoundCosts.WINDOW` rounds (one load spike moves no price), and a part not yet
-observed is priced as modelled. Prices change a round's drafting only, never what the target accepts, so decoding
-stays exact; like any timing they make a cost-aware decode's rounds depend on the machine's speed.
+observed is priced as modelled.
+
+A tree's rule also reads the draft's gains (each node's path probability under the draft), and those overstate
+what the target accepts, most for the small gains a tree's last nodes have (docs/results.md, 2026-12-07
+(evening)): :meth:`RoundCosts.add_gains` keeps, per size class of gain, the nodes the target accepted against the
+gains the draft gave them, over the decode so far, and the rule counts each gain times its class's ratio.
+
+Prices and ratios change a round's drafting only, never what the target accepts, so decoding stays exact; like any
+timing they make a cost-aware decode's rounds depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -27,9 +34,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from lit_domino.decoding.cost import gain_class
+
 
 class RoundCosts:
     """Observed corrections to a round's modelled cost, for one decode (see the module docstring)."""
+
+    GAIN_CLASSES = 8
+    """Size classes of gains the calibration keeps apart: [1/2, 1], [1/4, 1/2), .., below 1/128."""
 
     WINDOW = 16
     """Rounds each median reads: long enough that one slow round (a load spike) moves no price, short enough to
@@ -48,6 +60,12 @@ class RoundCosts:
         """Observed / modelled drafting seconds: the median of :attr:`draft_ratio` (1 before any round)."""
         self.other_s = 0.0
         """Seconds of a round's rollback and bookkeeping: the median of :attr:`other` (0 before any round)."""
+        self.gain_sums = [0.0] * self.GAIN_CLASSES
+        """Per class of gain (:meth:`add_gains`): the gains the draft gave the decode's tree nodes so far."""
+        self.gain_hits = [0] * self.GAIN_CLASSES
+        """Per class of gain: how many of those nodes the target accepted."""
+        self.gain_ratios: tuple[float, ...] = (1.0,) * self.GAIN_CLASSES
+        """Per class of gain: accepted over expected, smoothed and non-increasing (:meth:`add_gains`)."""
 
     def add(self, spent: dict | None, verify_s: float, draft_s: float) -> None:
         """One round: ``spent`` the clock's seconds per phase (None: not known yet, nothing recorded), ``verify_s``
@@ -63,6 +81,29 @@ class RoundCosts:
             self.draft_scale = statistics.median(self.draft_ratio)
         self.other.append(spent.get("other", 0.0))
         self.other_s = statistics.median(self.other)
+
+    def add_gains(self, gains: list[float], path: list[int]) -> None:
+        """A tree round's nodes: ``gains[i]`` node i+1's gain (its path probability under the draft), ``path`` the
+        nodes the walk accepted. Refits :attr:`gain_ratios`: per class b (gains in [2^-(b+1), 2^-b), the smaller
+        ones in the last), (accepted + 1) / (summed gains + 1) (one pseudo-node accepted as expected: a class
+        seen little keeps ~1, and none reaches 0), made non-increasing in b by pooling adjacent violators (the
+        isotonic fit weighted by the gains: a smaller class never counts more than a larger, so larger gains
+        stay larger)."""
+        accepted, classes = set(path), len(self.gain_sums)
+        for i, g in enumerate(gains, 1):
+            b = gain_class(g, classes)
+            self.gain_sums[b] += g
+            self.gain_hits[b] += i in accepted
+        blocks: list[list[float]] = []  # [accepted + 1, gains + 1, classes] per run of pooled classes
+        for h, g in zip(self.gain_hits, self.gain_sums):
+            blocks.append([h + 1.0, g + 1.0, 1])
+            # pool adjacent violators: a smaller class above a larger one is pooled with it (its ratio the pool's
+            # accepted over expected); a running minimum instead let one class with no hits in a handful of nodes
+            # cap every smaller class at its ratio
+            while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] > blocks[-2][0] / blocks[-2][1]:
+                hits, gains, n = blocks.pop()
+                blocks[-1] = [blocks[-1][0] + hits, blocks[-1][1] + gains, blocks[-1][2] + n]
+        self.gain_ratios = tuple(h / g for h, g, n in blocks for _ in range(n))
 
     def round_s(self, draft_s: float, verify_s: float, other_s: float = 0.0) -> float:
         """A round's price from its modelled drafting, verify and other seconds (the last replaced by the observed

@@ -44,20 +44,25 @@ One round, with the committed sequence ending in the anchor x at position ``star
    extended with the anchor and the accepted path with their target features.
 
 ``budget`` caps n (nodes beyond the anchor); ``cost`` (:class:`lit_domino.decoding.cost.VerifyCost`) makes it
-cost-aware: each round verifies the best-first prefix CaDDTree's rule picks of the tree grown to the budget.
-The rule prices a round by what the decode's earlier rounds cost
-(:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve scaled by the verifies observed against it, plus
-the round's observed rollback and the session's extend, beside this round's own drafting time.
+cost-aware: each round verifies the best-first prefix CaDDTree's rule picks of the tree it grew. The rule prices a
+round by what the decode's earlier rounds cost (:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve
+scaled by the verifies observed against it, plus the round's observed rollback and the session's extend, beside
+this round's own drafting time; and it counts the draft's gains as calibrated by what the target accepted of nodes
+of their size. A round grows its tree to what the rule chose in the decode's recent rounds, with room to spare
+(:meth:`TreeProposer.grown`), not to the budget: growing nodes the rule then cuts costs drafting time (a path tree's
+head runs over every frontier node) and buys nothing.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
+from collections import deque
 from dataclasses import replace
 
 import torch
 
-from lit_domino.decoding.cost import VerifyCost
 from lit_domino.decoding.round import Proposal, Verdict
 from lit_domino.decoding.round_costs import RoundCosts
 # The tree's settings, builders and walks live in their own modules; their names stay importable from here.
@@ -78,35 +83,58 @@ class TreeProposer:
                  temperature: float, generator, dloop=None):
         self.cfg, self.block_size, self.runner, self.limit, self.dtype = cfg, block_size, runner, limit, dtype
         self.temperature, self.generator, self.dloop = temperature, generator, dloop
-        self.draft_s = None  # the proposer's own drafting time per round (an average), the cost rule's C_draft
-        self.costs = RoundCosts()
-        self.priced, self.price = cfg, (1.0, 0.0)  # the config whose curve is priced as in :meth:`_priced`, and its price
         self.spent = 0.0  # this round's own drafting seconds
+        self.begin()
+
+    NO_PRICE = (1.0, 0.0, (1.0,) * RoundCosts.GAIN_CLASSES)
+    """:meth:`_priced`'s price before any round: the measured curve as it is."""
+    CHOICES = 8
+    """Recent rounds whose choices :meth:`grown` reads."""
+    ROOM = 1.25
+    """How far past the recent rounds' median choice a cost-aware tree grows: near its choice the rule's rate is
+    flat, so a node or two short of it costs little, while every node grown and cut costs drafting."""
 
     def begin(self) -> None:
-        self.draft_s, self.costs, self.priced, self.price = None, RoundCosts(), self.cfg, (1.0, 0.0)
+        self.draft_s = None  # the proposer's own drafting time per round (an average), the cost rule's C_draft
+        self.costs = RoundCosts()
+        self.priced, self.price = self.cfg, self.NO_PRICE  # the config priced as in :meth:`_priced`, and its price
+        self.choices: deque[float] = deque(maxlen=self.CHOICES)  # the rule's recent choices (:meth:`grown`)
+        self.growth = 0  # the nodes this round's tree is grown to (:meth:`grown`)
+
+    def grown(self) -> int:
+        """The nodes a cost-aware round grows its tree to: ``ROOM`` x the median of the rule's last ``CHOICES``
+        choices, a choice that took the whole grown tree counted as twice it (the rule may have wanted more:
+        the size doubles while most rounds take all), at most the budget; before any round, the chain's block
+        (``block_size - 1``). Starting at the budget instead verified 64-node trees in every decode's first
+        rounds, chosen on gains not calibrated yet."""
+        chosen = statistics.median(self.choices) if self.choices else (self.block_size - 1) / self.ROOM
+        return max(1, min(self.cfg.budget, math.ceil(self.ROOM * chosen)))
 
     def _priced(self) -> TreeConfig:
         """The config with the curve priced by the rounds so far: C_v(n) x the observed verify scale, plus what a
         round costs beyond its drafting and verify (the rollback, the session's extend: the clock's draft phase
-        over the proposer's own drafting). Rounded (to 1 % and 10 µs) so a new curve is built only when the
-        prices move."""
+        over the proposer's own drafting), and the draft's gains calibrated by what the target accepted of them
+        (:attr:`RoundCosts.gain_ratios`). Rounded (the scale to two digits, the seconds to 10 µs, the ratios to
+        0.05) so a new curve is built only when the prices move."""
         curve, costs = self.cfg.cost, self.costs
         if curve is None:
             return self.cfg
-        scale = round(costs.verify_scale, 2)
+        scale = float(f"{costs.verify_scale:.2g}")  # relative: a curve in other units than seconds keeps a scale
         fixed = round(costs.other_s + max(costs.draft_scale - 1.0, 0.0) * (self.draft_s or 0.0), 5)
-        if (scale, fixed) != self.price:
-            self.price = (scale, fixed)
-            seconds = tuple(scale * s + fixed for s in curve.seconds)
-            self.priced = replace(self.cfg, cost=VerifyCost(curve.widths, seconds, curve.draft_s))
+        ratios = tuple(max(round(r * 20) / 20, 0.05) for r in costs.gain_ratios)  # still non-increasing
+        if (scale, fixed, ratios) != self.price:
+            self.price = (scale, fixed, ratios)
+            self.priced = replace(self.cfg, cost=replace(
+                curve, scale=curve.scale * scale, extra_s=curve.extra_s * scale + fixed,
+                gain_ratios=() if set(ratios) == {1.0} else ratios))
         return self.priced
 
     def draft(self, session, anchor: torch.Tensor, start: int, wanted: int) -> Proposal:
         cfg, dloop, capacity = self._priced(), self.dloop, self.runner.capacity
         room = capacity - 1 - start if self.limit is None else min(capacity, self.limit) - 1 - start
         # deeper nodes than the tokens still wanted (less the bonus) could never be emitted
-        depth, nodes = min(self.block_size - 1, room, wanted - 1), min(cfg.budget, room)
+        depth = min(self.block_size - 1, room, wanted - 1)
+        self.growth = nodes = min(self.grown() if cfg.cost is not None else cfg.budget, room)
         t0 = time.perf_counter()
         if depth <= 0:
             tree = DraftTree()
@@ -132,6 +160,9 @@ class TreeProposer:
         tree = prop.drafts
         if self.cfg.cost is not None:  # what the round cost against the curve and the proposer's own timer
             self.costs.add(spent, self.cfg.cost.seconds_at(len(tree)), self.spent)
+            if tree.gains is not None:
+                self.costs.add_gains(tree.gains, v.path)
+                self.choices.append(len(tree) if len(tree) < self.growth else 2 * len(tree))
         res.accepted_ranks.extend(tree.ranks[i - 1] for i in v.path)
         res.stages_per_round.append(tree.stages if len(tree) else 0)
         res.drafted_per_round.append(len(tree))

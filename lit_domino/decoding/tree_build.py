@@ -88,6 +88,11 @@ def _cap(cfg: TreeConfig, gains: list[float], nodes: int, draft_s: float | None)
     return cfg.cost.best_nodes(gains, nodes, draft_s)
 
 
+def _gains(cfg: TreeConfig, gains: list[float]) -> list[float] | None:
+    """:attr:`DraftTree.gains` of a tree whose nodes have ``gains``: kept where a cost rule chose the tree."""
+    return None if cfg.cost is None else gains
+
+
 def build_tree(cfg: TreeConfig, session, anchor: torch.Tensor, depth: int, nodes: int, temperature: float,
                generator, draft_s: float | None = None, started: float | None = None) -> DraftTree:
     """A tree of at most ``nodes`` nodes and ``depth`` levels below ``anchor`` [1] (see the module docstring)."""
@@ -119,25 +124,30 @@ def tree_from_stage(cfg: TreeConfig, session, st, anchor: torch.Tensor, nodes: i
         q = None
         if st.probs is not None:  # node u's child was drawn from the chain's row u
             q = torch.cat([st.probs[: len(toks)].float(), st.probs.new_zeros(1, st.probs.shape[-1]).float()])
-        return DraftTree(toks, list(range(len(toks))), list(range(1, len(toks) + 1)), [0] * len(toks), q=q)
+        return DraftTree(toks, list(range(len(toks))), list(range(1, len(toks) + 1)), [0] * len(toks), q=q,
+                         gains=gains[: len(toks)] if cfg.cost is not None else None)
     if cfg.builder == "ddtree":
         if not _drawn(cfg, temperature):
             values, ids = _topk_host(st.logits, cfg.top_k)
             order = best_first(values, nodes)
-            order = order[: _cap(cfg, [math.exp(s) for *_, s in order], nodes, draft_s)]
+            gains = [math.exp(s) for *_, s in order]
+            order = order[: _cap(cfg, gains, nodes, draft_s)]
             return DraftTree([ids[d][r] for d, _, r, _ in order], [p for _, p, _, _ in order],
-                             [d + 1 for d, *_ in order], [r for _, _, r, _ in order])
+                             [d + 1 for d, *_ in order], [r for _, _, r, _ in order],
+                             gains=_gains(cfg, gains[: len(order)]))
         # drawn: the same best-first shape on the rank-ordered marginals at T (independent of the draws), each
         # node's children drawn without replacement from its depth's marginal
         logq = torch.log_softmax(st.logits.float() / temperature, -1)  # [K, V]
         values = logq.topk(min(cfg.top_k, logq.shape[-1]), -1).values.tolist()
         order = best_first(values, nodes)
-        order = order[: _cap(cfg, [math.exp(s) for *_, s in order], nodes, draft_s)]
+        gains = [math.exp(s) for *_, s in order]
+        order = order[: _cap(cfg, gains, nodes, draft_s)]
         level = torch.tensor([0] + [min(d + 1, logq.shape[0] - 1) for d, *_ in order], device=logq.device)
         rows = logq.index_select(0, level)  # [n+1, V] row u: the marginal u's children are drawn from
         ids = _draws(rows, cfg.top_k, generator).tolist()
         return DraftTree([ids[p][r] for _, p, r, _ in order], [p for _, p, _, _ in order],
-                         [d + 1 for d, *_ in order], [r for _, _, r, _ in order], q=rows.exp())
+                         [d + 1 for d, *_ in order], [r for _, _, r, _ in order], q=rows.exp(),
+                         gains=_gains(cfg, gains[: len(order)]))
     return _path_tree(cfg, session.path_head(session.stages[-1].hidden, anchor.reshape(1)),
                       session.stages[-1].hidden.shape[0] - 1, nodes, nodes, draft_s, temperature, generator, started)
 
@@ -225,13 +235,15 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     flat = [x for depth_scores in scores for x in depth_scores]  # candidate c has id c + 1
     best = sorted((c for c, x in enumerate(flat) if x >= kept[-1]), key=lambda c: -flat[c])[:nodes]  # ties: shallower
     spent = draft_s if started is None else time.perf_counter() - started
-    chosen = sorted(best[: _cap(cfg, [math.exp(flat[c]) for c in best], len(best), spent)])  # parents first
+    gain = {c: math.exp(flat[c]) for c in best}
+    chosen = sorted(best[: _cap(cfg, list(gain.values()), len(best), spent)])  # parents first
     rows, tokens = torch.stack([torch.cat(picks), torch.cat(toks)]).tolist()  # one host copy
     level = [bisect.bisect_right(offset, c) - 1 for c in chosen]
     new_id = {0: 0, **{c + 1: u for u, c in enumerate(chosen, 1)}}
     tree = DraftTree([tokens[c] for c in chosen],
                      [new_id[offset[d - 1] + 1 + rows[c] // widths[d] if d else 0] for c, d in zip(chosen, level)],
-                     [d + 1 for d in level], [rows[c] % widths[d] for c, d in zip(chosen, level)])
+                     [d + 1 for d in level], [rows[c] % widths[d] for c, d in zip(chosen, level)],
+                     gains=_gains(cfg, [gain[c] for c in chosen]))
     if drawn:  # row u: the q node u's children were drawn from (0 outside its candidates; zeros if never expanded)
         parts, where = [], []
         for d, (logq, cand) in enumerate(qrows):  # depth d expanded the anchor (d = 0) or depth d-1's first rows

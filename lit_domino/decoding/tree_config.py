@@ -126,6 +126,10 @@ class DraftTree:
     """[n+1, V] row u: the draft distribution node u's children were drawn from (``draw="sample"`` at T > 0 and
     the sampled chain; what the multi-draft walk needs): with a candidate pool, q over the pool and 0 elsewhere;
     None otherwise."""
+    gains: list[float] | None = None
+    """Each node's gain, its path probability under the draft (what the cost rule's E(n) sums), where a cost rule
+    chose the tree, for the calibration of gains (:meth:`~lit_domino.decoding.round_costs.RoundCosts.add_gains`);
+    None otherwise, and for a DLoop tree (its last stage's gains hold only if the chain stages above are accepted)."""
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -29,7 +29,8 @@ def chain_first(tree: DraftTree) -> DraftTree:
     new = {0: 0, **{old: i for i, old in enumerate(order, 1)}}
     q = None if tree.q is None else tree.q.index_select(0, torch.tensor([0] + order, device=tree.q.device))
     return DraftTree([tree.tokens[o - 1] for o in order], [new[tree.parents[o - 1]] for o in order],
-                     [tree.depths[o - 1] for o in order], [tree.ranks[o - 1] for o in order], tree.stages, q)
+                     [tree.depths[o - 1] for o in order], [tree.ranks[o - 1] for o in order], tree.stages, q,
+                     None if tree.gains is None else [tree.gains[o - 1] for o in order])
 
 
 def tree_inputs(tree: DraftTree, anchor: torch.Tensor, start: int, kv_len: int, dtype: torch.dtype):

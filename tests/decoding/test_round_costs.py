@@ -35,6 +35,50 @@ def test_prices_are_the_medians_of_the_observed_against_the_modelled():
     assert (costs.verify_scale, costs.draft_scale, costs.other_s) == (2.0, 2.0, 0.2)
 
 
+def test_gains_are_calibrated_by_what_the_target_accepted_of_their_size():
+    costs = RoundCosts()
+    assert costs.gain_ratios == (1.0,) * RoundCosts.GAIN_CLASSES  # nothing seen: the draft's own gains
+    for _ in range(40):  # 40 rounds of two nodes: one of gain 0.8 (class 0) always accepted, one of 0.03 (class 5) never
+        costs.add_gains([0.8, 0.03], [1])
+    r = costs.gain_ratios
+    assert r[0] == pytest.approx(41 / 33) and r[1:5] == (1.0,) * 4  # (accepted + 1) / (gains + 1); unseen: 1
+    # class 5 alone, 1 / 2.2, is below the unseen classes 6 and 7 (1 each): the three pooled, (0 + 3) / (1.2 + 3)
+    assert r[5:] == pytest.approx((3 / 4.2,) * 3)
+    overconfident = RoundCosts()
+    for _ in range(50):  # a smaller class accepted more than its gains say (class 1), a still smaller one never
+        overconfident.add_gains([0.3, 0.02, 0.02], [1])
+    ro = overconfident.gain_ratios
+    assert list(ro) == sorted(ro, reverse=True) and ro[-1] > 0
+    assert ro[:2] == pytest.approx((52 / 17,) * 2)  # class 1's 51 / 16 above class 0's 1: pooled
+    assert ro[5] == pytest.approx(3 / 5) and ro[2:5] == (1.0,) * 3  # class 5's 1 / 3 pooled with 6 and 7
+    edges = RoundCosts()  # classes are [2^-(b+1), 2^-b): 1/2 in class 0, 1/4 in class 1; 0 and tiny gains in the last
+    edges.add_gains([2.0, 1.0, 0.5, 0.25, 0.0, 1e-12], [])
+    assert edges.gain_sums[0] == 3.5 and edges.gain_sums[1] == 0.25 and edges.gain_sums[-1] == pytest.approx(1e-12)
+
+
+def test_a_cost_aware_tree_grows_to_what_its_rule_chose_lately():
+    curve = VerifyCost((1, 64), (1e-3, 2e-3))
+    proposer = TreeProposer(TreeConfig("path", budget=64, cost=curve), 8, None, None, torch.float32, 0.0, None)
+    assert proposer.grown() == 7  # before any round: the chain's block
+    def round_of(n):  # a round that verified n nodes out of a tree grown to proposer.growth
+        tree = DraftTree([1] * n, list(range(n)), list(range(1, n + 1)), [0] * n, gains=[0.5] * n)
+        proposer.observe(_Result(), Proposal(torch.zeros(n + 1, dtype=torch.long), drafts=tree), Verdict(1, [1, 1], [1]),
+                         {"draft": 1e-3, "verify": 1e-3, "other": 1e-4})
+    proposer.growth = 7
+    round_of(7)  # the rule took the whole tree: counted as 14, grown to 1.25 x 14
+    assert proposer.grown() == 18
+    proposer.growth = 18
+    for n in (10, 12, 12, 9):
+        round_of(n)
+    assert proposer.grown() == 15  # 1.25 x the median of 14, 10, 12, 12, 9
+    for _ in range(TreeProposer.CHOICES):
+        proposer.growth = 64
+        round_of(64)
+    assert proposer.grown() == 64  # the budget caps it
+    fixed = TreeProposer(TreeConfig("path", budget=32), 8, None, None, torch.float32, 0.0, None)
+    assert fixed.grown() == 7 and not fixed.choices  # a fixed budget never reads it (draft grows to the budget)
+
+
 def test_the_clock_hands_out_each_rounds_seconds_once():
     clock = Clock(torch.device("cpu"))
     time.sleep(0.002)
@@ -62,8 +106,17 @@ def test_a_cost_aware_tree_prices_its_curve_by_its_rounds():
                          {"draft": 1.5e-3, "verify": 3e-3, "other": 2e-4})
     priced = proposer._priced().cost
     fixed = 2e-4 + 0.5 * 1e-3  # the rollback, and the extend beyond the proposer's drafting
-    assert priced.seconds == pytest.approx(tuple(1.5 * s + fixed for s in curve.seconds))
+    assert priced.seconds == curve.seconds  # the measured times kept, priced by scale and extra seconds
+    assert [priced.seconds_at(n) for n in (1, 8, 30, 64)] == pytest.approx(
+        [1.5 * curve.seconds_at(n) + fixed for n in (1, 8, 30, 64)])
     assert proposer._priced().cost is priced  # prices that did not move build no new curve
+    ranked = DraftTree([1] * 3, [0, 1, 0], [1, 2, 1], [0, 0, 1], gains=[0.9, 0.6, 0.03])
+    for _ in range(30):  # nodes of small gain never accepted: the rule counts them less
+        proposer.observe(_Result(), Proposal(torch.zeros(4, dtype=torch.long), drafts=ranked),
+                         Verdict(2, [1, 1, 1], [1, 2]), {"draft": 1.5e-3, "verify": 3e-3, "other": 2e-4})
+    ratios = proposer._priced().cost.gain_ratios
+    # class 5: 1 / (0.03 x 30 + 1), pooled with the unseen 6 and 7: 3 / 3.9 = 0.77, to 0.05
+    assert ratios[0] >= 1.0 and ratios[5:] == (0.75,) * 3 and ratios == proposer.price[2]
     plain = TreeProposer(TreeConfig("ddtree", budget=16), 8, None, None, torch.float32, 0.0, None)
     plain.observe(_Result(), Proposal(torch.zeros(9, dtype=torch.long), drafts=tree), Verdict(0, [1], []), {"verify": 1.0})
     assert plain._priced() is plain.cfg and not plain.costs.verify_ratio  # a fixed budget prices nothing
