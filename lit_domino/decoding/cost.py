@@ -10,7 +10,9 @@ CaDDTree grows a tree while the expected accepted tokens per second rise: with t
 order and ``g_i = exp(path log q_i)`` the draft's probability that node i is reached,
 ``E(n) = 1 + Σ_{i <= n} g_i`` (bonus included; a decode calibrates each g_i by what its target accepted of
 nodes of that size, :attr:`VerifyCost.gain_ratios`), and the rule verifies the n that maximises
-``E(n) / (C_draft + C_v(n))``; ``budget`` caps it.
+``E(n) / (C_draft + C_v(n))`` (CaDDTree's round rate) or, once a decode knows its throughput λ,
+``E(n) - λ (C_draft + C_v(n))`` (:attr:`VerifyCost.rate`: what maximises tokens over time summed over rounds);
+``budget`` caps it.
 
 Interface (shared with DLoop's cost model): :class:`VerifyCost` (``seconds_at(n)``, ``best_nodes``, ``best_rate``)
 and :func:`measure_verify_cost` (one curve per target, dtype, device, widths and context in a
@@ -48,6 +50,12 @@ class VerifyCost:
     measured, so the interpolation is computed once per curve)."""
     extra_s: float = 0.0
     """Seconds a round costs beyond its drafting and verify forward (rollback, bookkeeping), added to every C_v(n)."""
+    rate: float = 0.0
+    """λ, the tokens per second the decode achieves (its recent rounds'): the rule then verifies the n that
+    maximises ``E(n) - λ (C_draft + C_v(n))``, adding node i while its gain exceeds what its verify time would
+    earn at λ. 0: the n that maximises the round's own ``E(n) / (C_draft + C_v(n))``. A decode's throughput is its
+    tokens over its time summed over rounds, and per-round ratios do not maximise that: they give a round of low
+    gains more nodes than a round of high ones (Dinkelbach; measured: docs/results.md, 2026-12-07 (night))."""
     gain_ratios: tuple[float, ...] = ()
     """The draft's gains calibrated by their size: a gain g in [2^-(b+1), 2^-b) counts as g x ``gain_ratios[b]``
     (smaller ones: the last ratio), what the target accepted of such nodes in the decode so far
@@ -62,8 +70,9 @@ class VerifyCost:
             raise ValueError(f"VerifyCost widths must be increasing node counts >= 0, got {self.widths}")
         if any(not s > 0 for s in self.seconds):
             raise ValueError(f"VerifyCost times must be positive, got {self.seconds}")
-        if not self.scale > 0 or not self.extra_s >= 0:
-            raise ValueError(f"VerifyCost scale must be > 0 and extra_s >= 0, got {self.scale} and {self.extra_s}")
+        if not self.scale > 0 or not self.extra_s >= 0 or not self.rate >= 0:
+            raise ValueError(f"VerifyCost scale must be > 0, extra_s and rate >= 0, got {self.scale}, {self.extra_s} "
+                             f"and {self.rate}")
         r = self.gain_ratios
         if any(not x > 0 for x in r) or any(b > a for a, b in zip(r, r[1:])):
             raise ValueError(f"VerifyCost gain_ratios must be positive and non-increasing, got {r}")
@@ -88,9 +97,10 @@ class VerifyCost:
         return max(self.best_rate(gains, cap, draft_s)[0], 1)
 
     def best_rate(self, gains: list[float], cap: int, draft_s: float | None = None) -> tuple[int, float]:
-        """The rule's choice and its rate: ``(n, E(n) / (C_draft + C_v(n)))`` maximised over n = 1 ..
-        min(``cap``, ``len(gains)``) (ties: the smaller n); no node: ``(0, 1 / (C_draft + C_v(0)))``, the
-        anchor's bonus alone. ``gains`` in best-first order (non-increasing), as for :meth:`best_nodes`.
+        """The rule's choice and its rate: the n of 1 .. min(``cap``, ``len(gains)``) that maximises ``E(n) - λ
+        (C_draft + C_v(n))`` (λ = :attr:`rate`; 0: ``E(n) / (C_draft + C_v(n))``), ties to the smaller n, and its
+        ``E(n) / (C_draft + C_v(n))``; no node: ``(0, 1 / (C_draft + C_v(0)))``, the anchor's bonus alone.
+        ``gains`` in best-first order (non-increasing), as for :meth:`best_nodes`.
 
         Plain Python over at most ``cap`` floats: inside a decode (caches cold after the model's forwards) each NumPy
         call cost ~10 µs, and the rule as ten of them ~100-200 µs a round (docs/results.md, 2026-12-07 (night))."""
@@ -99,15 +109,17 @@ class VerifyCost:
         if top <= 0:
             return 0, 1.0 / (draft + self.seconds_at(0))
         measured, scale, extra = _measured_upto(self.widths, self.seconds, top), self.scale, self.extra_s
-        r = self.gain_ratios
-        expected, best_n, best = 1.0, 0, -math.inf
+        r, lam = self.gain_ratios, self.rate
+        expected, best_n, best, best_rate = 1.0, 0, -math.inf, 0.0
         for n in range(top):
             g = gains[n]
             expected += g * r[gain_class(g, len(r))] if r else g  # E(n+1) = 1 + g_1 + .. + g_{n+1}, in that order
-            rate = expected / (draft + (scale * measured[n] + extra))
-            if rate > best:  # strictly: ties go to the smaller n
-                best_n, best = n + 1, rate
-        return best_n, best
+            seconds = draft + (scale * measured[n] + extra)
+            rate = expected / seconds
+            value = expected - lam * seconds if lam else rate
+            if value > best:  # strictly: ties go to the smaller n
+                best_n, best, best_rate = n + 1, value, rate
+        return best_n, best_rate
 
     def describe(self) -> str:
         return "C_v(n): " + ", ".join(f"{w}: {1e3 * s:.2f} ms" for w, s in zip(self.widths, self.seconds))

@@ -60,6 +60,11 @@ class RoundCosts:
         """Observed / modelled drafting seconds: the median of :attr:`draft_ratio` (1 before any round)."""
         self.other_s = 0.0
         """Seconds of a round's rollback and bookkeeping: the median of :attr:`other` (0 before any round)."""
+        self.tokens: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+        """The last rounds' (tokens committed, seconds spent)."""
+        self.tokens_per_s = 0.0
+        """The decode's throughput over the last rounds, tokens committed per second of their phases (0 before any
+        round): what a tree's rule charges a second of verify at (:attr:`~lit_domino.decoding.cost.VerifyCost.rate`)."""
         self.gain_sums = [0.0] * self.GAIN_CLASSES
         """Per class of gain (:meth:`add_gains`): the gains the draft gave the decode's tree nodes so far."""
         self.gain_hits = [0] * self.GAIN_CLASSES
@@ -67,12 +72,16 @@ class RoundCosts:
         self.gain_ratios: tuple[float, ...] = (1.0,) * self.GAIN_CLASSES
         """Per class of gain: accepted over expected, smoothed and non-increasing (:meth:`add_gains`)."""
 
-    def add(self, spent: dict | None, verify_s: float, draft_s: float) -> None:
+    def add(self, spent: dict | None, verify_s: float, draft_s: float, tokens: int = 0) -> None:
         """One round: ``spent`` the clock's seconds per phase (None: not known yet, nothing recorded), ``verify_s``
         and ``draft_s`` what the model predicted for this round's verify and drafting (a part modelled at 0 is
-        not recorded). The medians are taken here, once a round: a gate prices several stages a round."""
+        not recorded), ``tokens`` the tokens it committed (0: not counted in :attr:`tokens_per_s`). The medians
+        are taken here, once a round: a gate prices several stages a round."""
         if not spent:
             return
+        if tokens > 0:
+            self.tokens.append((tokens, sum(spent.values())))
+            self.tokens_per_s = sum(t for t, _ in self.tokens) / sum(x for _, x in self.tokens)
         if verify_s > 0 and "verify" in spent:
             self.verify_ratio.append(spent["verify"] / verify_s)
             self.verify_scale = statistics.median(self.verify_ratio)

@@ -86,7 +86,7 @@ class TreeProposer:
         self.spent = 0.0  # this round's own drafting seconds
         self.begin()
 
-    NO_PRICE = (1.0, 0.0, (1.0,) * RoundCosts.GAIN_CLASSES)
+    NO_PRICE = (1.0, 0.0, (1.0,) * RoundCosts.GAIN_CLASSES, 0.0)
     """:meth:`_priced`'s price before any round: the measured curve as it is."""
     CHOICES = 8
     """Recent rounds whose choices :meth:`grown` reads."""
@@ -122,10 +122,11 @@ class TreeProposer:
         scale = float(f"{costs.verify_scale:.2g}")  # relative: a curve in other units than seconds keeps a scale
         fixed = round(costs.other_s + max(costs.draft_scale - 1.0, 0.0) * (self.draft_s or 0.0), 5)
         ratios = tuple(max(round(r * 20) / 20, 0.05) for r in costs.gain_ratios)  # still non-increasing
-        if (scale, fixed, ratios) != self.price:
-            self.price = (scale, fixed, ratios)
+        rate = float(f"{costs.tokens_per_s:.2g}")
+        if (scale, fixed, ratios, rate) != self.price:
+            self.price = (scale, fixed, ratios, rate)
             self.priced = replace(self.cfg, cost=replace(
-                curve, scale=curve.scale * scale, extra_s=curve.extra_s * scale + fixed,
+                curve, scale=curve.scale * scale, extra_s=curve.extra_s * scale + fixed, rate=rate,
                 gain_ratios=() if set(ratios) == {1.0} else ratios))
         return self.priced
 
@@ -159,7 +160,7 @@ class TreeProposer:
     def observe(self, res, prop: Proposal, v: Verdict, spent: dict | None = None) -> None:
         tree = prop.drafts
         if self.cfg.cost is not None:  # what the round cost against the curve and the proposer's own timer
-            self.costs.add(spent, self.cfg.cost.seconds_at(len(tree)), self.spent)
+            self.costs.add(spent, self.cfg.cost.seconds_at(len(tree)), self.spent, len(v.committed))
             if tree.gains is not None:
                 self.costs.add_gains(tree.gains, v.path)
                 self.choices.append(len(tree) if len(tree) < self.growth else 2 * len(tree))

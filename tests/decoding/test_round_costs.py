@@ -35,6 +35,18 @@ def test_prices_are_the_medians_of_the_observed_against_the_modelled():
     assert (costs.verify_scale, costs.draft_scale, costs.other_s) == (2.0, 2.0, 0.2)
 
 
+def test_the_throughput_is_the_recent_rounds_tokens_over_their_seconds():
+    costs = RoundCosts()
+    assert costs.tokens_per_s == 0.0  # before any round: the rule reads its round rate instead
+    costs.add({"draft": 1.0, "verify": 2.0, "other": 1.0}, 1.0, 1.0, tokens=2)
+    costs.add({"draft": 1.0, "verify": 1.0}, 1.0, 1.0, tokens=6)
+    costs.add({"draft": 5.0}, 1.0, 1.0)  # tokens not counted: no throughput sample
+    assert costs.tokens_per_s == 8 / 6  # summed, not a mean of ratios: (2 + 6) / (4 + 2)
+    for _ in range(RoundCosts.WINDOW):
+        costs.add({"verify": 1.0}, 1.0, 1.0, tokens=3)
+    assert costs.tokens_per_s == 3.0  # the window's rounds only
+
+
 def test_gains_are_calibrated_by_what_the_target_accepted_of_their_size():
     costs = RoundCosts()
     assert costs.gain_ratios == (1.0,) * RoundCosts.GAIN_CLASSES  # nothing seen: the draft's own gains

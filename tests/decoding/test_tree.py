@@ -5,6 +5,7 @@ the cost rule, and the requests refused before decoding."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import lit_domino.decoding.engine as engine
 import lit_domino.decoding.tree as tree_mod
 import lit_domino.decoding.tree_build as tree_build
 from lit_domino.decoding import DLoopConfig, TreeConfig, VerifyCost, generate, measure_verify_cost
+from lit_domino.decoding.cost import gain_class
 from lit_domino.decoding.kv import compact_cache
 from lit_domino.decoding.tree import DraftTree, TreeError, best_first
 from lit_domino.models import build_drafter, drafter_config
@@ -290,20 +292,66 @@ def test_cost_rule_grows_while_throughput_rises():
     assert flat.best_nodes(gains, cap=4) == 4  # free nodes: grow to the cap
     assert steep.best_nodes(gains, cap=5) == 1  # doubling the cost for +0.5 tokens does not pay
     assert VerifyCost((1, 8), (1.0, 1.4)).best_nodes(gains, cap=5, draft_s=1.0) == 4  # rates .95 1.17 1.28 1.29 1.28
+    # gains below 1/4 counted at 40 % (what a target accepted of them): rates .95 1.17 1.24 1.21 1.17, one node fewer
+    assert VerifyCost((1, 8), (1.0, 1.4), gain_ratios=(1.0, 1.0, 0.4)).best_nodes(gains, cap=5, draft_s=1.0) == 3
     assert steep.seconds_at(3) == pytest.approx(3.0) and steep.seconds_at(8) == pytest.approx(8.0)
-    with pytest.raises(ValueError):
-        VerifyCost((4, 2), (1.0, 2.0))
+    priced = VerifyCost((1, 2, 4), (1.0, 2.0, 4.0), scale=1.5, extra_s=0.25)  # a decode's prices on the measured curve
+    assert [priced.seconds_at(n) for n in (0, 3, 8)] == [1.75, 4.75, 12.25]
+    for bad in (dict(widths=(4, 2), seconds=(1.0, 2.0)), dict(gain_ratios=(0.5, 1.0)), dict(gain_ratios=(1.0, 0.0)),
+                dict(scale=0.0), dict(extra_s=-1.0)):
+        with pytest.raises(ValueError):
+            VerifyCost(**{"widths": (1,), "seconds": (1.0,), **bad})
+
+
+def test_gain_classes_halve_from_one():
+    assert [gain_class(g, 8) for g in (1.5, 1.0, 0.5, 0.4999, 0.25, 2.0 ** -7, 2.0 ** -7.5, 1e-300, 0.0)] == \
+        [0, 0, 0, 1, 1, 6, 7, 7, 7]
+    assert gain_class(0.3, 1) == 0 and gain_class(0.3, 0) == 0
 
 
 def random_curve(rng) -> VerifyCost:
-    """A random verify curve: 1-4 widths in 0..80, increasing times (in arbitrary units)."""
+    """A random verify curve: 1-4 widths in 0..80, increasing times (in arbitrary units), half the time priced
+    (a scale and extra seconds) with gains calibrated by random non-increasing ratios per size class."""
     widths = sorted(int(w) for w in rng.choice(np.arange(0, 80), size=int(rng.integers(1, 5)), replace=False))
-    return VerifyCost(tuple(widths), tuple(float(x) for x in np.cumsum(rng.uniform(0.01, 1.0, len(widths)))))
+    seconds = tuple(float(x) for x in np.cumsum(rng.uniform(0.01, 1.0, len(widths))))
+    if rng.uniform() < 0.5:
+        return VerifyCost(tuple(widths), seconds)
+    ratios = tuple(sorted(rng.uniform(0.2, 1.5, int(rng.integers(1, 9))).tolist(), reverse=True))
+    return VerifyCost(tuple(widths), seconds, scale=float(rng.uniform(0.5, 2.0)), extra_s=float(rng.uniform(0, 0.5)),
+                      gain_ratios=ratios, rate=float(rng.choice([0.0, rng.uniform(0.1, 3.0)])))
 
 
 def test_best_rate_is_the_rules_choice_and_its_rate():
     steep = VerifyCost((1, 2), (1.0, 10.0))
     assert steep.best_rate([0.9, 0.5], 4) == (1, pytest.approx(1.9)) and steep.best_rate([], 4)[0] == 0
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # the rule read as written: each gain times its class's ratio, E(n) / (C_draft + C_v(n))
+        curve, draft = random_curve(rng), float(rng.uniform(0.0, 2.0))  # or E(n) - λ (C_draft + C_v(n))
+        gains = sorted(rng.uniform(0, 1, int(rng.integers(0, 40))) ** 3, reverse=True)
+        cap = int(rng.integers(1, 50))
+        r, lam = curve.gain_ratios, curve.rate
+        counted = [g * r[gain_class(g, len(r))] if r else g for g in gains]
+        ns = range(1, min(cap, len(gains)) + 1)
+        rates = [(1 + sum(counted[:n])) / (draft + curve.seconds_at(n)) for n in ns]
+        values = [(1 + sum(counted[:n])) - lam * (draft + curve.seconds_at(n)) for n in ns] if lam else rates
+        n, rate = curve.best_rate(list(gains), cap, draft)
+        if not rates:
+            assert n == 0
+            continue
+        # sums in another order differ by rounding only (float64, at most 40 terms of at most 1.5)
+        assert n == 1 + int(np.argmax(values)) or values[n - 1] == pytest.approx(max(values), rel=1e-12, abs=1e-12)
+        assert rate == pytest.approx(rates[n - 1], rel=1e-12)
+
+
+def test_a_known_throughput_gives_nodes_to_the_rounds_that_earn_them():
+    """Priced at the decode's throughput λ, a node is verified while its gain beats λ times its verify seconds: a
+    round of high gains verifies more nodes than one of low gains, where the round-rate rule does the opposite."""
+    curve = VerifyCost((1, 16), (1.0, 2.5))  # 0.1 s per node
+    high, low = [0.95, 0.9, 0.85, 0.8, 0.75, 0.2, 0.18, 0.16], [0.3, 0.2, 0.18, 0.16, 0.14, 0.12, 0.1, 0.08]
+    by_ratio = [curve.best_nodes(g, 8, draft_s=1.0) for g in (high, low)]
+    by_rate = [replace(curve, rate=1.2).best_nodes(g, 8, draft_s=1.0) for g in (high, low)]
+    assert by_ratio == [5, 7]  # the round's own rate: the high round stops where its rate x 0.1 s beats a gain
+    assert by_rate == [8, 5]  # λ = 1.2 tokens/s: a node pays while its gain > 0.12, in every round
 
 
 def token_paths(tree) -> set[tuple[int, ...]]:
