@@ -69,8 +69,7 @@ class RoundCosts:
         """Per class of gain (:meth:`add_gains`): the gains the draft gave the decode's tree nodes so far."""
         self.gain_hits = [0] * self.GAIN_CLASSES
         """Per class of gain: how many of those nodes the target accepted."""
-        self.gain_ratios: tuple[float, ...] = (1.0,) * self.GAIN_CLASSES
-        """Per class of gain: accepted over expected, smoothed and non-increasing (:meth:`add_gains`)."""
+        self._ratios: tuple[float, ...] | None = (1.0,) * self.GAIN_CLASSES  # :attr:`gain_ratios`; None: refit
 
     def add(self, spent: dict | None, verify_s: float, draft_s: float, tokens: int = 0) -> None:
         """One round: ``spent`` the clock's seconds per phase (None: not known yet, nothing recorded), ``verify_s``
@@ -93,7 +92,7 @@ class RoundCosts:
 
     def add_gains(self, gains: list[float], path: list[int]) -> None:
         """A tree round's nodes: ``gains[i]`` node i+1's gain (its path probability under the draft), ``path`` the
-        nodes the walk accepted. Refits :attr:`gain_ratios`: per class b (gains in [2^-(b+1), 2^-b), the smaller
+        nodes the walk accepted. :attr:`gain_ratios` then reads, per class b (gains in [2^-(b+1), 2^-b), the smaller
         ones in the last), (accepted + 1) / (summed gains + 1) (one pseudo-node accepted as expected: a class
         seen little keeps ~1, and none reaches 0), made non-increasing in b by pooling adjacent violators (the
         isotonic fit weighted by the gains: a smaller class never counts more than a larger, so larger gains
@@ -103,6 +102,14 @@ class RoundCosts:
             b = gain_class(g, classes)
             self.gain_sums[b] += g
             self.gain_hits[b] += i in accepted
+        self._ratios = None
+
+    @property
+    def gain_ratios(self) -> tuple[float, ...]:
+        """Per class of gain: accepted over expected, smoothed and non-increasing (:meth:`add_gains`), refitted
+        when read after new rounds."""
+        if self._ratios is not None:
+            return self._ratios
         blocks: list[list[float]] = []  # [accepted + 1, gains + 1, classes] per run of pooled classes
         for h, g in zip(self.gain_hits, self.gain_sums):
             blocks.append([h + 1.0, g + 1.0, 1])
@@ -112,7 +119,8 @@ class RoundCosts:
             while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] > blocks[-2][0] / blocks[-2][1]:
                 hits, gains, n = blocks.pop()
                 blocks[-1] = [blocks[-1][0] + hits, blocks[-1][1] + gains, blocks[-1][2] + n]
-        self.gain_ratios = tuple(h / g for h, g, n in blocks for _ in range(n))
+        self._ratios = tuple(h / g for h, g, n in blocks for _ in range(n))
+        return self._ratios
 
     def round_s(self, draft_s: float, verify_s: float, other_s: float = 0.0) -> float:
         """A round's price from its modelled drafting, verify and other seconds (the last replaced by the observed

@@ -47,10 +47,12 @@ One round, with the committed sequence ending in the anchor x at position ``star
 cost-aware: each round verifies the best-first prefix CaDDTree's rule picks of the tree it grew. The rule prices a
 round by what the decode's earlier rounds cost (:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve
 scaled by the verifies observed against it, plus the round's observed rollback and the session's extend, beside
-this round's own drafting time; and it counts the draft's gains as calibrated by what the target accepted of nodes
-of their size. A round grows its tree to what the rule chose in the decode's recent rounds, with room to spare
-(:meth:`TreeProposer.grown`), not to the budget: growing nodes the rule then cuts costs drafting time (a path tree's
-head runs over every frontier node) and buys nothing.
+this round's own drafting time; it counts the draft's gains as calibrated by what the target accepted of nodes
+of their size; and once the decode has a throughput λ (tokens per second of its recent rounds) it verifies the n
+that maximises ``E(n) - λ C(n)`` rather than the round's own ``E(n) / C(n)``. A round grows its tree to what the
+rule chose in the decode's recent rounds, with room to spare (:meth:`TreeProposer.grown`), not to the budget:
+growing nodes the rule then cuts costs drafting time (a path tree's head runs over every frontier node) and buys
+nothing.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class TreeProposer:
 
     NO_PRICE = (1.0, 0.0, (1.0,) * RoundCosts.GAIN_CLASSES, 0.0)
     """:meth:`_priced`'s price before any round: the measured curve as it is."""
+    REPRICE = 4
+    """Rounds between two pricings (:meth:`_priced`): the prices are medians over many rounds and move slowly, and
+    building a priced config (two validated frozen dataclasses) cost ~80 µs inside a decode."""
     CHOICES = 8
     """Recent rounds whose choices :meth:`grown` reads."""
     ROOM = 1.25
@@ -98,6 +103,7 @@ class TreeProposer:
         self.draft_s = None  # the proposer's own drafting time per round (an average), the cost rule's C_draft
         self.costs = RoundCosts()
         self.priced, self.price = self.cfg, self.NO_PRICE  # the config priced as in :meth:`_priced`, and its price
+        self.rounds = self.priced_at = 0  # rounds observed, and how many had been when the config was last priced
         self.choices: deque[float] = deque(maxlen=self.CHOICES)  # the rule's recent choices (:meth:`grown`)
         self.growth = 0  # the nodes this round's tree is grown to (:meth:`grown`)
 
@@ -115,10 +121,11 @@ class TreeProposer:
         round costs beyond its drafting and verify (the rollback, the session's extend: the clock's draft phase
         over the proposer's own drafting), and the draft's gains calibrated by what the target accepted of them
         (:attr:`RoundCosts.gain_ratios`). Rounded (the scale to two digits, the seconds to 10 µs, the ratios to
-        0.05) so a new curve is built only when the prices move."""
+        0.05) so a new curve is built only when the prices move; priced again every :attr:`REPRICE` rounds."""
         curve, costs = self.cfg.cost, self.costs
-        if curve is None:
-            return self.cfg
+        if curve is None or self.rounds - self.priced_at < self.REPRICE:
+            return self.priced
+        self.priced_at = self.rounds
         scale = float(f"{costs.verify_scale:.2g}")  # relative: a curve in other units than seconds keeps a scale
         fixed = round(costs.other_s + max(costs.draft_scale - 1.0, 0.0) * (self.draft_s or 0.0), 5)
         ratios = tuple(max(round(r * 20) / 20, 0.05) for r in costs.gain_ratios)  # still non-increasing
@@ -160,6 +167,7 @@ class TreeProposer:
     def observe(self, res, prop: Proposal, v: Verdict, spent: dict | None = None) -> None:
         tree = prop.drafts
         if self.cfg.cost is not None:  # what the round cost against the curve and the proposer's own timer
+            self.rounds += 1
             self.costs.add(spent, self.cfg.cost.seconds_at(len(tree)), self.spent, len(v.committed))
             if tree.gains is not None:
                 self.costs.add_gains(tree.gains, v.path)

@@ -113,14 +113,20 @@ def test_a_cost_aware_tree_prices_its_curve_by_its_rounds():
     assert proposer._priced().cost is curve  # no round yet: the measured curve
     tree = DraftTree([1] * 8, list(range(8)), list(range(1, 9)), [0] * 8)
     proposer.draft_s = proposer.spent = 1e-3  # the proposer's own timer of its drafting
-    for _ in range(3):  # verifies at 1.5x the curve, the clock's draft phase 0.5 ms over the proposer's own drafting
-        proposer.observe(_Result(), Proposal(torch.zeros(9, dtype=torch.long), drafts=tree), Verdict(0, [1], []),
-                         {"draft": 1.5e-3, "verify": 3e-3, "other": 2e-4})
+    def rounds(n):  # verifies at 1.5x the curve, the clock's draft phase 0.5 ms over the proposer's own drafting
+        for _ in range(n):
+            proposer.observe(_Result(), Proposal(torch.zeros(9, dtype=torch.long), drafts=tree), Verdict(0, [1], []),
+                             {"draft": 1.5e-3, "verify": 3e-3, "other": 2e-4})
+    rounds(TreeProposer.REPRICE - 1)
+    assert proposer._priced().cost is curve  # priced every REPRICE rounds
+    rounds(1)
     priced = proposer._priced().cost
     fixed = 2e-4 + 0.5 * 1e-3  # the rollback, and the extend beyond the proposer's drafting
     assert priced.seconds == curve.seconds  # the measured times kept, priced by scale and extra seconds
     assert [priced.seconds_at(n) for n in (1, 8, 30, 64)] == pytest.approx(
         [1.5 * curve.seconds_at(n) + fixed for n in (1, 8, 30, 64)])
+    assert priced.rate == 210.0  # a token per 4.7 ms round: 212.8 tokens/s, to two digits
+    rounds(TreeProposer.REPRICE)
     assert proposer._priced().cost is priced  # prices that did not move build no new curve
     ranked = DraftTree([1] * 3, [0, 1, 0], [1, 2, 1], [0, 0, 1], gains=[0.9, 0.6, 0.03])
     for _ in range(30):  # nodes of small gain never accepted: the rule counts them less
