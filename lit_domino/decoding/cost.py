@@ -77,12 +77,6 @@ class VerifyCost:
         if any(not x > 0 for x in r) or any(b > a for a, b in zip(r, r[1:])):
             raise ValueError(f"VerifyCost gain_ratios must be positive and non-increasing, got {r}")
 
-    def calibrated(self, g: float) -> float:
-        """A gain ``g`` as the rule counts it: times the ratio of its size class (:attr:`gain_ratios`; the class of
-        :func:`gain_class`). A gain no larger than another stays so (the ratios do not increase as gains shrink)."""
-        r = self.gain_ratios
-        return g * r[gain_class(g, len(r))] if r else g
-
     def seconds_at(self, n: int) -> float:
         """C_v(n): linear between the measured widths, linear beyond the last two, flat below the first (one
         width: proportional to n, or flat when that width is 0)."""
@@ -102,8 +96,9 @@ class VerifyCost:
         ``E(n) / (C_draft + C_v(n))``; no node: ``(0, 1 / (C_draft + C_v(0)))``, the anchor's bonus alone.
         ``gains`` in best-first order (non-increasing), as for :meth:`best_nodes`.
 
-        Plain Python over at most ``cap`` floats: inside a decode (caches cold after the model's forwards) each NumPy
-        call cost ~10 µs, and the rule as ten of them ~100-200 µs a round (docs/results.md, 2026-12-07 (night))."""
+        Plain Python over at most ``cap`` floats: inside a decode (caches cold after the model's forwards) a NumPy
+        call costs many times its warm time, and the rule as ten of them cost more than this loop
+        (docs/results.md, 2026-12-07 (night))."""
         draft = self.draft_s if draft_s is None else draft_s
         top = min(cap, len(gains))
         if top <= 0:

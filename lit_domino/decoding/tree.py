@@ -91,8 +91,9 @@ class TreeProposer:
     NO_PRICE = (1.0, 0.0, (1.0,) * RoundCosts.GAIN_CLASSES, 0.0)
     """:meth:`_priced`'s price before any round: the measured curve as it is."""
     REPRICE = 4
-    """Rounds between two pricings (:meth:`_priced`): the prices are medians over many rounds and move slowly, and
-    building a priced config (two validated frozen dataclasses) cost ~80 µs inside a decode."""
+    """Rounds between two pricings (:meth:`_priced`): the prices are medians over many rounds and move slowly, while
+    building a priced config (two validated frozen dataclasses) every round was most of the rule's own cost
+    (docs/results.md, 2026-12-07 (night))."""
     CHOICES = 8
     """Recent rounds whose choices :meth:`grown` reads."""
     ROOM = 1.25
@@ -119,9 +120,10 @@ class TreeProposer:
     def _priced(self) -> TreeConfig:
         """The config with the curve priced by the rounds so far: C_v(n) x the observed verify scale, plus what a
         round costs beyond its drafting and verify (the rollback, the session's extend: the clock's draft phase
-        over the proposer's own drafting), and the draft's gains calibrated by what the target accepted of them
-        (:attr:`RoundCosts.gain_ratios`). Rounded (the scale to two digits, the seconds to 10 µs, the ratios to
-        0.05) so a new curve is built only when the prices move; priced again every :attr:`REPRICE` rounds."""
+        over the proposer's own drafting), the draft's gains calibrated by what the target accepted of them
+        (:attr:`RoundCosts.gain_ratios`), and the decode's throughput λ (:attr:`RoundCosts.tokens_per_s`).
+        Rounded (the scale and λ to two digits, the seconds to 10 µs, the ratios to 0.05) so a new curve is built
+        only when the prices move; priced again every :attr:`REPRICE` rounds."""
         curve, costs = self.cfg.cost, self.costs
         if curve is None or self.rounds - self.priced_at < self.REPRICE:
             return self.priced
