@@ -78,8 +78,7 @@ class VerifyCost:
             raise ValueError(f"VerifyCost gain_ratios must be positive and non-increasing, got {r}")
 
     def seconds_at(self, n: int) -> float:
-        """C_v(n): linear between the measured widths, linear beyond the last two, flat below the first (one
-        width: proportional to n, or flat when that width is 0)."""
+        """C_v(n) as priced: :attr:`scale` x the measured curve read at n (:func:`_measured_at`) + :attr:`extra_s`."""
         return self.scale * _measured_at(self.widths, self.seconds, n) + self.extra_s
 
     def best_nodes(self, gains: list[float], cap: int, draft_s: float | None = None) -> int:

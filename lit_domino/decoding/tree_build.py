@@ -190,8 +190,9 @@ def _path_tree(cfg: TreeConfig, head: PathHead, depth: int, nodes: int, width: i
     node u's children were drawn from (0 outside its candidates).
 
     Cost-aware (``cfg.cost``): the tree is grown as with a fixed budget of ``nodes`` (a cost-aware round's
-    :meth:`~lit_domino.decoding.tree.TreeProposer.grown`) and the rule then verifies its best-first prefix, with C_draft ``draft_s`` or, with ``started`` (``time.perf_counter()`` when the round began
-    drafting), what this round has drafted. Testing at every depth which frontier nodes could still reach the
+    :meth:`~lit_domino.decoding.tree.TreeProposer.grown`) and the rule then verifies its best-first prefix, with
+    C_draft ``draft_s`` or, with ``started`` (``time.perf_counter()`` when the round began drafting), what this
+    round has drafted. Testing at every depth which frontier nodes could still reach the
     rule's choice cost more than the head steps it saved, for every drafter measured (EAGLE-3's included;
     docs/results.md, 2026-12-07 (evening)), so the tree is not pruned by the rule while it grows."""
     if depth <= 0:
