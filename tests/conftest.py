@@ -39,6 +39,16 @@ def _isolated_cache(tmp_path_factory):
             os.environ[k] = v
 
 
+@pytest.fixture(autouse=True)
+def _fresh_tree_observations():
+    """Every test's cost-aware trees start from no observations (they outlive a decode: ``tree.observed``), so no
+    test's node counts depend on which tests ran before it in the worker."""
+    yield
+    from lit_domino.decoding.tree import forget_observed
+
+    forget_observed()
+
+
 @pytest.fixture(scope="session")
 def smoke_ablation(tmp_path_factory, smoke_data):
     """The smoke ablation, run once per session into the session's cache and store: ``--train-only`` first (every

@@ -19,7 +19,7 @@ from lit_domino.decoding.result import GenerationResult
 from lit_domino.decoding.round import (Clock, TargetRunner, charge, commit, compiled_forward, decode, feature_layers,
                                        pick_first, static_capacity)
 from lit_domino.decoding.sampling import effective_temperature, pick
-from lit_domino.decoding.tree import TreeProposer
+from lit_domino.decoding.tree import TreeProposer, observed
 from lit_domino.decoding.validate import (as_batch, as_int, check_compile, context_limit, integer, padding_token,
                                           prompts_of, validate)
 from lit_domino.models.capabilities import capabilities_of
@@ -153,8 +153,9 @@ def generate(
                 # the drafter's fixed-shape block forward: the target's capacity + one padded context block
                 options.update(static_capacity=capacity + int(drafter.config.block_size), compile=compile)
             if tree is not None:
+                memory = None if tree.cost is None else observed(drafter, target, tree, temperature, dloop)
                 proposer = TreeProposer(tree, block_size, runner, limit, target.model.dtype, temperature, generator,
-                                        dloop)
+                                        dloop, memory)
             else:
                 proposer = ChainProposer(policy, block_size, limit, temperature, generator, record_stages)
             results.append(decode(target, drafter, row, proposer, runner, max_new_tokens=max_new_tokens,

@@ -47,6 +47,11 @@ class RoundCosts:
     """Rounds each median reads: long enough that one slow round (a load spike) moves no price, short enough to
     follow a decode whose rounds change (a longer context, a machine that got busy)."""
 
+    GAIN_MEMORY = 1024.0
+    """Summed gains :attr:`gain_ratios` counts before it halves its counts: the last few hundred rounds weigh most,
+    so the ratios follow a drafter onto other prompts (a tree's observations outlive a decode:
+    :func:`lit_domino.decoding.tree.observed`)."""
+
     def __init__(self):
         self.verify_ratio: deque[float] = deque(maxlen=self.WINDOW)
         """Observed / modelled seconds of the last rounds' verify forwards."""
@@ -102,6 +107,9 @@ class RoundCosts:
             b = gain_class(g, classes)
             self.gain_sums[b] += g
             self.gain_hits[b] += i in accepted
+        if sum(self.gain_sums) > self.GAIN_MEMORY:
+            self.gain_sums[:] = [x / 2 for x in self.gain_sums]
+            self.gain_hits[:] = [x / 2 for x in self.gain_hits]
         self._ratios = None
 
     @property

@@ -45,14 +45,14 @@ One round, with the committed sequence ending in the anchor x at position ``star
 
 ``budget`` caps n (nodes beyond the anchor); ``cost`` (:class:`lit_domino.decoding.cost.VerifyCost`) makes it
 cost-aware: each round verifies the best-first prefix CaDDTree's rule picks of the tree it grew. The rule prices a
-round by what the decode's earlier rounds cost (:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve
-scaled by the verifies observed against it, plus the round's observed rollback and the session's extend, beside
-this round's own drafting time; it counts the draft's gains as calibrated by what the target accepted of nodes
-of their size; and once the decode has a throughput λ (tokens per second of its recent rounds) it verifies the n
-that maximises ``E(n) - λ C(n)`` rather than the round's own ``E(n) / C(n)``. A round grows its tree to what the
-rule chose in the decode's recent rounds, with room to spare (:meth:`TreeProposer.grown`), not to the budget:
-growing nodes the rule then cuts costs drafting time (a path tree's head runs over every frontier node) and buys
-nothing.
+round by what the earlier rounds cost (:class:`~lit_domino.decoding.round_costs.RoundCosts`): the curve scaled by
+the verifies observed against it, plus the rounds' observed rollback and the session's extend, beside this
+round's own drafting time; it counts the draft's gains as calibrated by what the target accepted of nodes of
+their size; and once a throughput λ (tokens per second of the recent rounds) is known it verifies the n that
+maximises ``E(n) - λ C(n)`` rather than the round's own ``E(n) / C(n)``. A round grows its tree to what the rule
+chose in the recent rounds, with room to spare (:meth:`TreeProposer.grown`), not to the budget: growing nodes the
+rule then cuts costs drafting time (a path tree's head runs over every frontier node) and buys nothing. The
+rounds observed are those of every decode so far of the same drafter, target and setting (:func:`observed`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import weakref
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -75,6 +76,36 @@ from lit_domino.decoding.tree_config import (ACCEPTANCE, BUILDERS, DRAWS, SUPPOR
 from lit_domino.decoding.tree_walk import chain_first, tree_inputs, walk, walk_multidraft  # noqa: F401
 
 
+@dataclass
+class Observed:
+    """What a cost-aware tree's rounds observed, kept across the decodes of one drafter, target and setting
+    (:func:`observed`): a decode's rounds alone are too few to calibrate its gains by size class (a chat turn is a
+    decode of 10-50 rounds), and a decode starting afresh drafted its first rounds on the draft's raw gains, its
+    first trees grown to the chain's size."""
+
+    costs: RoundCosts = field(default_factory=RoundCosts)
+    """The round costs and gain counts (:class:`~lit_domino.decoding.round_costs.RoundCosts`)."""
+    choices: deque = field(default_factory=lambda: deque(maxlen=TreeProposer.CHOICES))
+    """The rule's recent choices (:meth:`TreeProposer.grown`)."""
+
+
+_OBSERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {(target, setting): Observed}
+
+
+def observed(drafter, target, cfg: TreeConfig, temperature: float, dloop=None) -> Observed:
+    """The observations a cost-aware tree of ``cfg`` on ``drafter`` and ``target`` at ``temperature`` (and DLoop
+    setting) reads and adds to, kept for the process while the drafter lives, as the verify-cost curve is kept per
+    target (:func:`~lit_domino.decoding.cost.measure_verify_cost`). They choose how many nodes a round verifies,
+    never what the target accepts: decoding stays exact."""
+    per_drafter = _OBSERVED.setdefault(drafter, {})
+    return per_drafter.setdefault((id(target.model), cfg, float(temperature), repr(dloop)), Observed())
+
+
+def forget_observed() -> None:
+    """Drop every drafter's observations (:func:`observed`): the next cost-aware decodes start afresh."""
+    _OBSERVED.clear()
+
+
 class TreeProposer:
     """Tree rounds for one sequence (``generate(..., tree=cfg)``; :func:`lit_domino.decoding.round.decode` runs
     them): each round's tree (:func:`build_tree`, DLoop: :func:`build_dloop_tree`) with its main chain first, its
@@ -82,9 +113,10 @@ class TreeProposer:
     every accepted node)."""
 
     def __init__(self, cfg: TreeConfig, block_size: int, runner, limit: int | None, dtype: torch.dtype,
-                 temperature: float, generator, dloop=None):
+                 temperature: float, generator, dloop=None, memory: Observed | None = None):
         self.cfg, self.block_size, self.runner, self.limit, self.dtype = cfg, block_size, runner, limit, dtype
         self.temperature, self.generator, self.dloop = temperature, generator, dloop
+        self.memory = memory  # a cost-aware tree's observations from earlier decodes (None: this decode's alone)
         self.spent = 0.0  # this round's own drafting seconds
         self.begin()
 
@@ -102,10 +134,13 @@ class TreeProposer:
 
     def begin(self) -> None:
         self.draft_s = None  # the proposer's own drafting time per round (an average), the cost rule's C_draft
-        self.costs = RoundCosts()
+        memory = self.memory or Observed()
+        self.costs = memory.costs
         self.priced, self.price = self.cfg, self.NO_PRICE  # the config priced as in :meth:`_priced`, and its price
-        self.rounds = self.priced_at = 0  # rounds observed, and how many had been when the config was last priced
-        self.choices: deque[float] = deque(maxlen=self.CHOICES)  # the rule's recent choices (:meth:`grown`)
+        # rounds observed, and how many had been when the config was last priced (the first round prices what
+        # earlier decodes observed)
+        self.rounds, self.priced_at = 0, -self.REPRICE
+        self.choices = memory.choices  # the rule's recent choices (:meth:`grown`)
         self.growth = 0  # the nodes this round's tree is grown to (:meth:`grown`)
 
     def grown(self) -> int:

@@ -3,13 +3,15 @@ cost-aware tree's curve priced by its rounds."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import pytest
 import torch
 
 from lit_domino.decoding import generate
-from lit_domino.decoding import round_costs
+from lit_domino.decoding import round_costs, tree
 from lit_domino.decoding.cost import VerifyCost
 from lit_domino.decoding.round import Clock, Proposal, Verdict
 from lit_domino.decoding.round_costs import RoundCosts
@@ -151,6 +153,53 @@ def test_a_cost_aware_decode_prices_every_round_it_timed(monkeypatch):
                    tree=TreeConfig("ddtree", budget=8, cost=VerifyCost((1, 8), (1e-3, 2e-3))))
     assert len(seen) == res.num_target_forwards - 1  # one per round (the prefill's forward is none)
     assert all(set(s) == {"draft", "verify", "other"} and min(s.values()) > 0 for s in seen), seen[:2]
+
+
+def test_a_cost_aware_tree_starts_each_decode_from_what_the_earlier_ones_observed():
+    """The observations outlive a decode (:func:`tree.observed`): kept per drafter, target, setting and temperature,
+    the next decode's first round priced by them, dropped with the drafter."""
+    target = lively_target(64, max_positions=64)
+    torch.manual_seed(0)
+    drafter = build_drafter(drafter_config("backbone", target, block_size=4, num_layers=1), target)
+    cfg = TreeConfig("ddtree", budget=8, cost=VerifyCost((1, 8), (1e-3, 2e-3)))
+    memory = tree.observed(drafter, target, cfg, 0.0)
+    assert memory is tree.observed(drafter, target, cfg, 0.0)
+    others = [tree.observed(drafter, target, TreeConfig("ddtree", budget=16, cost=cfg.cost), 0.0),
+              tree.observed(drafter, target, cfg, 0.7), tree.observed(drafter, lively_target(64), cfg, 0.0)]
+    assert all(o is not memory for o in others) and len({id(o) for o in others}) == 3
+    first = generate(target, drafter, torch.tensor([[3, 4, 5]]), max_new_tokens=12, tree=cfg)
+    rounds = len(memory.costs.other)
+    assert rounds == first.num_target_forwards - 1 and memory.choices  # the decode's rounds, kept
+    priced = []
+    real = TreeProposer._priced
+    def spy(self):
+        out = real(self)
+        priced.append(out.cost.rate)
+        return out
+    TreeProposer._priced = spy
+    try:
+        second = generate(target, drafter, torch.tensor([[3, 4, 5]]), max_new_tokens=12, tree=cfg)
+    finally:
+        TreeProposer._priced = real
+    assert second.tokens == first.tokens  # prices choose the nodes, never the tokens
+    assert priced[0] > 0  # the second decode's first round priced at the first decode's throughput
+    assert len(memory.costs.other) == min(rounds + second.num_target_forwards - 1, RoundCosts.WINDOW)
+    ref = weakref.ref(drafter)
+    del drafter
+    gc.collect()
+    assert ref() is None and not any(True for _ in tree._OBSERVED.items())  # gone with its drafter
+    fresh = TreeProposer(cfg, 4, None, None, torch.float32, 0.0, None)
+    assert fresh.costs is not memory.costs and not fresh.choices  # no memory given: this decode's alone
+
+
+def test_the_gain_counts_halve_past_their_memory():
+    costs = RoundCosts()
+    rounds = int(RoundCosts.GAIN_MEMORY / 0.8) + 2  # gains summing past the memory: every count halved once
+    for _ in range(rounds):
+        costs.add_gains([0.8], [1])
+    assert RoundCosts.GAIN_MEMORY / 2 < sum(costs.gain_sums) <= RoundCosts.GAIN_MEMORY
+    assert rounds / 2 < costs.gain_hits[0] < rounds / 2 + 2
+    assert costs.gain_ratios[0] == pytest.approx((costs.gain_hits[0] + 1) / (costs.gain_sums[0] + 1))
 
 
 class _Result:
