@@ -89,16 +89,16 @@ class Observed:
     """The rule's recent choices (:meth:`TreeProposer.grown`)."""
 
 
-_OBSERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {(target, setting): Observed}
+_OBSERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> target model -> {setting: Observed}
 
 
 def observed(drafter, target, cfg: TreeConfig, temperature: float, dloop=None) -> Observed:
     """The observations a cost-aware tree of ``cfg`` on ``drafter`` and ``target`` at ``temperature`` (and DLoop
-    setting) reads and adds to, kept for the process while the drafter lives, as the verify-cost curve is kept per
-    target (:func:`~lit_domino.decoding.cost.measure_verify_cost`). They choose how many nodes a round verifies,
-    never what the target accepts: decoding stays exact."""
-    per_drafter = _OBSERVED.setdefault(drafter, {})
-    return per_drafter.setdefault((id(target.model), cfg, float(temperature), repr(dloop)), Observed())
+    setting) reads and adds to, kept for the process while the drafter and the target live, as the verify-cost
+    curve is kept per target (:func:`~lit_domino.decoding.cost.measure_verify_cost`). They choose how many nodes a
+    round verifies, never what the target accepts: decoding stays exact."""
+    per_target = _OBSERVED.setdefault(drafter, weakref.WeakKeyDictionary()).setdefault(target.model, {})
+    return per_target.setdefault((cfg, float(temperature), repr(dloop)), Observed())
 
 
 def forget_observed() -> None:
