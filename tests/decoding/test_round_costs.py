@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lit_domino.decoding import generate
-from lit_domino.decoding import round_costs, tree
+from lit_domino.decoding import round_costs
+from lit_domino.decoding import tree as tree_mod
 from lit_domino.decoding.cost import VerifyCost
 from lit_domino.decoding.round import Clock, Proposal, Verdict
 from lit_domino.decoding.round_costs import RoundCosts
@@ -155,17 +156,17 @@ def test_a_cost_aware_decode_prices_every_round_it_timed(monkeypatch):
     assert all(set(s) == {"draft", "verify", "other"} and min(s.values()) > 0 for s in seen), seen[:2]
 
 
-def test_a_cost_aware_tree_starts_each_decode_from_what_the_earlier_ones_observed():
+def test_a_cost_aware_tree_starts_each_decode_from_what_the_earlier_ones_observed(monkeypatch):
     """The observations outlive a decode (:func:`tree.observed`): kept per drafter, target, setting and temperature,
     the next decode's first round priced by them, dropped with the drafter."""
     target = lively_target(64, max_positions=64)
     torch.manual_seed(0)
     drafter = build_drafter(drafter_config("backbone", target, block_size=4, num_layers=1), target)
     cfg = TreeConfig("ddtree", budget=8, cost=VerifyCost((1, 8), (1e-3, 2e-3)))
-    memory = tree.observed(drafter, target, cfg, 0.0)
-    assert memory is tree.observed(drafter, target, cfg, 0.0)
-    others = [tree.observed(drafter, target, TreeConfig("ddtree", budget=16, cost=cfg.cost), 0.0),
-              tree.observed(drafter, target, cfg, 0.7), tree.observed(drafter, lively_target(64), cfg, 0.0)]
+    memory = tree_mod.observed(drafter, target, cfg, 0.0)
+    assert memory is tree_mod.observed(drafter, target, cfg, 0.0)
+    others = [tree_mod.observed(drafter, target, TreeConfig("ddtree", budget=16, cost=cfg.cost), 0.0),
+              tree_mod.observed(drafter, target, cfg, 0.7), tree_mod.observed(drafter, lively_target(64), cfg, 0.0)]
     assert all(o is not memory for o in others) and len({id(o) for o in others}) == 3
     first = generate(target, drafter, torch.tensor([[3, 4, 5]]), max_new_tokens=12, tree=cfg)
     rounds = len(memory.costs.other)
@@ -176,18 +177,15 @@ def test_a_cost_aware_tree_starts_each_decode_from_what_the_earlier_ones_observe
         out = real(self)
         priced.append(out.cost.rate)
         return out
-    TreeProposer._priced = spy
-    try:
-        second = generate(target, drafter, torch.tensor([[3, 4, 5]]), max_new_tokens=12, tree=cfg)
-    finally:
-        TreeProposer._priced = real
+    monkeypatch.setattr(TreeProposer, "_priced", spy)
+    second = generate(target, drafter, torch.tensor([[3, 4, 5]]), max_new_tokens=12, tree=cfg)
     assert second.tokens == first.tokens  # prices choose the nodes, never the tokens
     assert priced[0] > 0  # the second decode's first round priced at the first decode's throughput
     assert len(memory.costs.other) == min(rounds + second.num_target_forwards - 1, RoundCosts.WINDOW)
     ref = weakref.ref(drafter)
     del drafter
     gc.collect()
-    assert ref() is None and not any(True for _ in tree._OBSERVED.items())  # gone with its drafter
+    assert ref() is None and not any(True for _ in tree_mod._OBSERVED.items())  # gone with its drafter
     fresh = TreeProposer(cfg, 4, None, None, torch.float32, 0.0, None)
     assert fresh.costs is not memory.costs and not fresh.choices  # no memory given: this decode's alone
 
